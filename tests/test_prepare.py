@@ -1,0 +1,216 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_docs, run_module, write_docs
+from tokpack import format as fmt
+from tokpack import prepare as prep
+from tokpack.format import INDEX_DTYPE, open_tokens, read_meta
+from tokpack.prepare import PrepareConfig, main, prepare
+from tokpack.tokenizer import load_encoding
+from tokpack.verify import VerifyError, verify_folder
+
+ENC = load_encoding("gpt2")
+
+
+def _run(tmp_path: Path, *inputs, **options) -> Path:
+    out = tmp_path / options.pop("out", "out")
+    prepare(PrepareConfig(inputs=tuple(map(str, inputs)), out_dir=str(out), quiet=True, **options))
+    return out
+
+
+def _documents(folder: Path, split: str) -> list[list[int]]:
+    tokens = open_tokens(folder / f"{split}.bin")
+    starts = np.fromfile(folder / f"{split}.idx", dtype=INDEX_DTYPE).tolist() + [len(tokens)]
+    return [tokens[a:b].tolist() for a, b in zip(starts, starts[1:])]
+
+
+def _folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_one_document_matches_nanogpt_shakespeare_prepare(tmp_path):
+    data = "\n".join(f"FIRST CITIZEN {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300))
+    (tmp_path / "input.txt").write_text(data, "utf-8")
+    out = _run(tmp_path, tmp_path / "input.txt", piece_chars=64)
+    n = len(data)
+    train_ids = ENC.encode_ordinary(data[: int(n * 0.9)])
+    val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
+    assert (out / "train.bin").read_bytes() == np.array(train_ids, dtype=np.uint16).tobytes()
+    assert (out / "val.bin").read_bytes() == np.array(val_ids, dtype=np.uint16).tobytes()
+    meta = read_meta(out)
+    assert meta["single_document"] and meta["eot"] == "none" and meta["dtype"] == "uint16"
+    assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 1
+
+
+@pytest.mark.parametrize("eot", ["append", "prepend", "none"])
+def test_every_document_is_encode_ordinary_of_the_whole(tmp_path, eot):
+    docs = make_docs(40, words=400)
+    docs[3] = "it contains <|endoftext|> as plain text " * 20
+    out = _run(tmp_path, write_docs(tmp_path / "c", docs), eot=eot, piece_chars=50, val_fraction=0.3)
+    expected = {}
+    for doc in docs:
+        ids = ENC.encode_ordinary(doc)
+        expected[tuple({"append": ids + [50256], "prepend": [50256] + ids, "none": ids}[eot])] = doc
+    got = _documents(out, "train") + _documents(out, "val")
+    assert sorted(map(tuple, got)) == sorted(expected)
+    assert len(_documents(out, "val")) > 0 and len(_documents(out, "train")) > 0
+
+
+def test_output_is_byte_identical_for_any_thread_count_and_piece_size(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(30, words=600))
+    runs = [_folder_bytes(_run(tmp_path, corpus, out=f"o{w}-{pc}", workers=w, piece_chars=pc))
+            for w, pc in [(1, 1 << 18), (2, 1 << 18), (3, 40), (1, 7)]]
+    assert all(run == runs[0] for run in runs[1:])
+
+
+def test_split_follows_content_not_order_or_corpus_size(tmp_path):
+    docs = make_docs(80)
+    first = _run(tmp_path, write_docs(tmp_path / "a", docs), out="pa", val_fraction=0.25)
+    grown = _run(tmp_path, write_docs(tmp_path / "b", docs[::-1] + make_docs(40, seed=9)), out="pb", val_fraction=0.25)
+    val_a = {tuple(d) for d in _documents(first, "val")}
+    val_b = {tuple(d) for d in _documents(grown, "val")}
+    assert val_a and val_a <= val_b
+    assert not val_a & {tuple(d) for d in _documents(grown, "train")}
+    other_seed = _run(tmp_path, tmp_path / "a", out="pc", val_fraction=0.25, seed=7)
+    assert {tuple(d) for d in _documents(other_seed, "val")} != val_a
+
+
+def test_jsonl_dtype_uint32_and_meta_records_inputs_and_options(tmp_path):
+    lines = [json.dumps({"body": d}) for d in make_docs(20)]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines))
+    out = _run(tmp_path, tmp_path / "c.jsonl", jsonl_key="body", dtype="uint32", val_fraction=0.4)
+    meta = read_meta(out)
+    assert meta["dtype"] == "uint32" and open_tokens(out / "train.bin").dtype == np.uint32
+    assert meta["inputs"] == [{"path": str(tmp_path / "c.jsonl"), "bytes": (tmp_path / "c.jsonl").stat().st_size}]
+    assert meta["options"]["jsonl_key"] == "body" and meta["encoding"]["n_vocab"] == 50257
+    assert sum(s["documents"] for s in meta["splits"].values()) == 20
+    assert verify_folder(out)["train"] == meta["splits"]["train"]["tokens"]
+
+
+def test_large_documents_spill_to_disk_and_stay_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "SPILL_TOKENS", 100)
+    docs = make_docs(12, words=500)
+    out = _run(tmp_path, write_docs(tmp_path / "c", docs), piece_chars=64, val_fraction=0.3)
+    got = sorted(map(tuple, _documents(out, "train") + _documents(out, "val")))
+    assert got == sorted(tuple(ENC.encode_ordinary(d) + [50256]) for d in docs)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_existing_folder_needs_force(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    out = _run(tmp_path, corpus, val_fraction=0.3)
+    with pytest.raises(ValueError, match="already holds a prepared corpus; pass --force"):
+        _run(tmp_path, corpus, val_fraction=0.3)
+    _run(tmp_path, corpus, val_fraction=0.5, force=True)
+    assert read_meta(out)["options"]["val_fraction"] == 0.5
+
+
+def _cli_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tokpack: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
+    from test_tokenizer import _write_tiktoken_file
+
+    good = write_docs(tmp_path / "good", make_docs(20))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "a.txt").write_text("")
+    (tmp_path / "bad.txt").write_bytes(b"ok \xc3\x28 bad")
+    (tmp_path / "tiny.txt").write_text("a")
+    (tmp_path / "afile").write_text("x")
+    big = _write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    out = tmp_path / "out"
+    cases = {
+        "does not exist": [str(tmp_path / "missing.txt")],
+        "holds no readable files": [str(tmp_path / "empty")],
+        "holds no text": [str(tmp_path / "blank")],
+        "not valid UTF-8 at byte 3": [str(tmp_path / "bad.txt")],
+        "leaves a split empty": [str(tmp_path / "tiny.txt")],
+        "val split would be empty": [str(good), "--val-fraction", "0.0001"],
+        "strictly between 0 and 1": [str(good), "--val-fraction", "1.5"],
+        "unknown encoding 'bogus'": [str(good), "--encoding", "bogus"],
+        "uint16 cannot hold encoding 'cl100k_base'": [str(good), "--encoding", str(big), "--dtype", "uint16"],
+        "cannot create output folder": [str(good), "--out-dir", str(tmp_path / "afile" / "sub")],
+        "lies inside the corpus": [str(good), "--out-dir", str(good / "prepared")],
+    }
+    for fragment, argv in cases.items():
+        err = _cli_error(capsys, [*argv, "--quiet", *([] if "--out-dir" in argv else ["--out-dir", str(out)])])
+        assert fragment in err, (fragment, err)
+        assert not out.exists() or not list(out.iterdir()), fragment
+
+
+def test_disk_full_while_writing_leaves_nothing(tmp_path, capsys, monkeypatch):
+    def full(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt.HashingWriter, "write", full)
+    out = tmp_path / "out"
+    err = _cli_error(capsys, [str(write_docs(tmp_path / "c", make_docs(20))), "--out-dir", str(out), "--quiet"])
+    assert "No space left on device" in err
+    assert list(out.iterdir()) == []
+
+
+def test_config_file_sets_options_and_cli_overrides(tmp_path, capsys):
+    corpus = write_docs(tmp_path / "c", make_docs(30))
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f'inputs = ["{corpus}"]\nval_fraction = 0.4\neot = "prepend"\nquiet = true\n'
+                   f'out_dir = "{tmp_path / "o"}"\n')
+    assert main(["--config", str(cfg), "--eot", "none"]) == 0
+    options = read_meta(tmp_path / "o")["options"]
+    assert options["val_fraction"] == 0.4 and options["eot"] == "none"
+    cfg.write_text("val_fractoin = 0.2\n")
+    err = _cli_error(capsys, ["--config", str(cfg)])
+    assert "unknown key 'val_fractoin'" in err and str(cfg) in err and "val_fraction" in err
+
+
+def test_sample_corpus_end_to_end_cli(tmp_path):
+    done = run_module("tokpack.prepare", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "train" in done.stdout and "tokens/s" in done.stdout
+    meta = read_meta(tmp_path / "data" / "sample")
+    assert sum(s["documents"] for s in meta["splits"].values()) == len(list((tmp_path / "data/sample-corpus").iterdir()))
+    assert run_module("tokpack.verify", "data/sample", cwd=tmp_path).returncode == 0
+    peek = run_module("tokpack.inspect", "data/sample", "--count", "8", cwd=tmp_path)
+    assert peek.returncode == 0 and "decoded:" in peek.stdout
+
+
+def test_killed_run_never_leaves_a_folder_verify_accepts(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(400, words=3000))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet", "--force"]
+    # A first complete run, so later kills also hit the overwrite path.
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    killed_running = 0
+    for delay in (0.3, 1.0, 1.6, 2.2, 2.8):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        killed_running += proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        try:
+            verify_folder(out)
+            whole = True
+        except (VerifyError, FileNotFoundError):
+            whole = False
+        meta_present = (out / "meta.json").exists()
+        assert whole == meta_present, delay  # a folder is either whole, or has no meta.json
+    assert killed_running >= 3
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    verify_folder(out)
+    assert not [p for p in os.listdir(out) if p.startswith(".")]

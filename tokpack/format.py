@@ -1,0 +1,146 @@
+"""On-disk format: flat token files, document indexes, meta.json, and llm.c shards.
+
+    python -c "from tokpack.format import read_meta; print(read_meta('data/sample'))"
+
+A prepared folder holds ``train.bin`` / ``val.bin`` (flat token ids, no header, nanoGPT's
+format), ``train.idx`` / ``val.idx`` (little-endian uint64 start offset of every document) and
+``meta.json``, which names the dtype so no reader guesses it. ``meta.json`` is written last, so a
+folder without it is incomplete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+FORMAT_VERSION = 1
+META_NAME = "meta.json"
+SPLITS = ("train", "val")
+INDEX_DTYPE = np.dtype("<u8")
+TMP_SUFFIX = ".tokpack-tmp"
+
+# llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then uint16.
+SHARD_MAGIC = 20240520
+SHARD_HEADER_BYTES = 256 * 4
+
+
+def tmp_path(path: Path) -> Path:
+    """Where ``path`` is written before the rename that publishes it."""
+    return path.with_name(f".{path.name}{TMP_SUFFIX}")
+
+
+class HashingWriter:
+    """Appends bytes to a temporary file, hashing them on the way."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = tmp_path(path)
+        self.sha256 = hashlib.sha256()
+        self.nbytes = 0
+        self._file: BinaryIO = open(self.tmp, "wb")
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        self.sha256.update(view)
+        self.nbytes += len(view)
+
+    def close(self) -> dict[str, Any]:
+        """Flush to disk and describe the file for meta.json; the caller renames it."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
+
+    def discard(self) -> None:
+        self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = tmp_path(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    """The meta.json of a prepared folder, checked for a format this version reads."""
+    path = Path(folder) / META_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: {folder} is not a complete prepared folder; "
+            "run python -m tokpack.prepare to (re)create it"
+        )
+    try:
+        meta = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); rerun python -m tokpack.prepare --force") from None
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {version!r}, this tokpack reads {FORMAT_VERSION}; "
+            "rerun python -m tokpack.prepare --force or upgrade tokpack"
+        )
+    return meta
+
+
+def shard_token_count(path: Path) -> int | None:
+    """Token count from an llm.c shard header, or None if ``path`` has no such header."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(SHARD_HEADER_BYTES), dtype="<i4")
+    if len(header) < 3 or header[0] != SHARD_MAGIC:
+        return None
+    if header[1] != 1:
+        raise ValueError(f"{path} is an llm.c shard of version {header[1]}; only version 1 (uint16) is read")
+    return int(header[2])
+
+
+def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:
+    """Memory-map a token file: a prepared split, an llm.c shard, or a bare file with ``dtype``.
+
+    The dtype comes from meta.json beside the file, then from an llm.c header, then from
+    ``dtype``; a file whose size does not fit it is refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"token file {path} does not exist; run python -m tokpack.prepare first")
+    size = path.stat().st_size
+    offset = 0
+    meta_path = path.parent / META_NAME
+    shard_tokens = shard_token_count(path)
+    if shard_tokens is not None:
+        found, offset = np.dtype("<u2"), SHARD_HEADER_BYTES
+        expected = SHARD_HEADER_BYTES + 2 * shard_tokens
+        if size != expected:
+            raise ValueError(
+                f"{path} is {size} bytes but its llm.c header promises {shard_tokens} tokens "
+                f"({expected} bytes); the shard is truncated, re-create it"
+            )
+    elif meta_path.is_file():
+        found = np.dtype(read_meta(path.parent)["dtype"])
+    elif dtype is not None:
+        found = np.dtype(dtype)
+    else:
+        raise ValueError(
+            f"cannot tell the dtype of {path}: no meta.json beside it and no llm.c header; "
+            "pass dtype='uint16' (or the dtype it was written with)"
+        )
+    if dtype is not None and np.dtype(dtype) != found:
+        raise ValueError(f"{path} holds {found} tokens, not the dtype={np.dtype(dtype)} asked for; drop dtype=")
+    if (size - offset) % found.itemsize:
+        raise ValueError(
+            f"{path} is {size} bytes, not a whole number of {found} tokens "
+            f"({found.itemsize} bytes each); the file is truncated, re-create it"
+        )
+    if size == offset:
+        raise ValueError(f"{path} holds no tokens; prepare a non-empty corpus")
+    return np.memmap(path, dtype=found, mode="r", offset=offset)

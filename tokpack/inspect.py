@@ -1,0 +1,52 @@
+"""Summarise a prepared folder and decode a peek of its tokens.
+
+    python -m tokpack.inspect data/sample                       # summary + the first 64 tokens of train
+    python -m tokpack.inspect data/sample --split val --at 1000 --count 32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import parser, run_cli
+from .format import open_tokens, read_meta
+from .tokenizer import load_encoding
+
+
+def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
+    """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    if split not in meta["splits"]:
+        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(meta['splits'])}")
+    enc_info = meta["encoding"]
+    lines = [
+        f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "
+        f"{meta['dtype']}, eot {meta['eot']}, tokpack {meta['tokpack_version']}"
+    ]
+    for name, info in meta["splits"].items():
+        per_doc = info["tokens"] / max(info["documents"], 1)
+        lines.append(f"  {name:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents "
+                     f"({per_doc:,.0f} tokens/document)  {info['bin']['sha256'][:12]}")
+    tokens = open_tokens(folder / meta["splits"][split]["bin"]["file"])
+    if not 0 <= at < len(tokens):
+        raise ValueError(f"--at {at} is outside {split} (0..{len(tokens) - 1}); pick an offset inside it")
+    ids = tokens[at:at + count].tolist()
+    lines.append(f"{split}[{at}:{at + len(ids)}] ids: {ids}")
+    lines.append(f"decoded: {load_encoding(meta['options']['encoding']).decode(ids)!r}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("inspect", __doc__)
+    p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
+    p.add_argument("--split", default="train", help="split to peek into (default: train)")
+    p.add_argument("--at", type=int, default=0, help="token offset of the peek (default: 0)")
+    p.add_argument("--count", type=int, default=64, help="tokens to decode (default: 64)")
+    args = p.parse_args(argv)
+    return run_cli(lambda: print(describe(args.folder, args.split, args.at, args.count)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

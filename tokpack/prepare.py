@@ -1,0 +1,373 @@
+"""Tokenize a text corpus into train.bin / val.bin / meta.json: exact, streaming, parallel.
+
+    python -m tokpack.prepare corpus.txt                # one document: nanoGPT's Shakespeare split
+    python -m tokpack.prepare docs/ --out-dir data/web  # many documents: a seeded per-document split
+    python -m tokpack.prepare                           # the built-in sample corpus -> data/sample
+
+The tokens of every document are exactly ``encode_ordinary(document)``, whatever the thread
+count; pieces are tokenized on all cores and written in input order, so the output is
+byte-identical for any ``--workers``. Everything is written to temporary names and renamed when
+complete, meta.json last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .config import add_config_option, build_config, default_of, parser, run_cli
+from .corpus import Piece, count_chars, documents, is_single_document, pieces, resolve_inputs, split_runs
+from .format import FORMAT_VERSION, INDEX_DTYPE, META_NAME, SPLITS, HashingWriter, write_json_atomic
+from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
+
+EOT_MODES = ("auto", "append", "prepend", "none")
+SAMPLE_CORPUS = Path("data/sample-corpus")
+SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Every option of ``tokpack.prepare``; those that change the output go into meta.json."""
+
+    inputs: tuple[str, ...] = ()
+    out_dir: str | None = None
+    encoding: str = "gpt2"
+    dtype: str = "auto"
+    val_fraction: float = 0.1
+    seed: int = 1337
+    eot: str = "auto"
+    doc_sep: str | None = None
+    jsonl_key: str = "text"
+    errors: str = "strict"
+    workers: int = 0
+    piece_chars: int = 1 << 18
+    force: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"--val-fraction {self.val_fraction} must lie strictly between 0 and 1; try 0.1")
+        if self.eot not in EOT_MODES:
+            raise ValueError(f"--eot {self.eot!r} is not one of {', '.join(EOT_MODES)}")
+        if self.errors not in ("strict", "replace"):
+            raise ValueError(f"--errors {self.errors!r} is not strict or replace")
+        if self.workers < 0:
+            raise ValueError(f"--workers {self.workers} is negative; use 0 for all cores")
+        if self.piece_chars < 2:
+            raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2 (default {1 << 18})")
+
+    def output_options(self) -> dict[str, Any]:
+        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "errors")
+        return {k: getattr(self, k) for k in keys}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
+    """The built-in sample: the Python documentation topics, one file per topic."""
+    from pydoc_data.topics import topics
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in sorted(topics.items()):
+        path = folder / f"{name}.txt"
+        if not path.is_file() or path.read_text("utf-8") != text:
+            path.write_text(text, "utf-8")
+    return folder
+
+
+def in_val(text_hash: bytes, val_fraction: float) -> bool:
+    return int.from_bytes(text_hash, "big") < val_fraction * 2**64
+
+
+@dataclass
+class SplitWriter:
+    """One split's .bin and .idx, written to temporary names."""
+
+    folder: Path
+    split: str
+    dtype: np.dtype
+    eot: str
+    eot_id: int
+    tokens: int = 0
+    starts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.bin = HashingWriter(self.folder / f"{self.split}.bin")
+        self.idx = HashingWriter(self.folder / f"{self.split}.idx")
+        self._eot = np.array([self.eot_id], dtype=self.dtype)
+
+    def start_document(self) -> None:
+        self.starts.append(self.tokens)
+        if self.eot == "prepend":
+            self.write(self._eot)
+
+    def write(self, tokens: np.ndarray) -> None:
+        self.bin.write(tokens)
+        self.tokens += len(tokens)
+
+    def end_document(self) -> None:
+        if self.eot == "append":
+            self.write(self._eot)
+
+    def close(self) -> dict[str, Any]:
+        self.idx.write(np.array(self.starts, dtype=INDEX_DTYPE))
+        return {"tokens": self.tokens, "documents": len(self.starts),
+                "bin": self.bin.close(), "idx": self.idx.close()}
+
+    def publish(self) -> None:
+        for writer in (self.bin, self.idx):
+            os.replace(writer.tmp, writer.path)
+
+    def discard(self) -> None:
+        self.bin.discard()
+        self.idx.discard()
+
+
+class DocumentBuffer:
+    """A document's tokens held until its split is known; large ones spill to disk."""
+
+    def __init__(self, folder: Path):
+        self.spill_path = folder / f".spill{os.getpid()}.tokpack-tmp"
+        self.parts: list[np.ndarray] = []
+        self.held = 0
+        self.spilled = 0
+        self.hash = hashlib.blake2b(digest_size=8)
+
+    def reset(self, seed: int) -> None:
+        self.parts, self.held, self.spilled = [], 0, 0
+        self.hash = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
+
+    def add(self, text: bytes, tokens: np.ndarray) -> None:
+        self.hash.update(text)
+        self.parts.append(tokens)
+        self.held += len(tokens)
+        if self.held > SPILL_TOKENS:
+            with open(self.spill_path, "ab" if self.spilled else "wb") as f:
+                for part in self.parts:
+                    f.write(memoryview(part).cast("B"))
+            self.spilled += self.held
+            self.parts, self.held = [], 0
+
+    def drain_into(self, writer: SplitWriter) -> None:
+        writer.start_document()
+        if self.spilled:
+            dtype = writer.dtype
+            with open(self.spill_path, "rb") as f:
+                while chunk := f.read(SPILL_TOKENS * dtype.itemsize):
+                    writer.write(np.frombuffer(chunk, dtype=dtype))
+        for part in self.parts:
+            writer.write(part)
+        writer.end_document()
+
+    def discard(self) -> None:
+        self.spill_path.unlink(missing_ok=True)
+
+
+def encode_in_order(
+    stream: Iterator[Piece], encode: Any, workers: int, batch_chars: int
+) -> Iterator[tuple[Piece, np.ndarray]]:
+    """Each piece with its tokens, in input order, tokenized by ``workers`` threads."""
+
+    def run(batch: list[Piece]) -> list[np.ndarray]:
+        return [encode(piece.text) for piece in batch]
+
+    # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
+    # batches in flight keeps memory flat however large the corpus is.
+    pending: list[tuple[list[Piece], Future[list[np.ndarray]]]] = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
+        batch: list[Piece] = []
+        size = 0
+        for piece in stream:
+            batch.append(piece)
+            size += len(piece.text)
+            if size >= batch_chars:
+                pending.append((batch, pool.submit(run, batch)))
+                batch, size = [], 0
+                if len(pending) > 2 * workers:
+                    done, future = pending.pop(0)
+                    yield from zip(done, future.result())
+        if batch:
+            pending.append((batch, pool.submit(run, batch)))
+        for done, future in pending:
+            yield from zip(done, future.result())
+
+
+def _claim_out_dir(out: Path, force: bool, inputs: Sequence[Path]) -> None:
+    target = out.resolve()
+    if any(target == p or p in target.parents or target in p.parents for p in (i.resolve() for i in inputs)):
+        raise ValueError(f"--out-dir {out} lies inside the corpus (it would read its own output); "
+                         "choose an --out-dir outside the input folders")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
+    if (out / META_NAME).exists() and not force:
+        raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create output folder {out} ({exc.strerror}); choose a writable --out-dir") from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"output folder {out} is not writable; choose a writable --out-dir")
+
+
+def prepare(config: PrepareConfig) -> dict[str, Any]:
+    """Run the whole preparation; returns meta.json's content plus a ``stats`` entry."""
+    started = time.perf_counter()
+    enc = load_encoding(config.encoding)
+    dtype = token_dtype(enc, config.dtype)
+    files = resolve_inputs(config.inputs or [write_sample_corpus()])
+    single = is_single_document(files, config.doc_sep)
+    eot = config.eot if config.eot != "auto" else ("none" if single else "append")
+    out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
+    _claim_out_dir(out, config.force, [*files, *(Path(i) for i in config.inputs if Path(i).is_dir())])
+
+    docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key)
+    if single:
+        n = count_chars(files[0], config.errors)
+        if n == 0:
+            raise ValueError(f"the corpus {files[0]} holds no text; pass a non-empty file")
+        cut = int(n * (1 - config.val_fraction))
+        if not 0 < cut < n:
+            raise ValueError(
+                f"{files[0]} has {n} characters: cutting at {cut} for --val-fraction "
+                f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
+            )
+        docs = iter(split_runs(next(docs), cut))
+    workers = config.workers or default_workers()
+    stream = encode_in_order(
+        pieces(docs, config.piece_chars, can_cut(enc)),
+        lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(dtype),
+        workers,
+        config.piece_chars,
+    )
+    writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
+    buffer = DocumentBuffer(out)
+    buffer.reset(config.seed)
+    total_bytes = sum(p.stat().st_size for p in files)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=config.quiet or None,
+               desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
+    try:
+        for piece, tokens in stream:
+            raw = piece.text.encode("utf-8", "surrogatepass")
+            bar.update(len(raw))
+            if single:
+                writer = writers[SPLITS[piece.doc]]
+                if not writer.starts:  # each split holds one part of the lone document
+                    writer.start_document()
+                writer.write(tokens)
+                if piece.last:
+                    writer.end_document()
+                continue
+            buffer.add(raw, tokens)
+            if piece.last:
+                split = "val" if in_val(buffer.hash.digest(), config.val_fraction) else "train"
+                buffer.drain_into(writers[split])
+                buffer.reset(config.seed)
+        bar.close()
+        documents_seen = sum(len(w.starts) for w in writers.values())
+        if not documents_seen:
+            raise ValueError(f"the corpus ({', '.join(map(str, files[:3]))}) holds no text; pass non-empty files")
+        for split, writer in writers.items():
+            if not writer.starts:
+                raise ValueError(
+                    f"the {split} split would be empty: all {documents_seen} documents hashed to the other "
+                    f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
+                )
+        splits = {split: writer.close() for split, writer in writers.items()}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "tokpack_version": __version__,
+            "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
+                         "eot_id": enc.eot_token},
+            "dtype": dtype.name,
+            "eot": eot,
+            "single_document": single,
+            "splits": splits,
+            "inputs": [{"path": str(p), "bytes": p.stat().st_size} for p in files],
+            "options": config.output_options(),
+        }
+        # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
+        (out / META_NAME).unlink(missing_ok=True)
+        for writer in writers.values():
+            writer.publish()
+        write_json_atomic(out / META_NAME, meta)
+    except BaseException:
+        bar.close()
+        for writer in writers.values():
+            writer.discard()
+        raise
+    finally:
+        buffer.discard()
+    elapsed = time.perf_counter() - started
+    tokens = sum(s["tokens"] for s in splits.values())
+    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
+                              "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
+
+
+def summary(result: dict[str, Any]) -> str:
+    stats = result["stats"]
+    lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']})"]
+    for split, info in result["splits"].items():
+        lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents")
+    lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
+                 f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("prepare", __doc__)
+    d = lambda name: default_of(PrepareConfig, name)  # noqa: E731
+    p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; .txt, .jsonl, and .gz of "
+                   "both (default: the built-in sample corpus, the Python docs topics)")
+    p.add_argument("--out-dir", help="output folder (default: data/sample for the sample, else data/<first input's stem>)")
+    p.add_argument("--encoding", help=f"tiktoken encoding name or .tiktoken file (default: {d('encoding')})")
+    p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "
+                   "the narrowest that holds every id)")
+    p.add_argument("--val-fraction", type=float, help=f"share of documents (or of a lone document's tail) "
+                   f"that goes to val (default: {d('val_fraction')})")
+    p.add_argument("--seed", type=int, help=f"seed of the per-document split hash (default: {d('seed')})")
+    p.add_argument("--eot", choices=EOT_MODES, help=f"where <|endoftext|> goes around each document (default: "
+                   f"{d('eot')}: append, or none for a corpus of one document)")
+    p.add_argument("--doc-sep", help="cut text files into documents at this string (default: none)")
+    p.add_argument("--jsonl-key", help=f"text field of .jsonl records (default: {d('jsonl_key')})")
+    p.add_argument("--errors", choices=["strict", "replace"], help=f"invalid UTF-8 handling (default: {d('errors')})")
+    p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
+    p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
+    p.add_argument("--force", action="store_true", default=None, help="overwrite an existing prepared folder (default: off)")
+    p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")
+    add_config_option(p)
+    args = vars(p.parse_args(argv))
+
+    def body() -> int:
+        config_path = args.pop("config")
+        args["inputs"] = tuple(args["inputs"]) or None
+        config = build_config(PrepareConfig, config_path, args)
+        result = prepare(config)
+        if not config.quiet:
+            print(summary(result))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
