@@ -134,6 +134,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
     (tmp_path / "bad.txt").write_bytes(b"ok \xc3\x28 bad")
     (tmp_path / "tiny.txt").write_text("a")
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "ow").mkdir()
+    (tmp_path / "ow" / "val.idx").write_text("not a corpus to overwrite")
     big = _write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
     out = tmp_path / "out"
     cases = {
@@ -148,6 +150,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
         "uint16 cannot hold encoding 'cl100k_base'": [str(good), "--encoding", str(big), "--dtype", "uint16"],
         "cannot create output folder": [str(good), "--out-dir", str(tmp_path / "afile" / "sub")],
         "lies inside the corpus": [str(good), "--out-dir", str(good / "prepared")],
+        "would be overwritten by the output": [str(tmp_path / "ow" / ".." / "ow" / "val.idx"),
+                                               "--out-dir", str(tmp_path / "ow")],
     }
     for fragment, argv in cases.items():
         err = _cli_error(capsys, [*argv, "--quiet", *([] if "--out-dir" in argv else ["--out-dir", str(out)])])

@@ -13,6 +13,7 @@ import codecs
 import glob
 import gzip
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,18 +48,18 @@ def resolve_inputs(paths: Sequence[str | Path]) -> list[Path]:
     files: list[Path] = []
     for raw in map(str, paths):
         if any(ch in raw for ch in "*?["):
-            matches = sorted(Path(m) for m in glob.glob(raw, recursive=True) if Path(m).is_file())
+            matches = sorted((Path(m) for m in glob.glob(raw, recursive=True) if os.path.isfile(m)), key=lambda p: p.parts)
             if not matches:
                 raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern and quote it")
             files.extend(matches)
         elif Path(raw).is_dir():
-            found = sorted(
-                p for p in Path(raw).rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(raw).parts)
-            )
+            found = []
+            for root, dirs, names in os.walk(raw):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders: .git and kin
+                found += [Path(root, n) for n in names if not n.startswith(".")]
             if not found:
                 raise ValueError(f"folder {raw} holds no readable files; put .txt/.jsonl files in it")
-            files.extend(found)
+            files.extend(sorted(found, key=lambda p: p.parts))
         elif Path(raw).is_file():
             files.append(Path(raw))
         else:

@@ -74,7 +74,13 @@ class PrepareConfig:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory in MB."""
+    # VmHWM starts afresh at exec; ru_maxrss would count the memory of the process that forked us.
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def default_workers() -> int:
@@ -210,11 +216,16 @@ def encode_in_order(
             yield from zip(done, future.result())
 
 
-def _claim_out_dir(out: Path, force: bool, inputs: Sequence[Path]) -> None:
+def _claim_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
     target = out.resolve()
-    if any(target == p or p in target.parents or target in p.parents for p in (i.resolve() for i in inputs)):
-        raise ValueError(f"--out-dir {out} lies inside the corpus (it would read its own output); "
-                         "choose an --out-dir outside the input folders")
+    for folder in map(Path.resolve, folders):
+        if target == folder or folder in target.parents:
+            raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
+                             "its own output; choose an --out-dir outside the input folders")
+    outputs = {target / name for split in SPLITS for name in (f"{split}.bin", f"{split}.idx")} | {target / META_NAME}
+    for f in files:
+        if f.resolve() in outputs:
+            raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
     if (out / META_NAME).exists() and not force:
@@ -236,7 +247,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     single = is_single_document(files, config.doc_sep)
     eot = config.eot if config.eot != "auto" else ("none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    _claim_out_dir(out, config.force, [*files, *(Path(i) for i in config.inputs if Path(i).is_dir())])
+    _claim_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
 
     docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key)
     if single:
@@ -260,10 +271,10 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
     buffer = DocumentBuffer(out)
     buffer.reset(config.seed)
-    total_bytes = sum(p.stat().st_size for p in files)
+    sizes = [p.stat().st_size for p in files]
     from tqdm import tqdm
 
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=config.quiet or None,
+    bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
         for piece, tokens in stream:
@@ -302,7 +313,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
             "eot": eot,
             "single_document": single,
             "splits": splits,
-            "inputs": [{"path": str(p), "bytes": p.stat().st_size} for p in files],
+            "inputs": [{"path": str(p), "bytes": size} for p, size in zip(files, sizes)],
             "options": config.output_options(),
         }
         # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.

@@ -1,0 +1,127 @@
+"""Speed and memory, as ratios against baselines run in the same process on the same data.
+
+    python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024]
+    python -m tokpack.bench loader
+
+Each prints a table and, last, one JSON line with every figure. Absolute times are noise on a
+shared machine; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import parser
+from .prepare import PrepareConfig, default_workers, prepare
+from .tokenizer import load_encoding
+
+
+def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
+    """``fn``'s result and its best wall time over ``repeat`` runs (the least disturbed one)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(value: Any) -> str:
+        return f"{value:,.3g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+
+    cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    return "\n".join(lines)
+
+
+def synthetic_corpus(folder: Path, megabytes: float) -> list[str]:
+    """Documents of real English prose (the Python docs topics), copied until ``megabytes``."""
+    from pydoc_data.topics import topics
+
+    folder.mkdir(parents=True, exist_ok=True)
+    docs, size, copy = [], 0, 0
+    while size < megabytes * 1e6:
+        for name, text in sorted(topics.items()):
+            doc = f"{text}\n(copy {copy} of {name})\n"
+            (folder / f"{copy:05d}-{name}.txt").write_text(doc, "utf-8")
+            docs.append(doc)
+            size += len(doc.encode())
+        copy += 1
+    return docs
+
+
+def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int) -> dict[str, Any]:
+    code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
+            "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], workers=int(sys.argv[3]), "
+            "quiet=True)); print(json.dumps(r['stats']))")
+    done = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(workers)],
+                          check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int) -> dict[str, Any]:
+    enc = load_encoding("gpt2")
+    with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+        docs = synthetic_corpus(Path(tmp) / "corpus", megabytes)
+        one, t_one = timed(lambda: sum(len(enc.encode_ordinary(d)) for d in docs), repeat)
+        batch, t_batch = timed(lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers))), repeat)
+        config = PrepareConfig(inputs=(str(Path(tmp) / "corpus"),), out_dir=str(Path(tmp) / "out"),
+                               workers=workers, quiet=True, force=True)
+        result, t_prep = timed(lambda: prepare(config), repeat)
+        eots = sum(s["documents"] for s in result["splits"].values())
+        prepared = sum(s["tokens"] for s in result["splits"].values()) - eots
+        assert one == batch == prepared, (one, batch, prepared)
+        rss_corpus = Path(tmp) / "corpus"
+        if rss_megabytes:
+            rss_corpus = Path(tmp) / "rss-corpus"
+            synthetic_corpus(rss_corpus, rss_megabytes)
+        rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers)["peak_rss_mb"]
+    corpus_mb = sum(len(d.encode()) for d in docs) / 1e6
+    rows = [
+        {"run": "encode_ordinary, 1 thread", "seconds": t_one, "tokens/s": one / t_one},
+        {"run": f"encode_ordinary_batch, {workers} threads", "seconds": t_batch, "tokens/s": batch / t_batch},
+        {"run": f"tokpack.prepare, {workers} workers", "seconds": t_prep, "tokens/s": prepared / t_prep},
+    ]
+    for row in rows:
+        row["vs 1 thread"] = row["tokens/s"] / rows[0]["tokens/s"]
+        row["vs all-core"] = row["tokens/s"] / rows[1]["tokens/s"]
+    print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {one:,} tokens; best of {repeat} runs each")
+    print(table(rows, ["run", "seconds", "tokens/s", "vs 1 thread", "vs all-core"]))
+    print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB")
+    return {
+        "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": one, "workers": workers, "repeat": repeat,
+        "raw_1thread_tok_s": rows[0]["tokens/s"], "raw_allcore_tok_s": rows[1]["tokens/s"],
+        "prepare_tok_s": rows[2]["tokens/s"], "prepare_vs_allcore": rows[2]["vs all-core"],
+        "prepare_vs_1thread": rows[2]["vs 1 thread"], "rss_corpus_mb": rss_megabytes or corpus_mb,
+        "prepare_peak_rss_mb": rss,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("bench", __doc__)
+    sub = p.add_subparsers(dest="what", required=True)
+    pp = sub.add_parser("prepare", help="tokpack.prepare against raw tiktoken")
+    pp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB for the throughput runs (default: 32)")
+    pp.add_argument("--rss-mb", type=float, default=None,
+                    help="corpus size in MB for the peak-RSS run (default: the same corpus); try 1024")
+    pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
+    pp.add_argument("--repeat", type=int, default=3, help="runs of each, the best counts (default: 3)")
+    args = p.parse_args(argv)
+    if args.what == "prepare":
+        figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
