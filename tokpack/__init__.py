@@ -14,6 +14,10 @@ __version__ = "0.1.0"
 # Public name -> defining module. Imported on first use so that `python -m tokpack.prepare`
 # never pays for torch (about 200 MB and seconds of start-up).
 _EXPORTS = {
+    "TokenWindows": "windows",
+    "build_loader": "loader",
+    "seed_worker": "loader",
+    "to_device": "loader",
     "PrepareConfig": "prepare",
     "load_encoding": "tokenizer",
     "open_tokens": "format",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import parser
+from .config import parser, table
 from .prepare import PrepareConfig, default_workers, prepare
 from .tokenizer import load_encoding
 
@@ -31,17 +31,6 @@ def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
         result = fn()
         best = min(best, time.perf_counter() - start)
     return result, best
-
-
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    def cell(value: Any) -> str:
-        return f"{value:,.3g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
-
-    cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    return "\n".join(lines)
 
 
 def synthetic_corpus(folder: Path, megabytes: float) -> list[str]:

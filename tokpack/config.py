@@ -77,5 +77,12 @@ def add_config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="TOML", help="a configs/*.toml file; options given here override it")
 
 
-def int_list(values: Sequence[str]) -> list[int]:
-    return [int(v) for v in values]
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(value: Any) -> str:
+        return f"{value:,.3g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+
+    cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    return "\n".join(lines)

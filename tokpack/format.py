@@ -96,8 +96,11 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
 def shard_token_count(path: Path) -> int | None:
     """Token count from an llm.c shard header, or None if ``path`` has no such header."""
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(SHARD_HEADER_BYTES), dtype="<i4")
-    if len(header) < 3 or header[0] != SHARD_MAGIC:
+        head = f.read(SHARD_HEADER_BYTES)
+    if len(head) < SHARD_HEADER_BYTES:
+        return None
+    header = np.frombuffer(head, dtype="<i4")
+    if header[0] != SHARD_MAGIC:
         return None
     if header[1] != 1:
         raise ValueError(f"{path} is an llm.c shard of version {header[1]}; only version 1 (uint16) is read")

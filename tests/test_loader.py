@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from conftest import run_module
+from tokpack import check
+from tokpack.check import batch_hash, check_folder, resumed, take
+from tokpack.loader import build_loader, to_device
+from tokpack.samplers import RandomStartSampler
+from tokpack.windows import TokenWindows
+
+SETUPS = {
+    "random": lambda ds, **kw: build_loader(ds["train"], 4, 11, num_samples=4 * 6, **kw),
+    "random-endless": lambda ds, **kw: build_loader(ds["train"], 4, 11, **kw),
+    "epochs": lambda ds, **kw: build_loader(ds["strided"], 4, 11, shuffle=True, **kw),
+    "in-order": lambda ds, **kw: build_loader(ds["strided"], 4, 11, **kw),
+}
+
+
+@pytest.fixture
+def datasets(prepared):
+    return {"train": TokenWindows(prepared / "train.bin", 16),
+            "strided": TokenWindows(prepared / "val.bin", 16, stride=16)}
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_resume_from_any_batch_yields_the_uninterrupted_batches(datasets, setup):
+    build = lambda: SETUPS[setup](datasets)  # noqa: E731
+    n = 3 * len(build()) + 2 if setup != "random-endless" else 20  # crosses epoch boundaries
+    fresh = take(build(), n)
+    assert len(fresh) == n and len(set(fresh)) > 3
+    for at in range(1, n):
+        assert resumed(build, n, at) == fresh, at
+
+
+def test_epochs_differ_without_set_epoch_and_rerun_identically(datasets):
+    def rows(loader):
+        return [tuple(x.tolist()) for batch, _ in loader for x in batch]
+
+    loader = SETUPS["epochs"](datasets)
+    e0, e1 = rows(loader), rows(loader)
+    assert e0 != e1 and sorted(e0) == sorted(e1)  # a new order of the same windows
+    assert len(e0) == len(datasets["strided"])  # each window once per epoch
+    assert rows(SETUPS["epochs"](datasets)) == e0
+
+
+def test_resume_does_not_fetch_skipped_batches(datasets, monkeypatch):
+    fetched = []
+    original = TokenWindows.__getitems__
+    monkeypatch.setattr(TokenWindows, "__getitems__", lambda self, idx: fetched.append(list(idx)) or original(self, idx))
+    loader = SETUPS["random"](datasets)
+    loader.load_state_dict({**loader.state_dict(), "batch": 5})
+    assert len(take(loader, 1)) == 1 and len(fetched) == 1
+
+
+def test_state_from_other_settings_is_refused_showing_both_values(datasets):
+    state = SETUPS["random"](datasets).state_dict()
+    other = build_loader(datasets["train"], 8, 11, num_samples=24)
+    with pytest.raises(ValueError, match="batch_size=4 but this loader has batch_size=8"):
+        other.load_state_dict(state)
+    reseeded = build_loader(datasets["train"], 4, 12, num_samples=24)
+    with pytest.raises(ValueError, match="seed=11 but this loader has seed=12"):
+        reseeded.load_state_dict(state)
+    with pytest.raises(ValueError, match="version"):
+        reseeded.load_state_dict({**state, "version": 99})
+
+
+def test_batches_are_int64_next_token_pairs(datasets):
+    x, y = next(iter(SETUPS["random"](datasets)))
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_distributed_settings_come_from_torchrun_env(datasets, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = SETUPS["in-order"](datasets)
+    assert (loader.sampler.rank, loader.sampler.world_size) == (1, 3)
+    streams = [take(build_loader(datasets["train"], 4, 11, num_samples=8, rank=r, world_size=2), 2) for r in (0, 1)]
+    assert streams[0] != streams[1]
+
+
+def test_bad_combinations_are_refused(datasets):
+    with pytest.raises(ValueError, match="drop_last=True would skip"):
+        build_loader(datasets["strided"], 4, drop_last=True)
+    with pytest.raises(ValueError, match="only sampled at random"):
+        build_loader(datasets["train"], 4, shuffle=False)
+    with pytest.raises(ValueError, match="num_samples applies to random-start"):
+        build_loader(datasets["strided"], 4, num_samples=10)
+
+
+def test_pinning_is_automatic_and_warns_only_when_asked_for_in_vain(datasets):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = build_loader(datasets["train"], 4, num_samples=8)
+    assert loader.dataloader.pin_memory == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="pin_memory=True has no effect"):
+            build_loader(datasets["train"], 4, num_samples=8, pin_memory=True)
+
+
+def test_to_device_keeps_structure():
+    batch = {"a": torch.ones(2), "b": [torch.zeros(1), (torch.ones(1), 3)]}
+    moved = to_device(batch, "cpu")
+    assert moved["a"].device.type == "cpu" and moved["b"][1][1] == 3 and isinstance(moved["b"][1], tuple)
+
+
+def test_check_reports_differences(prepared, monkeypatch):
+    rows = check_folder(prepared, batches=6, block_size=16, batch_size=4, workers=(0,))
+    assert all(v in ("same", "n/a") for row in rows for k, v in row.items() if k != "check")
+    original = RandomStartSampler.indices
+    draws = iter(range(10**6))
+    # A sampler that ignores its position: resumed and repeated runs must now differ.
+    monkeypatch.setattr(RandomStartSampler, "indices", lambda self, e, s: (next(draws) % self.num_windows
+                                                                           for _ in original(self, e, s)))
+    rows = check_folder(prepared, batches=6, block_size=16, batch_size=4, workers=(0,))
+    assert rows[0]["train (random starts)"] == "DIFFERENT" and rows[0]["val (in order)"] == "same"
+    assert check is not None
+
+
+def test_check_cli_with_two_workers(prepared):
+    done = run_module("tokpack.check", str(prepared), "--batches", "10", "--block-size", "16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "workers=2 == workers=0" in done.stdout and "DIFFERENT" not in done.stdout
+
+
+AUGMENT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import torch
+    from tokpack import TokenWindows, build_loader
+    from tokpack.windows import WindowBatch
+
+    class Masked(TokenWindows):
+        """Masks tokens with the worker's own numpy Generator, and reports which worker it ran in."""
+        def __getitems__(self, indices):
+            batch = super().__getitems__(indices)
+            info = torch.utils.data.get_worker_info()
+            draw = int(self.rng.integers(1 << 30))
+            keep = torch.from_numpy(self.rng.random(batch.x.shape) > 0.2)
+            return WindowBatch(batch.x * keep, torch.tensor([info.id if info else -1, draw]))
+
+    if __name__ == "__main__":
+        ds = Masked(sys.argv[1], 16)
+        loader = build_loader(ds, 4, seed=5, num_samples=16, num_workers=2, multiprocessing_context=sys.argv[2])
+        epochs = [[(int(w), int(d), int(x.sum())) for x, (w, d) in loader] for _ in range(2)]
+        print(json.dumps(epochs))
+''')
+
+
+@pytest.mark.parametrize("context", ["forkserver", "spawn"])
+def test_worker_augmentation_differs_by_worker_and_epoch_and_reruns_exactly(prepared, tmp_path, context):
+    import subprocess
+
+    script = tmp_path / "masked_lab.py"
+    script.write_text(AUGMENT)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script), str(prepared / "train.bin"), context],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout))
+    assert runs[0] == runs[1]  # same seed, same batches, same augmentation
+    epoch0, epoch1 = runs[0]
+    assert {w for w, _, _ in epoch0} == {0, 1}
+    assert epoch0 != epoch1
+    first_draw = {w: d for w, d, _ in reversed(epoch0)}
+    assert first_draw[0] != first_draw[1]  # each worker has its own stream

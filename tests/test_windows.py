@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from tokpack.format import SHARD_HEADER_BYTES, SHARD_MAGIC
+from tokpack.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
+
+
+def bare_file(path, n, dtype=np.uint16, seed=0):
+    tokens = np.random.default_rng(seed).integers(0, 50000, n).astype(dtype)
+    tokens.tofile(path)
+    return tokens
+
+
+def shard_file(path, tokens):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (SHARD_MAGIC, 1, len(tokens))
+    path.write_bytes(header.tobytes() + tokens.astype("<u2").tobytes())
+
+
+def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
+    tokens = bare_file(tmp_path / "t.bin", 1000)
+    ds = TokenWindows(tmp_path / "t.bin", block_size=16, dtype="uint16")
+    assert len(ds) == 1000 - 16
+    for i in (0, 1, 500, len(ds) - 1):
+        x, y = ds[i]
+        assert x.dtype == y.dtype == torch.int64 and x.shape == (16,)
+        assert x.tolist() == tokens[i:i + 16].tolist() and y.tolist() == tokens[i + 1:i + 17].tolist()
+    batch = ds.__getitems__([3, 900, 3])
+    assert isinstance(batch, WindowBatch) and batch.x.shape == (3, 16)
+    assert torch.equal(batch.x[:, 1:], batch.y[:, :-1])
+    assert torch.equal(batch.x[1], ds[900][0]) and batch.x.is_contiguous() and batch.y.is_contiguous()
+    with pytest.raises(IndexError):
+        ds.__getitems__([len(ds)])
+
+
+@pytest.mark.parametrize("n,T,S", [(1000, 16, 16), (1000, 16, 5), (1001, 16, 1), (17, 16, 16), (10, 16, 4), (300, 32, 31)])
+def test_evaluation_windows_score_every_target_exactly_once(tmp_path, n, T, S):
+    tokens = bare_file(tmp_path / "v.bin", n)
+    ds = TokenWindows(tmp_path / "v.bin", block_size=T, stride=S, dtype="uint16")
+    batch = ds.__getitems__(list(range(len(ds))))
+    scored = batch.y != IGNORE_INDEX
+    assert int(scored.sum()) == n - 1 == ds.scored_tokens
+    covered = []
+    for k in range(len(ds)):
+        for t in np.flatnonzero(scored[k].numpy()):
+            position = k * S + t + 1  # the target's position in the file
+            covered.append(position)
+            assert batch.y[k, t] == int(tokens[position])
+            assert t >= T - S or k == 0  # at least T - S tokens of context after the first window
+            real = min(T, n - k * S)
+            assert batch.x[k, :real].tolist() == tokens[k * S:k * S + real].tolist()
+    assert sorted(covered) == list(range(1, n))
+
+
+def test_pickle_carries_the_path_not_the_corpus(tmp_path):
+    bare_file(tmp_path / "big.bin", 4_000_000)
+    ds = TokenWindows(tmp_path / "big.bin", block_size=64, dtype="uint16")
+    ds.__getitems__([0, 123456])  # opens the memmap in this process
+    blob = pickle.dumps(ds)
+    assert len(blob) < 2000
+    clone = pickle.loads(blob)
+    assert torch.equal(clone[77][0], ds[77][0])
+
+
+def test_dtype_comes_from_meta_json(prepared):
+    ds = TokenWindows(prepared / "train.bin", block_size=8)
+    assert ds.dtype == np.uint16
+    with pytest.raises(ValueError, match="holds uint16 tokens, not the dtype=uint32"):
+        TokenWindows(prepared / "train.bin", block_size=8, dtype="uint32")
+
+
+def test_bad_files_get_one_clear_error(tmp_path):
+    bare_file(tmp_path / "t.bin", 100)
+    with pytest.raises(ValueError, match="cannot tell the dtype.*pass dtype='uint16'"):
+        TokenWindows(tmp_path / "t.bin", block_size=8)
+    with pytest.raises(ValueError, match=r"block_size 100 needs more than 100 tokens, but .*t.bin holds 100"):
+        TokenWindows(tmp_path / "t.bin", block_size=100, dtype="uint16")
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x02\x03")
+    with pytest.raises(ValueError, match="3 bytes, not a whole number of uint16 tokens.*truncated"):
+        TokenWindows(tmp_path / "odd.bin", block_size=1, dtype="uint16")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds no tokens"):
+        TokenWindows(tmp_path / "empty.bin", block_size=1, dtype="uint16")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TokenWindows(tmp_path / "nope.bin", block_size=1, dtype="uint16")
+    with pytest.raises(ValueError, match="stride 9 must lie in 1..block_size"):
+        TokenWindows(tmp_path / "t.bin", block_size=8, stride=9, dtype="uint16")
+
+
+def test_llmc_shards_are_detected_and_windows_stay_inside_a_shard(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    parts = [np.arange(k * 1000, k * 1000 + n) for k, n in enumerate((50, 9, 70))]
+    for k, part in enumerate(parts):
+        shard_file(folder / f"fineweb_train_{k:06d}.bin", part)
+    ds = TokenWindows(folder, block_size=10)
+    assert ds.dtype == np.uint16 and len(ds) == (50 - 10) + 0 + (70 - 10)
+    batch = ds.__getitems__(list(range(len(ds))))
+    # Every window lies inside one shard: consecutive ids, as each shard counts up by one.
+    whole = torch.cat([batch.x, batch.y[:, -1:]], dim=1)
+    assert torch.equal(whole[:, 1:] - whole[:, :-1], torch.ones(len(ds), 10, dtype=torch.int64))
+    assert batch.x[0, 0] == 0 and batch.x[40, 0] == 2000
+    evaluation = TokenWindows(folder, block_size=10, stride=10)
+    assert int((evaluation.__getitems__(list(range(len(evaluation)))).y != IGNORE_INDEX).sum()) == 49 + 8 + 69
+    (folder / "fineweb_train_000001.bin").write_bytes((folder / "fineweb_train_000001.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="header promises 9 tokens.*truncated"):
+        TokenWindows(folder, block_size=10)
+    assert SHARD_HEADER_BYTES == 1024
+
+
+def test_collate_passes_batches_through_and_stacks_samples():
+    batch = WindowBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+    assert collate_windows(batch) is batch
+    xb, yb = collate_windows([(torch.arange(3), torch.arange(3)), (torch.arange(3), torch.arange(3))])
+    assert xb.shape == (2, 3) and yb.shape == (2, 3)

@@ -1,0 +1,174 @@
+"""``TokenWindows``: a lazily memory-mapped dataset of (x, y) next-token windows.
+
+    from tokpack import TokenWindows
+    train = TokenWindows("data/sample/train.bin", block_size=256)             # every start position
+    val = TokenWindows("data/sample/val.bin", block_size=256, stride=256)      # evaluation windows
+
+A window is one read of T + 1 tokens: x = tokens[s:s+T], y = tokens[s+1:s+T+1], widened to int64
+per window, never the whole corpus. Training mode (no stride) has a window at every start
+0..n-T-1. Evaluation mode (stride S <= T) starts windows at 0, S, 2S, ... and scores every target
+token of the file exactly once: targets that the previous window already scored, and the padding of
+the last, partial window, carry the label -100 (``F.cross_entropy``'s ignore_index).
+
+Several files (a list, or a folder of llm.c shards) are served as one corpus whose windows never
+span two files: each file's windows are its own, so a shard boundary is never read across.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from .format import META_NAME, open_tokens
+
+IGNORE_INDEX = -100
+
+
+class WindowBatch(NamedTuple):
+    """A batch read in one vectorised gather: x and y of shape (B, T), int64."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def collate_windows(batch: Any) -> Any:
+    """The loader's collate step: batches from ``__getitems__`` pass through, samples stack."""
+    if isinstance(batch, WindowBatch):
+        return batch
+    return default_collate(batch)
+
+
+def token_files(path: str | Path | Sequence[str | Path]) -> list[Path]:
+    """A file, a list of files, or a folder of ``*.bin`` shards (sorted) as a list of files."""
+    if isinstance(path, (str, Path)):
+        path = Path(path)
+        if path.is_dir():
+            shards = sorted(p for p in path.glob("*.bin") if p.is_file())
+            if not shards:
+                raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
+            return shards
+        return [path]
+    files = [Path(p) for p in path]
+    if not files:
+        raise ValueError("no token files given; pass a path, a list of paths or a folder")
+    return files
+
+
+class TokenWindows(Dataset):
+    """Next-token windows over one or more token files, opened lazily in each process."""
+
+    def __init__(
+        self,
+        path: str | Path | Sequence[str | Path],
+        block_size: int,
+        stride: int | None = None,
+        dtype: str | np.dtype | None = None,
+    ):
+        self.paths = token_files(path)
+        if block_size < 1:
+            raise ValueError(f"block_size {block_size} must be at least 1")
+        if stride is not None and not 1 <= stride <= block_size:
+            raise ValueError(f"stride {stride} must lie in 1..block_size ({block_size}); "
+                             "use stride=block_size for non-overlapping windows")
+        self.block_size, self.stride, self.dtype_arg = block_size, stride, dtype
+        maps = [open_tokens(p, dtype) for p in self.paths]  # validates size and dtype now, not in a worker
+        self.dtype = maps[0].dtype
+        self.lengths = np.array([len(m) for m in maps], dtype=np.int64)
+        del maps
+        T = block_size
+        if stride is None:
+            counts = np.maximum(self.lengths - T, 0)
+        else:
+            counts = np.where(self.lengths >= 2, -(-np.maximum(self.lengths - 1 - T, 0) // stride) + 1, 0)
+        if counts.sum() == 0:
+            raise ValueError(
+                f"block_size {T} needs more than {T} tokens, but {self._names()} holds "
+                f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
+            )
+        self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.rng: np.random.Generator | None = None  # set per worker by tokpack.loader.seed_worker
+        self._tokens: list[np.memmap] | None = None
+
+    def _names(self) -> str:
+        return str(self.paths[0]) if len(self.paths) == 1 else f"{len(self.paths)} files in {self.paths[0].parent}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling an open memmap copies the corpus into the pickle; workers reopen it instead.
+        return {**self.__dict__, "_tokens": None}
+
+    def tokens(self) -> list[np.memmap]:
+        """The memory-mapped files, opened on first use in this process."""
+        if self._tokens is None:
+            self._tokens = [open_tokens(p, self.dtype_arg) for p in self.paths]
+        return self._tokens
+
+    @property
+    def scored_tokens(self) -> int:
+        """Labels that are not -100 over all windows: every target of every file, n - 1 each."""
+        if self.stride is None:
+            return int((self.first[1:] - self.first[:-1]).sum() * self.block_size)
+        return int(np.maximum(self.lengths - 1, 0).sum())
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.__getitems__([index])
+        return batch.x[0], batch.y[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
+        """B windows in one vectorised gather per file."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"window index out of range 0..{len(self) - 1}")
+        T = self.block_size
+        file_of = np.searchsorted(self.first, idx, side="right") - 1
+        local = idx - self.first[file_of]
+        starts = local * (self.stride or 1)
+        gathered = np.empty((len(idx), T + 1), dtype=self.dtype)
+        pad = None
+        offsets = np.arange(T + 1)
+        for f in np.unique(file_of):
+            rows = file_of == f
+            pos = starts[rows, None] + offsets
+            if self.stride is None:
+                gathered[rows] = self.tokens()[f][pos]
+            else:
+                n = int(self.lengths[f])
+                gathered[rows] = self.tokens()[f][np.minimum(pos, n - 1)]
+                if pad is None:
+                    pad = np.zeros(gathered.shape, dtype=bool)
+                pad[rows] = pos >= n
+        # Widen x and y separately: both come out contiguous, with no copy beyond the widening.
+        x = torch.from_numpy(gathered[:, :-1].astype(np.int64))
+        y = torch.from_numpy(gathered[:, 1:].astype(np.int64))
+        if self.stride is not None:
+            x[torch.from_numpy(pad[:, :-1])] = 0
+            y[torch.from_numpy(pad[:, 1:])] = IGNORE_INDEX
+            overlap = T - self.stride
+            if overlap:
+                y[torch.from_numpy(local > 0), :overlap] = IGNORE_INDEX
+        return WindowBatch(x, y)
+
+    def window_starts(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """(file number, start token) of each window, for tools that need positions."""
+        idx = np.asarray(indices, dtype=np.int64)
+        file_of = np.searchsorted(self.first, idx, side="right") - 1
+        return list(zip(file_of.tolist(), ((idx - self.first[file_of]) * (self.stride or 1)).tolist()))
+
+    def __repr__(self) -> str:
+        mode = f"stride={self.stride}" if self.stride else "every start"
+        return f"TokenWindows({self._names()}, block_size={self.block_size}, {mode}, {len(self):,} windows)"
+
+
+def dataset_meta(windows: TokenWindows) -> dict[str, Any] | None:
+    """meta.json beside the first file, if there is one (gives the encoding and vocabulary)."""
+    from .format import read_meta
+
+    folder = windows.paths[0].parent
+    return read_meta(folder) if (folder / META_NAME).is_file() else None
