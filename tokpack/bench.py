@@ -1,7 +1,7 @@
 """Speed and memory, as ratios against baselines run in the same process on the same data.
 
     python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024]
-    python -m tokpack.bench loader
+    python -m tokpack.bench loader [--memory-batches 10000]
 
 Each prints a table and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result.
@@ -105,9 +105,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="corpus size in MB for the peak-RSS run (default: the same corpus); try 1024")
     pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
     pp.add_argument("--repeat", type=int, default=3, help="runs of each, the best counts (default: 3)")
+    lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
+    lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
+    lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
+    lp.add_argument("--batch-size", type=int, default=32, help="B (default: 32)")
+    lp.add_argument("--batches", type=int, default=200, help="batches per throughput run (default: 200)")
+    lp.add_argument("--memory-batches", type=int, default=10_000,
+                    help="batches before worker memory is read (default: 10000)")
+    lp.add_argument("--work", type=int, default=300, help="per-sample work rounds for the workers table (default: 300)")
     args = p.parse_args(argv)
     if args.what == "prepare":
         figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat)
+    elif args.what == "loader":
+        from .bench_loops import bench_loader
+
+        with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+            figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
+                                   args.memory_batches, args.work)
     print(json.dumps(figures))
     return 0
 

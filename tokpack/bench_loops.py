@@ -1,0 +1,183 @@
+"""Loader benchmarks, run by ``python -m tokpack.bench loader``.
+
+Baselines run in the same process on the same memmap: nanoGPT's get_batch (memmap reopened per
+batch, a Python slice per row, torch.stack) and the raw limit (one numpy fancy-index gather plus
+the int64 widening, no DataLoader).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import table
+from .loader import build_loader
+from .windows import TokenWindows, WindowBatch
+
+
+class BusyWindows(TokenWindows):
+    """Windows with ``work`` rounds of per-sample numpy work, as an augmentation would cost."""
+
+    def __init__(self, path: Path, block_size: int, work: int):
+        super().__init__(path, block_size, dtype="uint16")
+        self.work = work
+
+    def __getitems__(self, indices: Any) -> WindowBatch:
+        batch = super().__getitems__(indices)
+        for row in batch.x.numpy():
+            for _ in range(self.work):
+                np.sort(row)
+        return batch
+
+
+class TinyLM(nn.Module):
+    """Embedding, one MLP block, tied head: a small model for the loop split."""
+
+    def __init__(self, vocab: int = 50257, dim: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        return (h + self.mlp(h)) @ self.embed.weight.T
+
+
+def get_batch_nanogpt(path: Path, block_size: int, batch_size: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    data = np.memmap(path, dtype=np.uint16, mode="r")  # reopened every batch, as nanoGPT does
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=g)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    return x, y
+
+
+def raw_gather(data: np.ndarray, block_size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    ix = rng.integers(0, len(data) - block_size, batch_size)
+    return data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
+
+
+def _per_second(fn: Any, count: int, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return count / best
+
+
+def _status_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _worker_memory(path: Path, batches: int, block_size: int, batch_size: int) -> list[dict[str, Any]]:
+    """Anonymous and file-backed RSS of each worker after its first batch and after ``batches``."""
+    ds = TokenWindows(path, block_size, dtype="uint16")
+    # Persistent, so the workers are still there to be measured once the epoch is over.
+    loader = build_loader(ds, batch_size, seed=0, num_samples=batch_size * batches, num_workers=2,
+                          persistent_workers=True)
+    it = iter(loader.dataloader)
+    next(it)
+    pids = [w.pid for w in it._workers]  # noqa: SLF001 - the bench inspects the worker processes
+    start = {pid: (_status_kb(pid, "RssAnon"), _status_kb(pid, "RssFile")) for pid in pids}
+    for _ in it:
+        pass
+    rows = []
+    for k, pid in enumerate(pids):
+        anon, file = _status_kb(pid, "RssAnon"), _status_kb(pid, "RssFile")
+        rows.append({"worker": k, "anon_growth_mb": (anon - start[pid][0]) / 1024,
+                     "file_backed_growth_mb": (file - start[pid][1]) / 1024, "anon_mb": anon / 1024})
+    del it
+    return rows
+
+
+def _startup_seconds(path: Path, context: str) -> float:
+    ds = TokenWindows(path, 64, dtype="uint16")
+    loader = build_loader(ds, 8, seed=0, num_samples=16, num_workers=2, multiprocessing_context=context)
+    start = time.perf_counter()
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
+def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, batches: int,
+                 memory_batches: int, work: int) -> dict[str, Any]:
+    path = folder / "tokens.bin"
+    np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
+    # First, before anything in this process has started a forkserver.
+    startup = {}
+    contexts = [c for c in ("forkserver", "spawn", "fork") if c in multiprocessing.get_all_start_methods()]
+    for context in contexts:
+        startup[f"{context}_first_s"] = _startup_seconds(path, context)
+        startup[f"{context}_later_s"] = _startup_seconds(path, context)
+    print("loader start-up to first batch, 2 workers: " +
+          ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in startup.items()))
+
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    T, B = block_size, batch_size
+    per_batch = B * T
+    g, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
+    nanogpt = _per_second(lambda: [get_batch_nanogpt(path, T, B, g) for _ in range(batches)], batches * per_batch)
+    raw = _per_second(lambda: [raw_gather(data, T, B, rng) for _ in range(batches)], batches * per_batch)
+    ds = TokenWindows(path, T, dtype="uint16")
+    loader = build_loader(ds, B, seed=0, num_samples=B * batches)
+    ours = _per_second(lambda: [None for _ in loader], batches * per_batch)
+    rows = [
+        {"run": "nanoGPT get_batch", "tokens/s": nanogpt},
+        {"run": "raw gather + int64 (no DataLoader)", "tokens/s": raw},
+        {"run": "tokpack build_loader, 0 workers", "tokens/s": ours},
+    ]
+    for row in rows:
+        row["vs nanoGPT"], row["vs raw"] = row["tokens/s"] / nanogpt, row["tokens/s"] / raw
+    print(f"B={B}, T={T}, {tokens:,}-token uint16 memmap in the page cache, {batches} batches, best of 3")
+    print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw"]))
+
+    # The three loops: is the loader hidden behind the step?
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    steps = 10
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * steps)
+    cached = next(iter(small))
+    t_loader = steps / _per_second(lambda: [None for _ in small], steps, 1)
+    t_step = steps / _per_second(lambda: [step(*cached) for _ in range(steps)], steps, 1)
+    t_real = steps / _per_second(lambda: [step(x, y) for x, y in small], steps, 1)
+    loops = {"loader_alone_s": t_loader, "step_alone_s": t_step, "real_loop_s": t_real,
+             "loader_hidden": t_real < 1.1 * t_step}
+    print(f"three loops, {steps} steps of TinyLM at B=8, T=64: loader alone {t_loader:.3f} s, "
+          f"step alone {t_step:.3f} s, real loop {t_real:.3f} s -> loader "
+          f"{'hidden' if loops['loader_hidden'] else 'NOT hidden'}")
+
+    worker_rows = []
+    for workers in (0, 1, 2):
+        row: dict[str, Any] = {"workers": workers}
+        for rounds in (0, work):
+            busy = BusyWindows(path, 256, rounds)
+            wl = build_loader(busy, 16, seed=0, num_samples=16 * 40, num_workers=workers,
+                              persistent_workers=workers > 0)
+            next(iter(wl))  # start the workers outside the timing
+            row[f"work={rounds}"] = _per_second(lambda: [None for _ in wl], 16 * 39, 1)
+        worker_rows.append(row)
+    print("samples/s by workers and rounds of per-sample work (B=16, T=256)")
+    print(table(worker_rows, ["workers", "work=0", f"work={work}"]))
+
+    memory = _worker_memory(path, memory_batches, T, B)
+    print(f"worker memory after {memory_batches:,} batches of B={B}, T={T}")
+    print(table(memory, ["worker", "anon_growth_mb", "file_backed_growth_mb", "anon_mb"]))
+    return {"bench": "loader", "B": B, "T": T, "tokens": tokens,
+            "nanogpt_tok_s": nanogpt, "raw_tok_s": raw, "loader_tok_s": ours,
+            "loader_vs_nanogpt": ours / nanogpt, "loader_vs_raw": ours / raw, **loops,
+            "samples_per_s": worker_rows, "work": work,
+            **startup, "worker_anon_growth_mb": max(r["anon_growth_mb"] for r in memory),
+            "memory_batches": memory_batches}
