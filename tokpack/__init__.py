@@ -18,6 +18,7 @@ _EXPORTS = {
     "build_loader": "loader",
     "seed_worker": "loader",
     "to_device": "loader",
+    "evaluate": "evaluate",
     "PrepareConfig": "prepare",
     "load_encoding": "tokenizer",
     "open_tokens": "format",

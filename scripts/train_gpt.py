@@ -1,0 +1,181 @@
+"""Train a small GPT on a prepared folder, nanoGPT style, with tokpack's loader and evaluation.
+
+    python -m tokpack.prepare                                              # data/sample
+    python scripts/train_gpt.py --config configs/train_sample.toml         # CPU by default, CUDA if present
+    python scripts/train_gpt.py --config configs/train_sample.toml --resume
+    torchrun --standalone --nproc_per_node=2 scripts/train_gpt.py --config configs/train_sample.toml
+
+Every ``eval_interval`` steps (and at the end) the val split is scored with ``tokpack.evaluate``
+and a checkpoint is written with the model, the optimizer, the step and the loader's state, so
+``--resume`` continues with exactly the batches the uninterrupted run would have seen. Under
+torchrun each rank draws its own reproducible stream and DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from tokpack import TokenWindows, build_loader, evaluate, to_device
+from tokpack.config import build_config, default_of
+from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data_dir: str = "data/sample"
+    out_dir: str = "out/sample"
+    block_size: int = 128
+    batch_size: int = 8
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    max_iters: int = 300
+    learning_rate: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_iters: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_interval: int = 100
+    eval_stride: int = 0  # 0: block_size (no overlap)
+    eval_batch_size: int = 8
+    seed: int = 1337
+    num_workers: int = 0
+    device: str = "auto"
+    stop_at: int = 0  # stop after this step as if interrupted, writing a checkpoint (0: never)
+    log_interval: int = 10
+
+
+def lr_at(step: int, c: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr at max_iters (nanoGPT's schedule)."""
+    if step < c.warmup_iters:
+        return c.learning_rate * (step + 1) / c.warmup_iters
+    progress = min(1.0, (step - c.warmup_iters) / max(1, c.max_iters - c.warmup_iters))
+    return c.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
+
+
+def save(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # a crash mid-write never leaves a half checkpoint under the real name
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="a configs/*.toml with TrainConfig keys; flags override it")
+    for f in dataclasses.fields(TrainConfig):
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default_of(TrainConfig, f.name)),
+                       help=f"(default: {default_of(TrainConfig, f.name)})")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.pt (default: off)")
+    args = vars(p.parse_args(argv))
+    resume = args.pop("resume")
+    try:
+        c = build_config(TrainConfig, args.pop("config"), args)
+    except (ValueError, OSError) as exc:
+        print(f"train_gpt: {exc}", file=sys.stderr)
+        return 2
+
+    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    device = c.device if c.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if ddp:
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+        rank = torch.distributed.get_rank()
+        if device == "cuda":
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(device)
+    else:
+        rank = 0
+    master = rank == 0
+    torch.manual_seed(c.seed + rank)  # dropout draws from the global RNG: seed it explicitly
+    out = Path(c.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(c.data_dir)
+
+    train = TokenWindows(data / "train.bin", c.block_size)
+    val = TokenWindows(data / "val.bin", c.block_size, stride=c.eval_stride or c.block_size)
+    loader = build_loader(train, c.batch_size, seed=c.seed, num_samples=c.batch_size * c.max_iters,
+                          num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
+    val_loader = build_loader(val, c.eval_batch_size)
+    vocab = json.loads((data / "meta.json").read_text())["encoding"]["n_vocab"]
+    model_args = GPTConfig(vocab, c.block_size, c.n_layer, c.n_head, c.n_embd, c.dropout)
+
+    step, evals = 0, []
+    if resume:
+        model, ckpt = load_gpt(out / "ckpt.pt", device)
+        if dataclasses.asdict(model.config) != dataclasses.asdict(model_args):
+            print(f"train_gpt: checkpoint model {model.config} differs from the config's {model_args}", file=sys.stderr)
+            return 2
+        loader.load_state_dict(ckpt["loader"])
+        step, evals = ckpt["step"], ckpt["evals"]
+    else:
+        model = GPT(model_args, seed=c.seed).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=c.learning_rate, betas=(0.9, 0.95))
+    if resume:
+        opt.load_state_dict(ckpt["optimizer"])
+    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    if master:
+        print(f"train_gpt: {model.num_params():,} parameters on {device}, {train}, step {step}/{c.max_iters}")
+
+    def checkpoint() -> None:
+        if master:
+            save(out / "ckpt.pt", gpt_checkpoint(model, optimizer=opt.state_dict(), step=step,
+                                                 loader=loader.state_dict(), evals=evals,
+                                                 config=dataclasses.asdict(c)))
+
+    def run_eval() -> None:
+        result = evaluate(model, val_loader, device)
+        evals.append({"step": step, **result})
+        if master:
+            print(f"step {step}: val loss {result['loss']:.4f}, ppl {result['ppl']:.1f}, "
+                  f"{result['bits_per_byte']:.3f} bits/byte")
+
+    log = open(out / f"losses-rank{rank}.jsonl", "a" if resume else "w")
+    started = time.perf_counter()
+    while step < c.max_iters:
+        for x, y in loader:
+            x, y = to_device(x, device), to_device(y, device)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, c)
+            loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+            opt.step()
+            step += 1
+            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+            if master and step % c.log_interval == 0:
+                rate = step / (time.perf_counter() - started)
+                print(f"step {step}: train loss {loss.item():.4f}, lr {lr_at(step - 1, c):.2e}, {rate:.2f} steps/s")
+            if step % c.eval_interval == 0 or step == c.max_iters:
+                run_eval()
+                checkpoint()
+            if step == c.stop_at:
+                checkpoint()
+                log.close()
+                if master:
+                    print(f"train_gpt: stopped at step {step} as asked; continue with --resume")
+                return 0
+            if step == c.max_iters:
+                break
+    log.close()
+    if ddp:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""scripts/train_gpt.py, run as a user runs it: straight, interrupted and resumed, and under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from conftest import ROOT
+
+TINY = ["--block-size", "16", "--batch-size", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+        "--warmup-iters", "2", "--eval-interval", "3", "--eval-batch-size", "32", "--log-interval", "100"]
+
+
+def train(prepared, out, *args, launcher=(sys.executable,)):
+    done = subprocess.run([*launcher, str(ROOT / "scripts" / "train_gpt.py"), "--data-dir", str(prepared),
+                           "--out-dir", str(out), *TINY, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def losses(out, rank=0):
+    return [json.loads(line) for line in (out / f"losses-rank{rank}.jsonl").read_text().splitlines()]
+
+
+def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path):
+    k = 4
+    train(prepared, tmp_path / "straight", "--max-iters", str(2 * k))
+    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--stop-at", str(k))
+    assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, k + 1))
+    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--resume")
+    straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
+    assert [r["step"] for r in straight] == list(range(1, 2 * k + 1))
+    assert resumed == straight
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=False)
+    assert a["step"] == b["step"] == 2 * k and a["loader"] == b["loader"]
+    assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
+    assert [e["loss"] for e in a["evals"]] == [e["loss"] for e in b["evals"]] and len(a["evals"]) == 3
+
+
+def test_ddp_under_torchrun_each_rank_draws_its_own_reproducible_stream(prepared, tmp_path):
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    runs = []
+    for name in ("first", "second"):
+        done = train(prepared, tmp_path / name, "--max-iters", "3", launcher=launcher)
+        assert "val loss" in done.stdout
+        runs.append([losses(tmp_path / name, rank) for rank in (0, 1)])
+    assert runs[0] == runs[1]
+    rank0, rank1 = runs[0]
+    assert len(rank0) == len(rank1) == 3 and rank0 != rank1

@@ -1,0 +1,201 @@
+"""The evaluation sweep: every target token of a split scored exactly once, on one process or many.
+
+    python -m tokpack.evaluate data/sample --model bigram --model unigram   # baselines, no training
+    python -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt --stride 128 64
+    torchrun --standalone --nproc_per_node=2 -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt
+
+As a library: ``tokpack.evaluate(model, loader, device=...)`` runs every window of an evaluation
+loader through ``model(x) -> logits``, sums the per-token cross-entropy in float64 over labels
+that are not -100, all-reduces the sums when torch.distributed is initialised (each rank scores
+its own windows; uneven shares are fine), and returns loss, ppl, bits_per_token, bits_per_byte,
+tokens and windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import types
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from .config import parser, run_cli, table
+from .format import read_meta
+from .loader import build_loader, to_device
+from .tokenizer import load_encoding
+from .windows import IGNORE_INDEX, TokenWindows
+
+
+def token_byte_lengths(encoding: str) -> np.ndarray:
+    """UTF-8 bytes of every token id, so that sums over scored tokens give decoded-text bytes."""
+    enc = load_encoding(encoding)
+    lengths = np.zeros(enc.n_vocab, dtype=np.int64)
+    for token in range(enc.n_vocab):
+        try:
+            lengths[token] = len(enc.decode_single_token_bytes(token))
+        except KeyError:
+            pass  # an id the encoding leaves unused
+    return lengths
+
+
+def _byte_lengths_for(loader: Any) -> np.ndarray | None:
+    dataset = getattr(loader, "dataset", None)
+    paths = getattr(dataset, "paths", None)
+    if not paths or not (paths[0].parent / "meta.json").is_file():
+        return None
+    return token_byte_lengths(read_meta(paths[0].parent)["options"]["encoding"])
+
+
+def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.device | None = None,
+             token_bytes: np.ndarray | None = None, progress: Any = None) -> dict[str, Any]:
+    """Loss, ppl, bits per token and per byte over every scored label the loader yields.
+
+    ``token_bytes`` (bytes per token id) defaults to the encoding in meta.json beside the
+    loader's files; without it, bits_per_byte is None. ``progress`` is called with each batch size.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
+    if token_bytes is None:
+        token_bytes = _byte_lengths_for(loader)
+    lengths = torch.from_numpy(token_bytes) if token_bytes is not None else None
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, tokens, windows, bytes
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for x, y in loader:
+                x, y = to_device(x, device), to_device(y, device)
+                logits = model(x).flatten(0, 1)
+                if logits.dtype != torch.float64:  # half precision is too coarse to sum; float64 stays exact
+                    logits = logits.float()
+                losses = F.cross_entropy(logits, y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+                scored = y != IGNORE_INDEX
+                sums[0] += losses.double().sum().cpu()
+                sums[1] += int(scored.sum())
+                sums[2] += x.shape[0]
+                if lengths is not None:
+                    sums[3] += int(lengths[y[scored].cpu()].sum())
+                if progress is not None:
+                    progress(x.shape[0])
+    finally:
+        model.train(was_training)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # One all-reduce after the loop: a rank with fewer windows just arrives earlier, never hangs.
+        reduced = sums.to(device) if torch.distributed.get_backend() == "nccl" else sums
+        torch.distributed.all_reduce(reduced)
+        sums = reduced.cpu()
+    loss_sum, tokens, windows, nbytes = sums.tolist()
+    if tokens == 0:
+        raise ValueError("the loader yielded no scored tokens; check the split and the block size")
+    loss = loss_sum / tokens
+    return {
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "bits_per_token": loss / math.log(2),
+        "bits_per_byte": loss_sum / math.log(2) / nbytes if lengths is not None and nbytes else None,
+        "tokens": int(tokens),
+        "windows": int(windows),
+    }
+
+
+def _models(folder: Path, meta: dict[str, Any], checkpoints: Sequence[str], baselines: Sequence[str],
+            add_k: float, device: str) -> list[tuple[str, torch.nn.Module, int | None]]:
+    """(name, model, its block size or None) for every checkpoint and baseline asked for."""
+    from .gpt import NGram, load_gpt
+
+    n_vocab = meta["encoding"]["n_vocab"]
+    models: list[tuple[str, torch.nn.Module, int | None]] = []
+    for path in checkpoints:
+        model, _ = load_gpt(path, device)
+        if model.config.vocab_size < n_vocab:
+            raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {folder} uses "
+                             f"{meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its own encoding")
+        models.append((Path(path).name, model, model.config.block_size))
+    for name in baselines:
+        order = {"unigram": 1, "bigram": 2}[name]
+        models.append((name, NGram(folder / meta["splits"]["train"]["bin"]["file"], n_vocab, order, add_k), None))
+    return models
+
+
+def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequence[str] = (), split: str = "val",
+          block_size: int | None = None, strides: Sequence[int] | None = None, batch_size: int = 4,
+          add_k: float = 0.01, device: str = "cpu", quiet: bool = False) -> list[dict[str, Any]]:
+    """One result row per (model, stride)."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    if split not in meta["splits"]:
+        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(meta['splits'])}")
+    if not checkpoints and not baselines:
+        raise ValueError("nothing to evaluate; pass --checkpoint CKPT or --model bigram")
+    token_bytes = token_byte_lengths(meta["options"]["encoding"])
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rows = []
+    from tqdm import tqdm
+
+    for name, model, model_block in _models(folder, meta, checkpoints, baselines, add_k, device):
+        T = block_size or model_block or 256
+        if model_block is not None and T > model_block:
+            raise ValueError(f"--block-size {T} is longer than {name}'s block size {model_block}; "
+                             f"use --block-size {model_block} or less")
+        for S in strides or [T]:
+            windows = TokenWindows(folder / meta["splits"][split]["bin"]["file"], T, stride=S)
+            loader = build_loader(windows, batch_size)
+            with tqdm(total=len(windows), unit="win", desc=f"{name} T={T} S={S}", disable=quiet or rank != 0,
+                      file=sys.stderr, leave=False) as bar:
+                result = evaluate(model, loader, device, token_bytes, progress=bar.update)
+            rows.append({"model": name, "split": split, "block_size": T, "stride": S, **result})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("evaluate", __doc__)
+    p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
+    p.add_argument("--checkpoint", action="append", default=[], help="a scripts/train_gpt.py checkpoint; repeatable")
+    p.add_argument("--model", action="append", default=[], choices=["bigram", "unigram"],
+                   help="an add-k n-gram baseline estimated from train.bin; repeatable")
+    p.add_argument("--split", default="val", help="split to score (default: val)")
+    p.add_argument("--block-size", type=int, help="window length T (default: the checkpoint's, 256 for baselines)")
+    p.add_argument("--stride", type=int, nargs="+", help="strides S <= T to sweep (default: T, no overlap)")
+    p.add_argument("--batch-size", type=int, default=4, help="windows per batch (default: 4)")
+    p.add_argument("--add-k", type=float, default=0.01, help="n-gram smoothing constant (default: 0.01)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="device (default: cuda when present, else cpu)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1 and not torch.distributed.is_initialized()
+        if distributed:
+            torch.distributed.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+        try:
+            rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
+                         args.batch_size, args.add_k, args.device, args.quiet)
+        finally:
+            if distributed:
+                torch.distributed.destroy_process_group()
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(table(rows, ["model", "split", "block_size", "stride", "loss", "ppl", "bits_per_token",
+                               "bits_per_byte", "tokens", "windows"]))
+            print(json.dumps(rows))
+        return 0
+
+    return run_cli(body)
+
+
+class _CallableModule(types.ModuleType):
+    # `tokpack.evaluate` names both this module (python -m tokpack.evaluate) and the function;
+    # once the module is imported, the package attribute is the module, so the module calls through.
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return evaluate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    raise SystemExit(main())
