@@ -2,6 +2,7 @@
 
     python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024]
     python -m tokpack.bench loader [--memory-batches 10000]
+    python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
 
 Each prints a table and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result.
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import parser, table
+from .config import parser, run_cli, table
 from .prepare import PrepareConfig, default_workers, prepare
 from .tokenizer import load_encoding
 
@@ -113,17 +114,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--memory-batches", type=int, default=10_000,
                     help="batches before worker memory is read (default: 10000)")
     lp.add_argument("--work", type=int, default=300, help="per-sample work rounds for the workers table (default: 300)")
+    tp = sub.add_parser("train", help="the three loops on scripts/train_gpt.py's model")
+    tp.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
+    tp.add_argument("--config", type=Path, default=Path("configs/train_sample.toml"),
+                    help="training config for the model's shape (default: configs/train_sample.toml)")
+    tp.add_argument("--steps", type=int, default=10, help="steps per loop (default: 10)")
+    tp.add_argument("--num-workers", type=int, default=0, help="loader workers (default: 0)")
     args = p.parse_args(argv)
-    if args.what == "prepare":
-        figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat)
-    elif args.what == "loader":
-        from .bench_loops import bench_loader
 
-        with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-            figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
-                                   args.memory_batches, args.work)
-    print(json.dumps(figures))
-    return 0
+    def body() -> int:
+        if args.what == "prepare":
+            figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat)
+        elif args.what == "loader":
+            from .bench_loops import bench_loader
+
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
+                                       args.memory_batches, args.work)
+        else:
+            from .bench_loops import bench_train
+
+            figures = bench_train(args.folder, args.config, args.steps, args.num_workers)
+        print(json.dumps(figures))
+        return 0
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import table
+from .gpt import GPT, GPTConfig
 from .loader import build_loader
 from .windows import TokenWindows, WindowBatch
 
@@ -36,19 +37,6 @@ class BusyWindows(TokenWindows):
         return batch
 
 
-class TinyLM(nn.Module):
-    """Embedding, one MLP block, tied head: a small model for the loop split."""
-
-    def __init__(self, vocab: int = 50257, dim: int = 64):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
-        return (h + self.mlp(h)) @ self.embed.weight.T
-
-
 def get_batch_nanogpt(path: Path, block_size: int, batch_size: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     data = np.memmap(path, dtype=np.uint16, mode="r")  # reopened every batch, as nanoGPT does
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=g)
@@ -60,6 +48,49 @@ def get_batch_nanogpt(path: Path, block_size: int, batch_size: int, g: torch.Gen
 def raw_gather(data: np.ndarray, block_size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
     ix = rng.integers(0, len(data) - block_size, batch_size)
     return data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
+
+
+def three_loops(model: nn.Module, loader: Any, label: str) -> dict[str, Any]:
+    """The loader alone, the step alone on one cached batch, and the real loop, over one epoch.
+
+    Real ~ step alone: the loader is hidden. Real ~ loader + step: the model waits for data.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    steps = len(loader)
+    cached = next(iter(loader))
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
+    t_loader = steps / _per_second(lambda: [None for _ in loader], steps, 1)
+    t_step = steps / _per_second(lambda: [step(*cached) for _ in range(steps)], steps, 1)
+    t_real = steps / _per_second(lambda: [step(x, y) for x, y in loader], steps, 1)
+    hidden = t_real <= t_step + 0.5 * t_loader
+    print(f"three loops, {steps} steps of {label}: loader alone {t_loader:.3f} s, step alone {t_step:.3f} s, "
+          f"real loop {t_real:.3f} s -> the loader is {'hidden' if hidden else 'NOT hidden'} "
+          f"({100 * t_loader / t_real:.1f}% of the real loop)")
+    return {"loader_alone_s": t_loader, "step_alone_s": t_step, "real_loop_s": t_real, "loader_hidden": hidden}
+
+
+def bench_train(folder: Path, config: Path, steps: int, num_workers: int) -> dict[str, Any]:
+    """The three loops on scripts/train_gpt.py's model and loader, from a training config."""
+    import tomllib
+
+    from .format import read_meta
+
+    settings = tomllib.loads(config.read_text("utf-8"))
+    shape = {k: settings[k] for k in ("block_size", "n_layer", "n_head", "n_embd") if k in settings}
+    model = GPT(GPTConfig(read_meta(folder)["encoding"]["n_vocab"], **shape), seed=0)
+    T, B = model.config.block_size, settings.get("batch_size", 8)
+    loader = build_loader(TokenWindows(folder / "train.bin", T), B, seed=0, num_samples=B * steps,
+                          num_workers=num_workers, persistent_workers=num_workers > 0)
+    label = f"GPT {model.num_params() / 1e6:.1f}M params, B={B}, T={T}, {num_workers} workers"
+    return {"bench": "train", "config": str(config), "steps": steps, "num_workers": num_workers,
+            **three_loops(model, loader, label)}
 
 
 def _per_second(fn: Any, count: int, repeat: int = 3) -> float:
@@ -137,27 +168,8 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
     print(f"B={B}, T={T}, {tokens:,}-token uint16 memmap in the page cache, {batches} batches, best of 3")
     print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw"]))
 
-    # The three loops: is the loader hidden behind the step?
-    model = TinyLM()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    steps = 10
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * steps)
-    cached = next(iter(small))
-    t_loader = steps / _per_second(lambda: [None for _ in small], steps, 1)
-    t_step = steps / _per_second(lambda: [step(*cached) for _ in range(steps)], steps, 1)
-    t_real = steps / _per_second(lambda: [step(x, y) for x, y in small], steps, 1)
-    loops = {"loader_alone_s": t_loader, "step_alone_s": t_step, "real_loop_s": t_real,
-             "loader_hidden": t_real < 1.1 * t_step}
-    print(f"three loops, {steps} steps of TinyLM at B=8, T=64: loader alone {t_loader:.3f} s, "
-          f"step alone {t_step:.3f} s, real loop {t_real:.3f} s -> loader "
-          f"{'hidden' if loops['loader_hidden'] else 'NOT hidden'}")
+    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
+    loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")
 
     worker_rows = []
     for workers in (0, 1, 2):
