@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_module
 from tokpack import check
-from tokpack.check import batch_hash, check_folder, resumed, take
+from tokpack.check import check_folder, resumed, take
 from tokpack.loader import build_loader, to_device
 from tokpack.samplers import RandomStartSampler
 from tokpack.windows import TokenWindows

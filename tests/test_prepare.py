@@ -13,7 +13,6 @@ import pytest
 
 from conftest import make_docs, run_module, write_docs
 from tokpack import format as fmt
-from tokpack import prepare as prep
 from tokpack.format import INDEX_DTYPE, open_tokens, read_meta
 from tokpack.prepare import PrepareConfig, main, prepare
 from tokpack.tokenizer import load_encoding
@@ -98,7 +97,7 @@ def test_jsonl_dtype_uint32_and_meta_records_inputs_and_options(tmp_path):
 
 
 def test_large_documents_spill_to_disk_and_stay_exact(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "SPILL_TOKENS", 100)
+    monkeypatch.setattr(fmt, "SPILL_TOKENS", 100)
     docs = make_docs(12, words=500)
     out = _run(tmp_path, write_docs(tmp_path / "c", docs), piece_chars=64, val_fraction=0.3)
     got = sorted(map(tuple, _documents(out, "train") + _documents(out, "val")))

@@ -17,7 +17,6 @@ from tokpack.corpus import pieces
 from tokpack.tokenizer import (
     CL100K_PATTERN,
     O200K_PATTERN,
-    R50K_PATTERN,
     load_encoding,
     ranks_sha256,
     safe_cut,

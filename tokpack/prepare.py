@@ -12,14 +12,13 @@ complete, meta.json last.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import resource
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,11 @@ import numpy as np
 from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
 from .corpus import Piece, count_chars, documents, is_single_document, pieces, resolve_inputs, split_runs
-from .format import FORMAT_VERSION, INDEX_DTYPE, META_NAME, SPLITS, HashingWriter, write_json_atomic
+from .format import FORMAT_VERSION, META_NAME, SPLITS, DocumentBuffer, SplitWriter, write_json_atomic
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
 SAMPLE_CORPUS = Path("data/sample-corpus")
-SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 
 
 @dataclass(frozen=True)
@@ -101,90 +99,6 @@ def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
 
 def in_val(text_hash: bytes, val_fraction: float) -> bool:
     return int.from_bytes(text_hash, "big") < val_fraction * 2**64
-
-
-@dataclass
-class SplitWriter:
-    """One split's .bin and .idx, written to temporary names."""
-
-    folder: Path
-    split: str
-    dtype: np.dtype
-    eot: str
-    eot_id: int
-    tokens: int = 0
-    starts: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.bin = HashingWriter(self.folder / f"{self.split}.bin")
-        self.idx = HashingWriter(self.folder / f"{self.split}.idx")
-        self._eot = np.array([self.eot_id], dtype=self.dtype)
-
-    def start_document(self) -> None:
-        self.starts.append(self.tokens)
-        if self.eot == "prepend":
-            self.write(self._eot)
-
-    def write(self, tokens: np.ndarray) -> None:
-        self.bin.write(tokens)
-        self.tokens += len(tokens)
-
-    def end_document(self) -> None:
-        if self.eot == "append":
-            self.write(self._eot)
-
-    def close(self) -> dict[str, Any]:
-        self.idx.write(np.array(self.starts, dtype=INDEX_DTYPE))
-        return {"tokens": self.tokens, "documents": len(self.starts),
-                "bin": self.bin.close(), "idx": self.idx.close()}
-
-    def publish(self) -> None:
-        for writer in (self.bin, self.idx):
-            os.replace(writer.tmp, writer.path)
-
-    def discard(self) -> None:
-        self.bin.discard()
-        self.idx.discard()
-
-
-class DocumentBuffer:
-    """A document's tokens held until its split is known; large ones spill to disk."""
-
-    def __init__(self, folder: Path):
-        self.spill_path = folder / f".spill{os.getpid()}.tokpack-tmp"
-        self.parts: list[np.ndarray] = []
-        self.held = 0
-        self.spilled = 0
-        self.hash = hashlib.blake2b(digest_size=8)
-
-    def reset(self, seed: int) -> None:
-        self.parts, self.held, self.spilled = [], 0, 0
-        self.hash = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
-
-    def add(self, text: bytes, tokens: np.ndarray) -> None:
-        self.hash.update(text)
-        self.parts.append(tokens)
-        self.held += len(tokens)
-        if self.held > SPILL_TOKENS:
-            with open(self.spill_path, "ab" if self.spilled else "wb") as f:
-                for part in self.parts:
-                    f.write(memoryview(part).cast("B"))
-            self.spilled += self.held
-            self.parts, self.held = [], 0
-
-    def drain_into(self, writer: SplitWriter) -> None:
-        writer.start_document()
-        if self.spilled:
-            dtype = writer.dtype
-            with open(self.spill_path, "rb") as f:
-                while chunk := f.read(SPILL_TOKENS * dtype.itemsize):
-                    writer.write(np.frombuffer(chunk, dtype=dtype))
-        for part in self.parts:
-            writer.write(part)
-        writer.end_document()
-
-    def discard(self) -> None:
-        self.spill_path.unlink(missing_ok=True)
 
 
 def encode_in_order(
