@@ -23,8 +23,9 @@ from .windows import TokenWindows
 
 
 def batch_hash(batch: Any) -> str:
+    """A short hash of a batch's tensors: a tuple of them, or a dict (in key order)."""
     digest = hashlib.sha256()
-    for tensor in batch:
+    for tensor in batch.values() if isinstance(batch, dict) else batch:
         digest.update(tensor.numpy().tobytes())
     return digest.hexdigest()[:16]
 

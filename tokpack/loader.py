@@ -32,7 +32,7 @@ from .samplers import (
     distributed_rank_world,
     mix_seed,
 )
-from .windows import collate_windows
+from .windows import TokenWindows, collate_windows
 
 STATE_VERSION = 1
 
@@ -78,7 +78,7 @@ def default_mp_context() -> str | None:
     return None
 
 
-def _context(name: str | None) -> Any:
+def mp_context(name: str | None) -> Any:
     if name is None:
         return None
     ctx = multiprocessing.get_context(name)
@@ -156,14 +156,16 @@ def build_loader(
     rank: int | None = None,
     world_size: int | None = None,
     sampler: WindowBatchSampler | None = None,
-    collate_fn: Any = collate_windows,
+    collate_fn: Any = None,
 ) -> TokenLoader:
     """A resumable loader over ``dataset`` (usually a ``TokenWindows``).
 
     Sampling: training windows (no stride) draw random starts, ``num_samples`` per epoch and
     rank (endless if None); strided windows go in order, or shuffled per epoch with
     ``shuffle=True``. ``rank``/``world_size`` default to torch.distributed or torchrun's
-    environment. ``pin_memory="auto"`` pins only when an accelerator is present.
+    environment. Other datasets (documents, mixtures) take a ``sampler`` or go in order, or
+    shuffled per epoch with ``shuffle=True``; ``collate_fn`` defaults to the dataset's
+    ``default_collate_fn`` if it has one. ``pin_memory="auto"`` pins only with an accelerator.
     ``multiprocessing_context="default"`` means forkserver with torch preloaded where available.
     """
     if rank is None or world_size is None:
@@ -186,10 +188,10 @@ def build_loader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate_fn,
+        collate_fn=collate_fn or getattr(dataset, "default_collate_fn", collate_windows),
         pin_memory=bool(pin_memory),
         worker_init_fn=seed_worker if num_workers else None,
-        multiprocessing_context=_context(context) if num_workers else None,
+        multiprocessing_context=mp_context(context) if num_workers else None,
         persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor,
         generator=torch.Generator().manual_seed(seed),
@@ -200,15 +202,14 @@ def build_loader(
 def _default_sampler(dataset: Dataset, batch_size: int, seed: int, shuffle: bool | None, num_samples: int | None,
                      drop_last: bool | None, rank: int, world_size: int) -> WindowBatchSampler:
     n = len(dataset)  # type: ignore[arg-type]
-    strided = getattr(dataset, "stride", None) is not None
-    if not strided:
+    if isinstance(dataset, TokenWindows) and dataset.stride is None:
         if shuffle is False:
             raise ValueError("windows at every start position are only sampled at random; "
                              "pass stride=block_size to TokenWindows for in-order windows")
         return RandomStartSampler(n, batch_size, seed, num_samples, rank, world_size,
                                   drop_last=True if drop_last is None else drop_last)
     if num_samples is not None:
-        raise ValueError("num_samples applies to random-start windows; strided windows are used once per epoch")
+        raise ValueError("num_samples applies to random-start windows; these items are used once per epoch")
     if shuffle:
         return EpochSampler(n, batch_size, seed, rank, world_size, drop_last=bool(drop_last))
     if drop_last:

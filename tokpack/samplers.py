@@ -81,21 +81,22 @@ class WindowBatchSampler(Sampler[list[int]]):
     drop_last = False
 
 
-class RandomStartSampler(WindowBatchSampler):
-    """Uniform random windows with replacement (nanoGPT's get_batch), O(batch) memory.
+class DrawSampler(WindowBatchSampler):
+    """Draws with replacement, ``CHUNK`` at a time, chunk c of epoch e from its own seeded generator.
 
-    ``num_samples`` windows per epoch and rank (endless if None); each epoch and each rank draws
-    its own stream. Never builds a permutation, so a corpus of billions of tokens works.
+    So a resume at any position regenerates one chunk, not the stream before it, and memory stays
+    O(CHUNK) however large the corpus. ``num_samples`` per epoch and rank; None is endless.
     """
 
-    kind = "random"
-
-    def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = True):
+    def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None,
+                 rank: int, world_size: int, drop_last: bool):
         super().__init__(num_windows, batch_size, rank, world_size)
         if num_samples is not None and num_samples < 1:
             raise ValueError(f"num_samples {num_samples} must be positive, or None for an endless stream")
         self.seed, self.num_samples, self.drop_last = seed, num_samples, drop_last
+
+    def draw(self, g: torch.Generator) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def batches_per_epoch(self) -> float:
         if self.num_samples is None:
@@ -108,14 +109,29 @@ class RandomStartSampler(WindowBatchSampler):
         chunk, offset = divmod(start, CHUNK)
         position = start
         while position < end:
-            g = generator("random", self.seed, self.rank, epoch, chunk)
-            draws = torch.randint(self.num_windows, (CHUNK,), generator=g).tolist()
-            for index in draws[offset:]:
+            for index in self.draw(generator(self.kind, self.seed, self.rank, epoch, chunk)).tolist()[offset:]:
                 if position >= end:
                     return
                 yield index
                 position += 1
             chunk, offset = chunk + 1, 0
+
+
+class RandomStartSampler(DrawSampler):
+    """Uniform random windows with replacement (nanoGPT's get_batch), O(batch) memory.
+
+    Each epoch and each rank draws its own stream. Never builds a permutation, so a corpus of
+    billions of tokens works.
+    """
+
+    kind = "random"
+
+    def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None = None,
+                 rank: int = 0, world_size: int = 1, drop_last: bool = True):
+        super().__init__(num_windows, batch_size, seed, num_samples, rank, world_size, drop_last)
+
+    def draw(self, g: torch.Generator) -> torch.Tensor:
+        return torch.randint(self.num_windows, (CHUNK,), generator=g)
 
 
 class EpochSampler(WindowBatchSampler):

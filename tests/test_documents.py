@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, WeightedRandomSampler, default_collate
+
+from conftest import make_docs
+from tokpack.check import resumed, take
+from tokpack.documents import (
+    BucketBatchSampler,
+    DocumentDataset,
+    WeightedSampler,
+    inverse_frequency_weights,
+    pad_collate,
+    padded_fraction,
+)
+from tokpack.loader import build_loader
+from tokpack.tokenizer import load_encoding
+
+
+# -- the seed's fence 1, in our own words ------------------------------------------------------
+
+def test_default_collate_stacks_and_widens():
+    g = torch.Generator().manual_seed(0)
+    xb, yb = default_collate([(torch.randn(3, generator=g), i % 2) for i in range(4)])
+    assert xb.shape == (4, 3) and yb.shape == (4,) and yb.dtype == torch.int64
+    assert default_collate([0.5, 1.5]).dtype == torch.float64  # a Python float target becomes float64
+
+
+def test_ragged_stack_fails_and_pad_collate_pads():
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(1, 50, (n,), generator=g) for n in (5, 2, 7, 3)]
+    with pytest.raises(RuntimeError, match="equal size"):
+        default_collate(seqs)
+    batch = next(iter(DataLoader(seqs, batch_size=4, collate_fn=pad_collate)))
+    assert batch["input_ids"].shape == (4, 7)
+    assert batch["attention_mask"].sum(1).tolist() == [5, 2, 7, 3]
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+    assert (batch["labels"][batch["attention_mask"] == 1] == batch["input_ids"][batch["attention_mask"] == 1]).all()
+    for row, seq in enumerate(seqs):
+        assert torch.equal(batch["input_ids"][row, :len(seq)], seq)
+        assert (batch["input_ids"][row, len(seq):] == 0).all()
+    labelled = pad_collate([(seqs[0], 1), (seqs[1], 0)])
+    assert labelled["class_labels"].tolist() == [1, 0] and labelled["input_ids"].shape == (2, 5)
+
+
+# -- documents ---------------------------------------------------------------------------------
+
+def test_documents_are_the_prepared_documents_truncated(prepared):
+    enc = load_encoding("gpt2")
+    docs = DocumentDataset(prepared / "train.bin", max_length=40)
+    full = DocumentDataset(prepared / "train.bin", max_length=10**9)
+    texts = {enc.decode(full[i][:-1].tolist()) for i in range(len(full))}  # minus the eot
+    assert texts <= set(make_docs(60, words=200))
+    for i in range(len(docs)):
+        assert docs[i].dtype == torch.int64 and len(docs[i]) == min(40, len(full[i])) == docs.lengths[i]
+        assert torch.equal(docs[i], full[i][:40]) and full[i][-1] == enc.eot_token
+    with pytest.raises(ValueError, match="labels for"):
+        DocumentDataset(prepared / "train.bin", 8, labels=[0])
+
+
+def test_documents_through_build_loader_with_buckets_and_resume(prepared):
+    docs = DocumentDataset(prepared / "train.bin", max_length=64)
+
+    def build():
+        return build_loader(docs, 4, seed=3, sampler=BucketBatchSampler(docs.lengths, 4, seed=3, pool_batches=2))
+
+    batch = next(iter(build()))
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    n = 2 * len(build()) + 1
+    fresh = take(build(), n)
+    assert all(resumed(build, n, at) == fresh for at in (1, len(build()) - 1, len(build()) + 1))
+
+
+def test_bucketing_cuts_padding_from_about_45_to_under_5_percent():
+    lengths = torch.randint(4, 65, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
+    order = torch.randperm(2000, generator=torch.Generator().manual_seed(1)).tolist()
+    random_batches = [order[i:i + 32] for i in range(0, 2000, 32)]
+    bucketed = list(BucketBatchSampler(lengths, 32, seed=0))
+    assert sorted(i for b in bucketed for i in b) == list(range(2000))
+    assert 0.40 < padded_fraction(lengths, random_batches) < 0.50
+    assert padded_fraction(lengths, bucketed) < 0.05
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bucket_shares_are_equal_and_disjoint(world):
+    lengths = list(range(1, 101))
+    shares = [[i for b in BucketBatchSampler(lengths, 4, seed=0, rank=r, world_size=world) for i in b]
+              for r in range(world)]
+    counts = [len(list(BucketBatchSampler(lengths, 4, seed=0, rank=r, world_size=world))) for r in range(world)]
+    assert len(set(counts)) == 1
+    flat = [i for s in shares for i in s]
+    assert len(flat) == len(set(flat))
+
+
+# -- the seed's fence 4, then tokpack's resumable counterpart and labelled documents -------------
+
+def test_torch_weighted_sampler_balances_a_90_10_split():
+    labels = torch.tensor([0] * 900 + [1] * 100)
+    sampler = WeightedRandomSampler(inverse_frequency_weights(labels), num_samples=20_000, replacement=True,
+                                    generator=torch.Generator().manual_seed(0))
+    idx = torch.tensor(list(sampler))
+    assert 0.45 <= labels[idx].float().mean().item() <= 0.55
+    assert idx[labels[idx] == 1].unique().numel() == 100  # every minority item repeats about 100 times
+
+
+def test_weighted_sampler_balances_resumes_and_labelled_documents(prepared):
+    labels = torch.tensor([0] * 900 + [1] * 100)
+    sampler = WeightedSampler(inverse_frequency_weights(labels), 50, seed=0, num_samples=20_000)
+    idx = torch.tensor([i for b in sampler for i in b])
+    assert 0.45 <= labels[idx].float().mean().item() <= 0.55
+    sampler.start_batch = 123
+    assert [i for b in sampler for i in b] == idx[123 * 50:].tolist()
+
+    docs = DocumentDataset(prepared / "train.bin", 32)
+    doc_labels = np.zeros(len(docs), dtype=int)
+    doc_labels[:3] = 1  # a rare class
+    labelled = DocumentDataset(prepared / "train.bin", 32, labels=doc_labels)
+    loader = build_loader(labelled, 16, seed=0,
+                          sampler=WeightedSampler(inverse_frequency_weights(doc_labels), 16, seed=0, num_samples=4000))
+    drawn = torch.cat([b["class_labels"] for b in loader])
+    assert len(drawn) == 4000 and 0.45 <= drawn.float().mean().item() <= 0.55

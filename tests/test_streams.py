@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_docs, write_docs
+from test_windows import shard_file
+from tokpack.streams import TokenStream, build_stream_loader
+from tokpack.tokenizer import load_encoding
+
+
+def _keys(pairs) -> Counter:
+    return Counter(hashlib.sha1(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest() for x, y in pairs)
+
+
+def test_text_stream_windows_are_the_documents_tokens(tmp_path):
+    docs = make_docs(12, words=80)
+    stream = TokenStream(write_docs(tmp_path / "c", docs), block_size=16, seed=0)
+    pairs = list(stream)
+    assert all(x.shape == (16,) and torch.equal(x[1:], y[:-1]) for x, y in pairs)
+    enc = load_encoding("gpt2")
+    vocabulary = Counter(t for d in docs for t in enc.encode_ordinary(d) + [enc.eot_token])
+    assert sum(len(x) for x, _ in pairs) <= sum(vocabulary.values())
+    assert set(torch.cat([x for x, _ in pairs]).tolist()) <= set(vocabulary)
+
+
+def test_shards_over_ranks_and_workers_cover_every_window_once(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(40, words=120))
+    whole = _keys(TokenStream(corpus, 16))
+    # 2 ranks x 2 workers, simulated: a worker's shard is rank * 2 + worker of 4.
+    from unittest import mock
+
+    union: Counter = Counter()
+    for rank in range(2):
+        for worker in range(2):
+            info = mock.Mock(id=worker, num_workers=2)
+            with mock.patch("tokpack.streams.get_worker_info", return_value=info):
+                union += _keys(TokenStream(corpus, 16, rank=rank, world_size=2))
+    assert max(union.values()) == 1
+    # Per-shard packing drops each shard's tail, so the union is a little smaller than the whole.
+    assert len(union) > 0.8 * len(whole)
+
+
+def test_bin_stream_shards_and_shuffle_buffer(prepared):
+    plain = list(TokenStream(prepared / "train.bin", 32))
+    shuffled = list(TokenStream(prepared / "train.bin", 32, shuffle_buffer=16, seed=1))
+    assert _keys(plain) == _keys(shuffled) and [x.tolist() for x, _ in plain] != [x.tolist() for x, _ in shuffled]
+    again = list(TokenStream(prepared / "train.bin", 32, shuffle_buffer=16, seed=1))
+    assert [x.tolist() for x, _ in again] == [x.tolist() for x, _ in shuffled]
+
+
+DUPLICATES = textwrap.dedent("""
+    import hashlib, json, sys
+    from collections import Counter
+    from tokpack.streams import TokenStream, build_stream_loader
+
+    if __name__ == "__main__":
+        out = {}
+        for shard in (False, True):
+            stream = TokenStream(sys.argv[1], 16, shard=shard, shuffle_buffer=8)
+            seen = Counter()
+            for x, y in build_stream_loader(stream, 4, num_workers=2):
+                for row in range(len(x)):
+                    seen[hashlib.sha1(x[row].numpy().tobytes()).hexdigest()] += 1
+            out[str(shard)] = {"items": sum(seen.values()), "distinct": len(seen)}
+        print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("source", ["text", "bin"])
+def test_two_workers_duplicate_unless_sharded(tmp_path, source):
+    if source == "text":
+        path = write_docs(tmp_path / "c", make_docs(30, words=150))
+    else:  # an llm.c shard of random ids: no two windows alike
+        path = tmp_path / "shard.bin"
+        shard_file(path, np.random.default_rng(0).integers(0, 50000, 20_000))
+    script = tmp_path / "dupes.py"
+    script.write_text(DUPLICATES)
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)
+    assert counts["False"]["items"] == 2 * counts["False"]["distinct"]  # every item twice
+    assert counts["True"]["items"] == counts["True"]["distinct"]  # none twice
+    if source == "bin":
+        assert counts["True"]["distinct"] == counts["False"]["distinct"]
+
+
+def test_stream_loader_reshuffles_each_epoch(prepared):
+    loader = build_stream_loader(TokenStream(prepared / "train.bin", 16, shuffle_buffer=32, seed=2), 8)
+    first, second = [x.tolist() for x, _ in loader], [x.tolist() for x, _ in loader]
+    assert first != second and sorted(first) == sorted(second) and loader.epoch == 2

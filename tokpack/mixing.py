@@ -1,0 +1,91 @@
+"""Several prepared corpora served as one training stream with given weights.
+
+    from tokpack import MixedWindows, build_loader
+    mix = MixedWindows({"web": "data/web/train.bin", "code": "data/code/train.bin"},
+                       weights={"web": 0.7, "code": 0.3}, block_size=256)
+    loader = build_loader(mix, 32, seed=0, sampler=mix.sampler(32, seed=0, num_samples=32 * 1000))
+    print(mix.realised(loader))   # {"web": 0.70..., "code": 0.29...} of the batches handed out
+
+Each sample first picks a corpus with probability ``weights``, then a uniform random window in it
+(nanoGPT's random starts), all drawn chunk by chunk from seeded generators: reproducible from the
+seed, resumable from any batch, O(batch) memory whatever the corpus sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .samplers import CHUNK, DrawSampler
+from .windows import TokenWindows, WindowBatch
+
+
+class MixedWindows(Dataset):
+    """Random-start windows of several token files; index = offset of its corpus + window."""
+
+    def __init__(self, paths: Mapping[str, str | Path | TokenWindows], weights: Mapping[str, float], block_size: int):
+        if set(paths) != set(weights):
+            raise ValueError(f"weights name {sorted(weights)} but corpora are {sorted(paths)}; give one weight each")
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"weights {dict(weights)} must be non-negative with a positive sum")
+        self.names = list(paths)
+        self.parts = [p if isinstance(p, TokenWindows) else TokenWindows(p, block_size) for p in paths.values()]
+        total = sum(weights.values())
+        self.weights = torch.tensor([weights[n] / total for n in self.names], dtype=torch.double)
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def source_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, np.asarray(indices), side="right") - 1
+
+    def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        source = self.source_of(idx)
+        x = torch.empty(len(idx), self.block_size, dtype=torch.long)
+        y = torch.empty_like(x)
+        for s in np.unique(source):
+            rows = np.flatnonzero(source == s)
+            part = self.parts[s].__getitems__(idx[rows] - self.offsets[s])
+            x[rows], y[rows] = part.x, part.y
+        return WindowBatch(x, y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.__getitems__([index])
+        return batch.x[0], batch.y[0]
+
+    def sampler(self, batch_size: int, seed: int, num_samples: int | None = None, rank: int = 0,
+                world_size: int = 1) -> MixtureSampler:
+        return MixtureSampler(self, batch_size, seed, num_samples, rank, world_size)
+
+    def realised(self, loader: Any) -> dict[str, float]:
+        """Share of each corpus among the windows the loader has handed out so far in its epoch."""
+        sampler: MixtureSampler = loader.sampler
+        drawn = list(sampler.indices(loader.epoch, 0))[: loader.batch * sampler.batch_size]
+        counts = np.bincount(self.source_of(drawn), minlength=len(self.names)) if drawn else np.zeros(len(self.names))
+        total = max(int(counts.sum()), 1)
+        return {name: float(c) / total for name, c in zip(self.names, counts)}
+
+
+class MixtureSampler(DrawSampler):
+    """Corpus by weight, then a uniform window in it; ``num_samples`` per epoch and rank (None: endless)."""
+
+    kind = "mixture"
+
+    def __init__(self, mix: MixedWindows, batch_size: int, seed: int, num_samples: int | None = None,
+                 rank: int = 0, world_size: int = 1):
+        super().__init__(len(mix), batch_size, seed, num_samples, rank, world_size, drop_last=True)
+        self.mix = mix
+        self.sizes = torch.tensor([len(p) for p in mix.parts], dtype=torch.double)
+
+    def draw(self, g: torch.Generator) -> torch.Tensor:
+        source = torch.multinomial(self.mix.weights, CHUNK, True, generator=g)
+        local = (torch.rand(CHUNK, generator=g, dtype=torch.double) * self.sizes[source]).long()
+        return torch.from_numpy(self.mix.offsets[source.numpy()]) + local
