@@ -165,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint()
             if step == c.stop_at:
                 checkpoint()
-                log.close()
                 if master:
                     print(f"train_gpt: stopped at step {step} as asked; continue with --resume")
-                return 0
+                break
             if step == c.max_iters:
                 break
+        if step == c.stop_at:
+            break
     log.close()
     if ddp:
         torch.distributed.destroy_process_group()

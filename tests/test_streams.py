@@ -95,5 +95,8 @@ def test_two_workers_duplicate_unless_sharded(tmp_path, source):
 
 def test_stream_loader_reshuffles_each_epoch(prepared):
     loader = build_stream_loader(TokenStream(prepared / "train.bin", 16, shuffle_buffer=32, seed=2), 8)
-    first, second = [x.tolist() for x, _ in loader], [x.tolist() for x, _ in loader]
+    def rows():
+        return [tuple(row) for x, _ in loader for row in x.tolist()]
+
+    first, second = rows(), rows()
     assert first != second and sorted(first) == sorted(second) and loader.epoch == 2

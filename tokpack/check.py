@@ -77,7 +77,7 @@ def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, ba
         record("fresh run == fresh run", name, fresh == take(build(num_workers=workers[0]), batches))
         for w in workers:
             record(f"resumed at batch {at} == fresh (workers={w})", name,
-                   resumed(lambda: build(num_workers=w), batches, at) == fresh)
+                   resumed(lambda build=build, w=w: build(num_workers=w), batches, at) == fresh)
             if w != workers[0]:
                 record(f"workers={w} == workers={workers[0]}", name, take(build(num_workers=w), batches) == fresh)
         union = None

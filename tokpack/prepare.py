@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
@@ -130,7 +131,7 @@ def encode_in_order(
             yield from zip(done, future.result())
 
 
-def _claim_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
+def _check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
     target = out.resolve()
     for folder in map(Path.resolve, folders):
         if target == folder or folder in target.parents:
@@ -144,12 +145,18 @@ def _claim_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Seque
         raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
     if (out / META_NAME).exists() and not force:
         raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
+
+
+def _make_out_dir(out: Path) -> bool:
+    """Create the output folder; True if this run created it (and so removes it on failure)."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create output folder {out} ({exc.strerror}); choose a writable --out-dir") from None
     if not os.access(out, os.W_OK):
         raise ValueError(f"output folder {out} is not writable; choose a writable --out-dir")
+    return created
 
 
 def prepare(config: PrepareConfig) -> dict[str, Any]:
@@ -161,7 +168,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     single = is_single_document(files, config.doc_sep)
     eot = config.eot if config.eot != "auto" else ("none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    _claim_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
+    _check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
 
     docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key)
     if single:
@@ -182,12 +189,11 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         workers,
         config.piece_chars,
     )
+    sizes = [p.stat().st_size for p in files]
+    created = _make_out_dir(out)
     writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
     buffer = DocumentBuffer(out)
     buffer.reset(config.seed)
-    sizes = [p.stat().st_size for p in files]
-    from tqdm import tqdm
-
     bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
@@ -239,6 +245,9 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         bar.close()
         for writer in writers.values():
             writer.discard()
+        buffer.discard()
+        if created and not any(out.iterdir()):
+            out.rmdir()  # a failed run leaves nothing behind, not even the folder it made
         raise
     finally:
         buffer.discard()

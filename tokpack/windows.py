@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .format import META_NAME, open_tokens
+from .format import open_tokens
 
 IGNORE_INDEX = -100
 
@@ -155,20 +155,7 @@ class TokenWindows(Dataset):
                 y[torch.from_numpy(local > 0), :overlap] = IGNORE_INDEX
         return WindowBatch(x, y)
 
-    def window_starts(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        """(file number, start token) of each window, for tools that need positions."""
-        idx = np.asarray(indices, dtype=np.int64)
-        file_of = np.searchsorted(self.first, idx, side="right") - 1
-        return list(zip(file_of.tolist(), ((idx - self.first[file_of]) * (self.stride or 1)).tolist()))
-
     def __repr__(self) -> str:
         mode = f"stride={self.stride}" if self.stride else "every start"
         return f"TokenWindows({self._names()}, block_size={self.block_size}, {mode}, {len(self):,} windows)"
 
-
-def dataset_meta(windows: TokenWindows) -> dict[str, Any] | None:
-    """meta.json beside the first file, if there is one (gives the encoding and vocabulary)."""
-    from .format import read_meta
-
-    folder = windows.paths[0].parent
-    return read_meta(folder) if (folder / META_NAME).is_file() else None
