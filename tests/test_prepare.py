@@ -90,7 +90,9 @@ def test_jsonl_dtype_uint32_and_meta_records_inputs_and_options(tmp_path):
     out = _run(tmp_path, tmp_path / "c.jsonl", jsonl_key="body", dtype="uint32", val_fraction=0.4)
     meta = read_meta(out)
     assert meta["dtype"] == "uint32" and open_tokens(out / "train.bin").dtype == np.uint32
-    assert meta["inputs"] == [{"path": str(tmp_path / "c.jsonl"), "bytes": (tmp_path / "c.jsonl").stat().st_size}]
+    size = (tmp_path / "c.jsonl").stat().st_size
+    assert meta["inputs"]["given"] == [{"path": str(tmp_path / "c.jsonl"), "files": 1, "bytes": size}]
+    assert meta["inputs"]["bytes"] == size and len(meta["inputs"]["listing_sha256"]) == 64
     assert meta["options"]["jsonl_key"] == "body" and meta["encoding"]["n_vocab"] == 50257
     assert sum(s["documents"] for s in meta["splits"].values()) == 20
     assert verify_folder(out)["train"] == meta["splits"]["train"]["tokens"]
@@ -187,7 +189,8 @@ def test_sample_corpus_end_to_end_cli(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "train" in done.stdout and "tokens/s" in done.stdout
     meta = read_meta(tmp_path / "data" / "sample")
-    assert sum(s["documents"] for s in meta["splits"].values()) == len(list((tmp_path / "data/sample-corpus").iterdir()))
+    topics = len(list((tmp_path / "data/sample-corpus").iterdir()))
+    assert sum(s["documents"] for s in meta["splits"].values()) == topics == meta["inputs"]["files"]
     assert run_module("tokpack.verify", "data/sample", cwd=tmp_path).returncode == 0
     peek = run_module("tokpack.inspect", "data/sample", "--count", "8", cwd=tmp_path)
     assert peek.returncode == 0 and "decoded:" in peek.stdout

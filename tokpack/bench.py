@@ -34,19 +34,28 @@ def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
     return result, best
 
 
-def synthetic_corpus(folder: Path, megabytes: float) -> list[str]:
-    """Documents of real English prose (the Python docs topics), copied until ``megabytes``."""
+def synthetic_corpus(folder: Path, megabytes: float, shard_mb: float = 16) -> list[str]:
+    """Documents of real English prose (the Python docs topics, copied until ``megabytes``),
+    written as .jsonl shards of about ``shard_mb``, as large corpora usually come."""
     from pydoc_data.topics import topics
 
     folder.mkdir(parents=True, exist_ok=True)
-    docs, size, copy = [], 0, 0
+    docs: list[str] = []
+    size = shard_size = copy = shard = 0
+    out = open(folder / "shard-00000.jsonl", "w", encoding="utf-8")
     while size < megabytes * 1e6:
         for name, text in sorted(topics.items()):
             doc = f"{text}\n(copy {copy} of {name})\n"
-            (folder / f"{copy:05d}-{name}.txt").write_text(doc, "utf-8")
+            line = json.dumps({"text": doc}) + "\n"
+            if shard_size > shard_mb * 1e6:
+                out.close()
+                shard, shard_size = shard + 1, 0
+                out = open(folder / f"shard-{shard:05d}.jsonl", "w", encoding="utf-8")
+            out.write(line)
             docs.append(doc)
-            size += len(doc.encode())
+            size, shard_size = size + len(doc.encode()), shard_size + len(line)
         copy += 1
+    out.close()
     return docs
 
 

@@ -109,7 +109,7 @@ class WeightedSampler(DrawSampler):
     kind = "weighted"
 
     def __init__(self, weights: Sequence[float] | torch.Tensor, batch_size: int, seed: int, num_samples: int,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False):
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
         self.weights = torch.as_tensor(weights, dtype=torch.double)
         if not (self.weights >= 0).all() or self.weights.sum() <= 0:
             raise ValueError("weights must be non-negative with a positive sum")
@@ -130,7 +130,7 @@ class BucketBatchSampler(WindowBatchSampler):
     kind = "bucket"
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int, pool_batches: int = 50,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False):
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
         self.lengths = torch.as_tensor(np.asarray(lengths), dtype=torch.long)
         super().__init__(len(self.lengths), batch_size, rank, world_size)
         self.seed, self.pool_batches, self.drop_last = seed, pool_batches, drop_last

@@ -29,7 +29,6 @@ from .samplers import (
     RandomStartSampler,
     SequentialSampler,
     WindowBatchSampler,
-    distributed_rank_world,
     mix_seed,
 )
 from .windows import TokenWindows, collate_windows
@@ -168,10 +167,6 @@ def build_loader(
     ``default_collate_fn`` if it has one. ``pin_memory="auto"`` pins only with an accelerator.
     ``multiprocessing_context="default"`` means forkserver with torch preloaded where available.
     """
-    if rank is None or world_size is None:
-        found_rank, found_world = distributed_rank_world()
-        rank = found_rank if rank is None else rank
-        world_size = found_world if world_size is None else world_size
     if sampler is None:
         sampler = _default_sampler(dataset, batch_size, seed, shuffle, num_samples, drop_last, rank, world_size)
     if pin_memory == "auto":
@@ -200,7 +195,7 @@ def build_loader(
 
 
 def _default_sampler(dataset: Dataset, batch_size: int, seed: int, shuffle: bool | None, num_samples: int | None,
-                     drop_last: bool | None, rank: int, world_size: int) -> WindowBatchSampler:
+                     drop_last: bool | None, rank: int | None, world_size: int | None) -> WindowBatchSampler:
     n = len(dataset)  # type: ignore[arg-type]
     if isinstance(dataset, TokenWindows) and dataset.stride is None:
         if shuffle is False:

@@ -61,8 +61,8 @@ class MixedWindows(Dataset):
         batch = self.__getitems__([index])
         return batch.x[0], batch.y[0]
 
-    def sampler(self, batch_size: int, seed: int, num_samples: int | None = None, rank: int = 0,
-                world_size: int = 1) -> MixtureSampler:
+    def sampler(self, batch_size: int, seed: int, num_samples: int | None = None, rank: int | None = None,
+                world_size: int | None = None) -> MixtureSampler:
         return MixtureSampler(self, batch_size, seed, num_samples, rank, world_size)
 
     def realised(self, loader: Any) -> dict[str, float]:
@@ -80,7 +80,7 @@ class MixtureSampler(DrawSampler):
     kind = "mixture"
 
     def __init__(self, mix: MixedWindows, batch_size: int, seed: int, num_samples: int | None = None,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int | None = None, world_size: int | None = None):
         super().__init__(len(mix), batch_size, seed, num_samples, rank, world_size, drop_last=True)
         self.mix = mix
         self.sizes = torch.tensor([len(p) for p in mix.parts], dtype=torch.double)

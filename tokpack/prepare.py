@@ -12,6 +12,7 @@ complete, meta.json last.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import resource
 import sys
@@ -159,12 +160,30 @@ def _make_out_dir(out: Path) -> bool:
     return created
 
 
+def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> dict[str, Any]:
+    """Each input as given, with its file count and bytes, and a hash of the whole file listing.
+
+    Per-file entries would make meta.json grow with the number of files; the hash still pins them.
+    """
+    listing = hashlib.sha256()
+    for _, found in groups:
+        for f in found:
+            listing.update(f"{f}\t{sizes[f]}\n".encode("utf-8", "surrogateescape"))
+    return {
+        "given": [{"path": raw, "files": len(found), "bytes": sum(sizes[f] for f in found)} for raw, found in groups],
+        "files": len(sizes),
+        "bytes": sum(sizes.values()),
+        "listing_sha256": listing.hexdigest(),
+    }
+
+
 def prepare(config: PrepareConfig) -> dict[str, Any]:
     """Run the whole preparation; returns meta.json's content plus a ``stats`` entry."""
     started = time.perf_counter()
     enc = load_encoding(config.encoding)
     dtype = token_dtype(enc, config.dtype)
-    files = resolve_inputs(config.inputs or [write_sample_corpus()])
+    groups = [(str(raw), resolve_inputs([raw])) for raw in config.inputs or [write_sample_corpus()]]
+    files = [f for _, found in groups for f in found]
     single = is_single_document(files, config.doc_sep)
     eot = config.eot if config.eot != "auto" else ("none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
@@ -189,17 +208,20 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         workers,
         config.piece_chars,
     )
-    sizes = [p.stat().st_size for p in files]
+    sizes = {p: p.stat().st_size for p in files}
     created = _make_out_dir(out)
     writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
     buffer = DocumentBuffer(out)
     buffer.reset(config.seed)
-    bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=config.quiet or None,
+    bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
-        for piece, tokens in stream:
+        for count, (piece, tokens) in enumerate(stream):
             raw = piece.text.encode("utf-8", "surrogatepass")
             bar.update(len(raw))
+            if count % 64 == 0 and not bar.disable:
+                done = sum(w.tokens for w in writers.values()) + buffer.held + buffer.spilled
+                bar.set_postfix_str(f"{done / (time.perf_counter() - started):,.0f} tokens/s", refresh=False)
             if single:
                 writer = writers[SPLITS[piece.doc]]
                 if not writer.starts:  # each split holds one part of the lone document
@@ -233,7 +255,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
             "eot": eot,
             "single_document": single,
             "splits": splits,
-            "inputs": [{"path": str(p), "bytes": size} for p, size in zip(files, sizes)],
+            "inputs": _describe_inputs(groups, sizes),
             "options": config.output_options(),
         }
         # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.

@@ -40,11 +40,17 @@ def distributed_rank_world() -> tuple[int, int]:
 
 
 class WindowBatchSampler(Sampler[list[int]]):
-    """Shared bookkeeping: the epoch and the batch that the next iteration starts from."""
+    """Shared bookkeeping: the epoch and the batch that the next iteration starts from.
+
+    ``rank`` and ``world_size`` default to torch.distributed's, or torchrun's RANK / WORLD_SIZE.
+    """
 
     kind = "base"
 
-    def __init__(self, num_windows: int, batch_size: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, num_windows: int, batch_size: int, rank: int | None = None, world_size: int | None = None):
+        found_rank, found_world = distributed_rank_world()
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} must be at least 1")
         if not 0 <= rank < world_size:
@@ -89,7 +95,7 @@ class DrawSampler(WindowBatchSampler):
     """
 
     def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None,
-                 rank: int, world_size: int, drop_last: bool):
+                 rank: int | None, world_size: int | None, drop_last: bool):
         super().__init__(num_windows, batch_size, rank, world_size)
         if num_samples is not None and num_samples < 1:
             raise ValueError(f"num_samples {num_samples} must be positive, or None for an endless stream")
@@ -127,7 +133,7 @@ class RandomStartSampler(DrawSampler):
     kind = "random"
 
     def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = True):
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = True):
         super().__init__(num_windows, batch_size, seed, num_samples, rank, world_size, drop_last)
 
     def draw(self, g: torch.Generator) -> torch.Tensor:
@@ -144,13 +150,13 @@ class EpochSampler(WindowBatchSampler):
 
     kind = "epoch"
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False):
+    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False):
         super().__init__(num_windows, batch_size, rank, world_size)
-        if num_windows < world_size:
-            raise ValueError(f"{num_windows} windows cannot be shared by {world_size} ranks; use more data")
+        if num_windows < self.world_size:
+            raise ValueError(f"{num_windows} windows cannot be shared by {self.world_size} ranks; use more data")
         self.seed, self.drop_last = seed, drop_last
-        self.per_rank = num_windows // world_size
+        self.per_rank = num_windows // self.world_size
 
     def batches_per_epoch(self) -> float:
         whole, rest = divmod(self.per_rank, self.batch_size)
