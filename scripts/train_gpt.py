@@ -41,10 +41,10 @@ class TrainConfig:
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0
-    max_iters: int = 300
+    max_iters: int = 600
     learning_rate: float = 3e-3
     min_lr: float = 3e-4
-    warmup_iters: int = 30
+    warmup_iters: int = 40
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_interval: int = 100
