@@ -92,7 +92,7 @@ class TokenWindows(Dataset):
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.rng: np.random.Generator | None = None  # set per worker by tokpack.loader.seed_worker
-        self._tokens: list[np.memmap] | None = None
+        self._tokens: list[np.ndarray] | None = None
 
     def _names(self) -> str:
         return str(self.paths[0]) if len(self.paths) == 1 else f"{len(self.paths)} files in {self.paths[0].parent}"
@@ -101,11 +101,20 @@ class TokenWindows(Dataset):
         # Pickling an open memmap copies the corpus into the pickle; workers reopen it instead.
         return {**self.__dict__, "_tokens": None}
 
-    def tokens(self) -> list[np.memmap]:
+    def tokens(self) -> list[np.ndarray]:
         """The memory-mapped files, opened on first use in this process."""
         if self._tokens is None:
-            self._tokens = [open_tokens(p, self.dtype_arg) for p in self.paths]
+            # Plain ndarray views of the maps: np.memmap's own __getitem__ costs more than the gather.
+            self._tokens = [np.asarray(open_tokens(p, self.dtype_arg)) for p in self.paths]
         return self._tokens
+
+    def _read(self, f: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of T + 1 tokens from file ``f``; in evaluation mode also where they run past its end."""
+        pos = starts[:, None] + np.arange(self.block_size + 1)
+        if self.stride is None:
+            return self.tokens()[f][pos], None
+        n = int(self.lengths[f])
+        return self.tokens()[f][np.minimum(pos, n - 1)], pos >= n
 
     @property
     def scored_tokens(self) -> int:
@@ -130,20 +139,17 @@ class TokenWindows(Dataset):
         file_of = np.searchsorted(self.first, idx, side="right") - 1
         local = idx - self.first[file_of]
         starts = local * (self.stride or 1)
-        gathered = np.empty((len(idx), T + 1), dtype=self.dtype)
-        pad = None
-        offsets = np.arange(T + 1)
-        for f in np.unique(file_of):
-            rows = file_of == f
-            pos = starts[rows, None] + offsets
-            if self.stride is None:
-                gathered[rows] = self.tokens()[f][pos]
-            else:
-                n = int(self.lengths[f])
-                gathered[rows] = self.tokens()[f][np.minimum(pos, n - 1)]
-                if pad is None:
-                    pad = np.zeros(gathered.shape, dtype=bool)
-                pad[rows] = pos >= n
+        files = np.unique(file_of)
+        if len(files) == 1:  # the usual case: one gather, no per-file copy
+            gathered, pad = self._read(int(files[0]), starts)
+        else:
+            gathered = np.empty((len(idx), T + 1), dtype=self.dtype)
+            pad = np.zeros(gathered.shape, dtype=bool) if self.stride is not None else None
+            for f in files:
+                rows = file_of == f
+                gathered[rows], file_pad = self._read(int(f), starts[rows])
+                if pad is not None:
+                    pad[rows] = file_pad
         # Widen x and y separately: both come out contiguous, with no copy beyond the widening.
         x = torch.from_numpy(gathered[:, :-1].astype(np.int64))
         y = torch.from_numpy(gathered[:, 1:].astype(np.int64))
