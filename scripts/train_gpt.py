@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from tokpack import TokenWindows, build_loader, evaluate, to_device
-from tokpack.config import build_config, default_of
+from tokpack.config import build_config, default_of, run_cli
 from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
 
@@ -80,12 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.pt (default: off)")
     args = vars(p.parse_args(argv))
     resume = args.pop("resume")
-    try:
-        c = build_config(TrainConfig, args.pop("config"), args)
-    except (ValueError, OSError) as exc:
-        print(f"train_gpt: {exc}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: train(build_config(TrainConfig, args.pop("config"), args), resume))
 
+
+def train(c: TrainConfig, resume: bool) -> int:
+    """The training loop; returns the exit code."""
     ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = c.device if c.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if ddp:
@@ -113,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     step, evals = 0, []
     if resume:
         model, ckpt = load_gpt(out / "ckpt.pt", device)
-        if dataclasses.asdict(model.config) != dataclasses.asdict(model_args):
-            print(f"train_gpt: checkpoint model {model.config} differs from the config's {model_args}", file=sys.stderr)
-            return 2
+        if model.config != model_args:
+            raise ValueError(f"checkpoint {out / 'ckpt.pt'} holds {model.config}, the config asks for {model_args}; "
+                             "resume with the config it was trained with")
         loader.load_state_dict(ckpt["loader"])
         step, evals = ckpt["step"], ckpt["evals"]
     else:

@@ -87,7 +87,8 @@ def test_split_follows_content_not_order_or_corpus_size(tmp_path):
 def test_jsonl_dtype_uint32_and_meta_records_inputs_and_options(tmp_path):
     lines = [json.dumps({"body": d}) for d in make_docs(20)]
     (tmp_path / "c.jsonl").write_text("\n".join(lines))
-    out = _run(tmp_path, tmp_path / "c.jsonl", jsonl_key="body", dtype="uint32", val_fraction=0.4)
+    with pytest.warns(UserWarning, match="--doc-sep has no effect: every input is .jsonl"):
+        out = _run(tmp_path, tmp_path / "c.jsonl", jsonl_key="body", dtype="uint32", val_fraction=0.4, doc_sep="##")
     meta = read_meta(out)
     assert meta["dtype"] == "uint32" and open_tokens(out / "train.bin").dtype == np.uint32
     size = (tmp_path / "c.jsonl").stat().st_size
@@ -105,6 +106,13 @@ def test_large_documents_spill_to_disk_and_stay_exact(tmp_path, monkeypatch):
     got = sorted(map(tuple, _documents(out, "train") + _documents(out, "val")))
     assert got == sorted(tuple(ENC.encode_ordinary(d) + [50256]) for d in docs)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_cli_warns_in_one_line_when_an_option_has_no_effect(tmp_path, capsys):
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--jsonl-key", "body", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == "tokpack: warning: --jsonl-key 'body' has no effect: no input is .jsonl"
 
 
 def test_existing_folder_needs_force(tmp_path):

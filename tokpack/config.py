@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 import tomllib
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,8 +50,17 @@ def default_of(cls: type, name: str) -> Any:
     return field.default_factory()  # type: ignore[misc]
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    print(f"tokpack: warning: {message}", file=sys.stderr)
+
+
 def run_cli(body: Callable[[], int | None]) -> int:
-    """Run a CLI body; a user error becomes one ``tokpack: ...`` line and exit code 2."""
+    """Run a CLI body; a user error becomes one ``tokpack: ...`` line and exit code 2.
+
+    Warnings print as one ``tokpack: warning: ...`` line, without the source line a library
+    user would want.
+    """
+    previous, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return body() or 0
     except (ValueError, OSError) as exc:
@@ -62,6 +72,8 @@ def run_cli(body: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("tokpack: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        warnings.showwarning = previous
 
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:

@@ -33,7 +33,7 @@ class Piece:
     last: bool
 
 
-def _is_jsonl(path: Path) -> bool:
+def is_jsonl(path: Path) -> bool:
     return path.name.removesuffix(".gz").endswith(".jsonl")
 
 
@@ -69,7 +69,7 @@ def resolve_inputs(paths: Sequence[str | Path]) -> list[Path]:
 
 def is_single_document(files: Sequence[Path], doc_sep: str | None) -> bool:
     """A lone text file with no separator is one document (nanoGPT's Shakespeare case)."""
-    return len(files) == 1 and not _is_jsonl(files[0]) and not doc_sep
+    return len(files) == 1 and not is_jsonl(files[0]) and not doc_sep
 
 
 def _decoded_blocks(path: Path, errors: str) -> Iterator[str]:
@@ -169,7 +169,7 @@ def _jsonl_documents(path: Path, errors: str, key: str) -> Iterator[Iterator[str
 def documents(files: Sequence[Path], errors: str, doc_sep: str | None, jsonl_key: str) -> Iterator[Iterator[str]]:
     """Every document of every file, in order, each as an iterator of its text runs."""
     for path in files:
-        if _is_jsonl(path):
+        if is_jsonl(path):
             yield from _jsonl_documents(path, errors, jsonl_key)
         else:
             yield from _text_documents(path, errors, doc_sep)

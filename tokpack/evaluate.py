@@ -13,6 +13,7 @@ tokens and windows.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from .tokenizer import load_encoding
 from .windows import IGNORE_INDEX, TokenWindows
 
 
+@functools.cache
 def token_byte_lengths(encoding: str) -> np.ndarray:
     """UTF-8 bytes of every token id, so that sums over scored tokens give decoded-text bytes."""
     enc = load_encoding(encoding)

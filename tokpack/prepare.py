@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from tqdm import tqdm
 
 from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
-from .corpus import Piece, count_chars, documents, is_single_document, pieces, resolve_inputs, split_runs
+from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_inputs,
+                     split_runs)
 from .format import FORMAT_VERSION, META_NAME, SPLITS, DocumentBuffer, SplitWriter, write_json_atomic
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
@@ -185,6 +187,11 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     groups = [(str(raw), resolve_inputs([raw])) for raw in config.inputs or [write_sample_corpus()]]
     files = [f for _, found in groups for f in found]
     single = is_single_document(files, config.doc_sep)
+    jsonl = [is_jsonl(f) for f in files]
+    if config.doc_sep and all(jsonl):
+        warnings.warn("--doc-sep has no effect: every input is .jsonl, whose records are the documents", stacklevel=2)
+    if config.jsonl_key != default_of(PrepareConfig, "jsonl_key") and not any(jsonl):
+        warnings.warn(f"--jsonl-key {config.jsonl_key!r} has no effect: no input is .jsonl", stacklevel=2)
     eot = config.eot if config.eot != "auto" else ("none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     _check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
