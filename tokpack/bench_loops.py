@@ -82,9 +82,12 @@ def bench_train(folder: Path, config: Path, steps: int, num_workers: int) -> dic
 
     from .format import read_meta
 
+    vocab = read_meta(folder)["encoding"]["n_vocab"]
+    if not config.is_file():
+        raise FileNotFoundError(f"training config {config} does not exist; pass --config with a configs/*.toml")
     settings = tomllib.loads(config.read_text("utf-8"))
     shape = {k: settings[k] for k in ("block_size", "n_layer", "n_head", "n_embd") if k in settings}
-    model = GPT(GPTConfig(read_meta(folder)["encoding"]["n_vocab"], **shape), seed=0)
+    model = GPT(GPTConfig(vocab, **shape), seed=0)
     T, B = model.config.block_size, settings.get("batch_size", 8)
     loader = build_loader(TokenWindows(folder / "train.bin", T), B, seed=0, num_samples=B * steps,
                           num_workers=num_workers, persistent_workers=num_workers > 0)

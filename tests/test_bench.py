@@ -1,0 +1,35 @@
+"""The benchmarks run end to end on tiny sizes; their figures are printed, never asserted."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_module
+
+
+def test_bench_prepare_runs_and_reports_ratios(tmp_path):
+    done = run_module("tokpack.bench", "prepare", "--mb", "0.5", "--repeat", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"prepare_vs_allcore", "prepare_vs_1thread", "prepare_peak_rss_mb"} <= set(figures)
+    assert figures["tokens"] > 100_000 and "vs all-core" in done.stdout
+
+
+def test_bench_loader_runs_on_tiny_sizes(tmp_path):
+    done = run_module("tokpack.bench", "loader", "--tokens", "200000", "--block-size", "64", "--batch-size", "8",
+                      "--batches", "5", "--memory-batches", "20", "--work", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"loader_vs_nanogpt", "loader_vs_raw", "worker_anon_growth_mb", "loader_hidden"} <= set(figures)
+    assert figures["memory_batches"] == 20
+
+
+def test_bench_train_needs_a_prepared_folder(tmp_path, prepared):
+    missing = run_module("tokpack.bench", "train", "--folder", str(tmp_path / "none"), cwd=tmp_path)
+    assert missing.returncode == 2 and "run python -m tokpack.prepare" in missing.stderr
+    config = tmp_path / "t.toml"
+    config.write_text("block_size = 16\nbatch_size = 2\nn_layer = 1\nn_head = 2\nn_embd = 16\n")
+    done = run_module("tokpack.bench", "train", "--folder", str(prepared), "--config", str(config), "--steps", "2",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 2
