@@ -6,7 +6,8 @@
 Each yields lists of indices, one list a batch, and can begin at any batch of any epoch without
 producing the batches before it: that is what makes a loader's resume exact and cheap. Every
 random choice comes from a ``torch.Generator`` seeded from (seed, rank, epoch, ...), never from
-the global RNG. Under distributed training each rank builds its own sampler with its ``rank``.
+the global RNG. Under distributed training each rank builds its own sampler; ``rank`` and
+``world_size`` default to torch.distributed's, or torchrun's RANK / WORLD_SIZE.
 """
 
 from __future__ import annotations
