@@ -101,6 +101,7 @@ def test_jsonl_dtype_uint32_and_meta_records_inputs_and_options(tmp_path):
 
 def test_large_documents_spill_to_disk_and_stay_exact(tmp_path, monkeypatch):
     monkeypatch.setattr(fmt, "SPILL_TOKENS", 100)
+    monkeypatch.setattr(fmt, "INDEX_FLUSH", 3)  # the index is written in several blocks too
     docs = make_docs(12, words=500)
     out = _run(tmp_path, write_docs(tmp_path / "c", docs), piece_chars=64, val_fraction=0.3)
     got = sorted(map(tuple, _documents(out, "train") + _documents(out, "val")))

@@ -10,10 +10,11 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,6 +30,7 @@ TMP_SUFFIX = ".tokpack-tmp"
 SHARD_MAGIC = 20240520
 SHARD_HEADER_BYTES = 256 * 4
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
+INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
 
 
 def tmp_path(path: Path) -> Path:
@@ -74,17 +76,25 @@ class SplitWriter:
     eot: str
     eot_id: int
     tokens: int = 0
-    starts: list[int] = field(default_factory=list)
+    documents: int = 0
 
     def __post_init__(self) -> None:
         self.bin = HashingWriter(self.folder / f"{self.split}.bin")
         self.idx = HashingWriter(self.folder / f"{self.split}.idx")
         self._eot = np.array([self.eot_id], dtype=self.dtype)
+        self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
     def start_document(self) -> None:
-        self.starts.append(self.tokens)
+        self._starts.append(self.tokens)
+        self.documents += 1
+        if len(self._starts) >= INDEX_FLUSH:
+            self._flush_starts()
         if self.eot == "prepend":
             self.write(self._eot)
+
+    def _flush_starts(self) -> None:
+        self.idx.write(np.frombuffer(self._starts, dtype=np.uint64).astype(INDEX_DTYPE))
+        self._starts = array.array("Q")
 
     def write(self, tokens: np.ndarray) -> None:
         self.bin.write(tokens)
@@ -95,8 +105,8 @@ class SplitWriter:
             self.write(self._eot)
 
     def close(self) -> dict[str, Any]:
-        self.idx.write(np.array(self.starts, dtype=INDEX_DTYPE))
-        return {"tokens": self.tokens, "documents": len(self.starts),
+        self._flush_starts()
+        return {"tokens": self.tokens, "documents": self.documents,
                 "bin": self.bin.close(), "idx": self.idx.close()}
 
     def publish(self) -> None:
@@ -111,16 +121,16 @@ class SplitWriter:
 class DocumentBuffer:
     """A document's tokens held until its split is known; large ones spill to disk."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, seed: int):
         self.spill_path = folder / f".spill{os.getpid()}.tokpack-tmp"
-        self.parts: list[np.ndarray] = []
-        self.held = 0
-        self.spilled = 0
-        self.hash = hashlib.blake2b(digest_size=8)
+        self.key = seed.to_bytes(8, "little", signed=True)
+        self.reset()
 
-    def reset(self, seed: int) -> None:
-        self.parts, self.held, self.spilled = [], 0, 0
-        self.hash = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
+    def reset(self) -> None:
+        """Empty, for the next document; its split hash is keyed by the seed."""
+        self.parts: list[np.ndarray] = []
+        self.held = self.spilled = 0
+        self.hash = hashlib.blake2b(digest_size=8, key=self.key)
 
     def add(self, text: bytes, tokens: np.ndarray) -> None:
         self.hash.update(text)

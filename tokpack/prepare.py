@@ -218,8 +218,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     sizes = {p: p.stat().st_size for p in files}
     created = _make_out_dir(out)
     writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
-    buffer = DocumentBuffer(out)
-    buffer.reset(config.seed)
+    buffer = DocumentBuffer(out, config.seed)
     bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
@@ -231,7 +230,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
                 bar.set_postfix_str(f"{done / (time.perf_counter() - started):,.0f} tokens/s", refresh=False)
             if single:
                 writer = writers[SPLITS[piece.doc]]
-                if not writer.starts:  # each split holds one part of the lone document
+                if not writer.documents:  # each split holds one part of the lone document
                     writer.start_document()
                 writer.write(tokens)
                 if piece.last:
@@ -241,13 +240,13 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
             if piece.last:
                 split = "val" if in_val(buffer.hash.digest(), config.val_fraction) else "train"
                 buffer.drain_into(writers[split])
-                buffer.reset(config.seed)
+                buffer.reset()
         bar.close()
-        documents_seen = sum(len(w.starts) for w in writers.values())
+        documents_seen = sum(w.documents for w in writers.values())
         if not documents_seen:
             raise ValueError(f"the corpus ({', '.join(map(str, files[:3]))}) holds no text; pass non-empty files")
         for split, writer in writers.items():
-            if not writer.starts:
+            if not writer.documents:
                 raise ValueError(
                     f"the {split} split would be empty: all {documents_seen} documents hashed to the other "
                     f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
