@@ -8,7 +8,8 @@ For corpora too large or too live to prepare. An iterable dataset has no index, 
 itself: the stream's documents (or, for a .bin, its stride-T windows) are dealt round-robin to
 ``world_size x num_workers`` shards, shard = rank x num_workers + worker id, so every window is
 produced exactly once across all workers and ranks. Shuffling is the shard order (files permuted
-per epoch from the seed) plus a seeded shuffle buffer. Call ``set_epoch`` (build_stream_loader's
+per epoch from the seed) plus a seeded shuffle buffer. Each shard packs its documents' tokens
+(each followed by <|endoftext|>) into windows and drops its last partial one. Call ``set_epoch`` (build_stream_loader's
 loader does it for you) to reshuffle. There is no exact resume for streams: use TokenWindows.
 """
 
