@@ -83,6 +83,15 @@ def test_bucketing_cuts_padding_from_about_45_to_under_5_percent():
     assert padded_fraction(lengths, bucketed) < 0.05
 
 
+@pytest.mark.parametrize("n,batch,pool,world,drop_last", [(2000, 32, 50, 1, False), (101, 4, 3, 1, True),
+                                                          (101, 4, 3, 2, False), (7, 3, 2, 3, True), (50, 5, 2, 3, False)])
+def test_bucket_length_matches_the_batches_it_yields(n, batch, pool, world, drop_last):
+    for rank in range(world):
+        sampler = BucketBatchSampler(list(range(n)), batch, seed=0, pool_batches=pool, rank=rank, world_size=world,
+                                     drop_last=drop_last)
+        assert len(sampler) == len(list(sampler))
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_bucket_shares_are_equal_and_disjoint(world):
     lengths = list(range(1, 101))

@@ -151,7 +151,12 @@ class BucketBatchSampler(WindowBatchSampler):
         return out[: len(out) // self.world_size * self.world_size][self.rank::self.world_size]
 
     def batches_per_epoch(self) -> float:
-        return len(self.batches(0))
+        # Counted from the sizes alone: building an epoch's batches just to count them would
+        # repeat the shuffle and sorts that every iteration already does.
+        pool = self.pool_batches * self.batch_size
+        whole_pools, rest = divmod(self.num_windows, pool)
+        last = rest // self.batch_size if self.drop_last else -(-rest // self.batch_size)
+        return (whole_pools * self.pool_batches + last) // self.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.batches(self.epoch)[self.start_batch:]
