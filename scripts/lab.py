@@ -5,7 +5,7 @@
 (a) an IterableDataset of 2,000 integers on 2 workers, unsharded (every item twice) and sharded
     with tokpack's shard_of (every item once);
 (b) a 50,000-token uint16 memmap through TokenWindows with numpy masking augmentation drawn from
-    each worker's own Generator (seed_worker), run twice with one loader seed: identical batches;
+    the dataset's per-batch Generator, run twice with one loader seed: identical batches;
 (c) random vs bucketed batching of 2,000 sequences of lengths uniform in [4, 64]: padded share;
 (d) samples/s with 0 and 2 workers (printed, never asserted: it depends on the machine).
 The last line is JSON with every figure.
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tokpack import BucketBatchSampler, TokenWindows, build_loader
 from tokpack.documents import padded_fraction
-from tokpack.loader import default_mp_context, mp_context
+from tokpack.runtime import worker_context
 from tokpack.streams import shard_of
 from tokpack.windows import WindowBatch
 
@@ -44,7 +44,7 @@ class Integers(IterableDataset):
 
 
 class MaskedWindows(TokenWindows):
-    """Zeroes 15 % of the input ids with the worker's own numpy Generator (set by seed_worker)."""
+    """Zeroes 15 % of the input ids with the dataset's Generator, seeded for each batch from its place."""
 
     def __getitems__(self, indices):
         batch = super().__getitems__(indices)
@@ -56,7 +56,7 @@ def duplicates(context: str | None) -> dict[str, int]:
     out = {}
     for sharded in (False, True):
         loader = DataLoader(Integers(2000, sharded), batch_size=50, num_workers=2,
-                            multiprocessing_context=mp_context(context))
+                            multiprocessing_context=worker_context(context))
         seen = Counter(i for batch in loader for i in batch.tolist())
         out["sharded" if sharded else "unsharded"] = sum(seen.values()) - len(seen)
         out[("sharded" if sharded else "unsharded") + "_distinct"] = len(seen)
@@ -98,10 +98,10 @@ def throughput(path: Path, seed: int, context: str | None) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mp-context", choices=["forkserver", "spawn", "fork"],
-                   help="worker start method (default: forkserver where available, else the OS default)")
+                   help="worker start method (default: fork where available, else the OS default)")
     p.add_argument("--seed", type=int, default=0, help="loader seed (default: 0)")
     args = p.parse_args()
-    context = args.mp_context or default_mp_context()
+    context = args.mp_context or "default"
     with tempfile.TemporaryDirectory(prefix="tokpack-lab-") as tmp:
         path = Path(tmp) / "tokens.bin"
         np.random.default_rng(args.seed).integers(0, 50257, 50_000, dtype=np.uint16).tofile(path)

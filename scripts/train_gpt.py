@@ -14,18 +14,17 @@ torchrun each rank draws its own reproducible stream and DDP averages the gradie
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from tokpack import TokenWindows, build_loader, evaluate, to_device
+from tokpack import TokenWindows, build_loader, evaluate, read_meta, to_device
 from tokpack.config import build_config, default_of, run_cli
 from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
@@ -34,12 +33,7 @@ from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
 class TrainConfig:
     data_dir: str = "data/sample"
     out_dir: str = "out/sample"
-    block_size: int = 128
     batch_size: int = 8
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
     max_iters: int = 600
     learning_rate: float = 3e-3
     min_lr: float = 3e-4
@@ -54,6 +48,7 @@ class TrainConfig:
     device: str = "auto"
     stop_at: int = 0  # stop after this step as if interrupted, writing a checkpoint (0: never)
     log_interval: int = 10
+    model: GPTConfig = field(default_factory=GPTConfig)  # [model] in TOML; vocab_size comes from the data
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
@@ -72,10 +67,12 @@ def save(path: Path, payload: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="a configs/*.toml with TrainConfig keys; flags override it")
-    for f in dataclasses.fields(TrainConfig):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default_of(TrainConfig, f.name)),
-                       help=f"(default: {default_of(TrainConfig, f.name)})")
+    p.add_argument("--config", help="a configs/*.toml with TrainConfig keys and a [model] table; flags override it")
+    for cls, f in [*((TrainConfig, f) for f in fields(TrainConfig) if f.name != "model"),
+                   *((GPTConfig, f) for f in fields(GPTConfig) if f.name != "vocab_size")]:
+        default = default_of(cls, f.name)
+        kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f"(default: {default})")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.pt (default: off)")
     args = vars(p.parse_args(argv))
     resume = args.pop("resume")
@@ -84,29 +81,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(c: TrainConfig, resume: bool) -> int:
     """The training loop; returns the exit code."""
-    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    out, data = Path(c.out_dir), Path(c.data_dir)
+    if resume and not (out / "ckpt.pt").is_file():
+        raise FileNotFoundError(f"--resume needs {out / 'ckpt.pt'}, which does not exist; train without --resume first")
+    meta = read_meta(data)
     device = c.device if c.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {c.device}: this torch has no CUDA device; use --device cpu (or auto)")
+    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
     if ddp:
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-        rank = torch.distributed.get_rank()
         if device == "cuda":
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
-    else:
-        rank = 0
+    rank = torch.distributed.get_rank() if ddp else 0
     master = rank == 0
     torch.manual_seed(c.seed + rank)  # dropout draws from the global RNG: seed it explicitly
-    out = Path(c.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = Path(c.data_dir)
 
-    train = TokenWindows(data / "train.bin", c.block_size)
-    val = TokenWindows(data / "val.bin", c.block_size, stride=c.eval_stride or c.block_size)
-    loader = build_loader(train, c.batch_size, seed=c.seed, num_samples=c.batch_size * c.max_iters,
-                          num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
+    model_args = replace(c.model, vocab_size=meta["encoding"]["n_vocab"])
+    T = model_args.block_size
+    train = TokenWindows(data, T, split="train")
+    val = TokenWindows(data, T, stride=c.eval_stride or T, split="val")
+    # Endless random starts: the run's length is max_iters, so --resume --max-iters N can extend it.
+    loader = build_loader(train, c.batch_size, seed=c.seed, num_workers=c.num_workers,
+                          persistent_workers=c.num_workers > 0)
     val_loader = build_loader(val, c.eval_batch_size)
-    vocab = json.loads((data / "meta.json").read_text())["encoding"]["n_vocab"]
-    model_args = GPTConfig(vocab, c.block_size, c.n_layer, c.n_head, c.n_embd, c.dropout)
 
     step, evals = 0, []
     if resume:
@@ -132,7 +132,7 @@ def train(c: TrainConfig, resume: bool) -> int:
         if master:
             save(out / "ckpt.pt", gpt_checkpoint(model, optimizer=opt.state_dict(), step=step,
                                                  loader=loader.state_dict(), evals=evals,
-                                                 config=dataclasses.asdict(c)))
+                                                 config=asdict(c)))
 
     def run_eval() -> None:
         result = evaluate(model, val_loader, device)
@@ -141,11 +141,11 @@ def train(c: TrainConfig, resume: bool) -> int:
             print(f"step {step}: val loss {result['loss']:.4f}, ppl {result['ppl']:.1f}, "
                   f"{result['bits_per_byte']:.3f} bits/byte")
 
-    log = open(out / f"losses-rank{rank}.jsonl", "a" if resume else "w")
     started = time.perf_counter()
-    while step < c.max_iters:
-        for x, y in loader:
-            x, y = to_device(x, device), to_device(y, device)
+    with open(out / f"losses-rank{rank}.jsonl", "a" if resume else "w") as log:
+        batches = iter(loader)
+        while step < c.max_iters and not (c.stop_at and step >= c.stop_at):
+            x, y = to_device(next(batches), device)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, c)
             loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten(), ignore_index=-100)
@@ -155,22 +155,17 @@ def train(c: TrainConfig, resume: bool) -> int:
             opt.step()
             step += 1
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+            log.flush()  # a kill loses no logged step
             if master and step % c.log_interval == 0:
                 rate = step / (time.perf_counter() - started)
                 print(f"step {step}: train loss {loss.item():.4f}, lr {lr_at(step - 1, c):.2e}, {rate:.2f} steps/s")
             if step % c.eval_interval == 0 or step == c.max_iters:
                 run_eval()
                 checkpoint()
-            if step == c.stop_at:
-                checkpoint()
-                if master:
-                    print(f"train_gpt: stopped at step {step} as asked; continue with --resume")
-                break
-            if step == c.max_iters:
-                break
-        if step == c.stop_at:
-            break
-    log.close()
+    if c.stop_at and step == c.stop_at:
+        checkpoint()
+        if master:
+            print(f"train_gpt: stopped at step {step} as asked; continue with --resume")
     if ddp:
         torch.distributed.destroy_process_group()
     return 0

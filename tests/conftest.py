@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tokpack.prepare import PrepareConfig, prepare
+from tokpack.preparation import PrepareConfig, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,3 +44,30 @@ def run_module(*args: str, cwd: Path | None = None, timeout: float = 300) -> sub
     """``python -m tokpack.<tool> ...`` in a fresh interpreter, as a user runs it."""
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=None)
+
+
+def bare_file(path: Path, n: int, dtype=np.uint16, seed: int = 0) -> np.ndarray:
+    """``n`` random ids written as a bare token file (no header), as nanoGPT's prepare writes them."""
+    tokens = np.random.default_rng(seed).integers(0, 50000, n).astype(dtype)
+    tokens.tofile(path)
+    return tokens
+
+
+def shard_file(path: Path, tokens, version: int = 1) -> Path:
+    """A shard in llm.c's published layout: 256 little-endian int32 header words (magic, version,
+    token count), then the tokens: magic 20240520 / version 1 with uint16, 20240801 / 7 with uint32."""
+    magic, dtype = {1: (20240520, "<u2"), 7: (20240801, "<u4")}[version]
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (magic, version, len(tokens))
+    path.write_bytes(header.tobytes() + np.asarray(tokens).astype(dtype).tobytes())
+    return path
+
+
+def write_tiktoken_file(path: Path) -> Path:
+    """gpt2's ranks as a .tiktoken file (base64 token, rank per line) named ``path``."""
+    from tokpack.tokenizer import load_encoding
+
+    enc = load_encoding("gpt2")
+    lines = [base64.b64encode(enc.decode_single_token_bytes(rank)) + b" %d" % rank for rank in range(50256)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path

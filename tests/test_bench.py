@@ -28,7 +28,7 @@ def test_bench_train_needs_a_prepared_folder(tmp_path, prepared):
     missing = run_module("tokpack.bench", "train", "--folder", str(tmp_path / "none"), cwd=tmp_path)
     assert missing.returncode == 2 and "run python -m tokpack.prepare" in missing.stderr
     config = tmp_path / "t.toml"
-    config.write_text("block_size = 16\nbatch_size = 2\nn_layer = 1\nn_head = 2\nn_embd = 16\n")
+    config.write_text("batch_size = 2\n[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n")
     done = run_module("tokpack.bench", "train", "--folder", str(prepared), "--config", str(config), "--steps", "2",
                       cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

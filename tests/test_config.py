@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from tokpack.config import build_config, default_of, load_toml, table
-from tokpack.prepare import PrepareConfig
+from tokpack.gpt import GPTConfig
+from tokpack.preparation import PrepareConfig
 
 
 def test_file_then_overrides(tmp_path):
@@ -17,15 +18,53 @@ def test_unknown_key_names_key_file_and_valid_keys(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("val_fractoin = 0.2\n")
     with pytest.raises(ValueError, match=r"unknown key 'val_fractoin' in .*c.toml; valid keys: inputs, out_dir"):
-        load_toml(cfg, PrepareConfig)
+        build_config(PrepareConfig, cfg, {})
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ('force = "no"', "force = 'no' in"),
+    ('val_fraction = "0.1"', "val_fraction = '0.1' in"),
+    ('workers = "2"', "workers = '2' in"),
+    ("seed = 1.5", "seed = 1.5 in"),
+    ("seed = 1180591620717411303424", "(64-bit)"),
+    ("out_dir = 5", "out_dir = 5 in"),
+    ('inputs = "a.txt"', "inputs = 'a.txt' in"),
+    ("inputs = [1]", "inputs = 1 in"),
+])
+def test_values_are_checked_against_their_type_before_anything_runs(tmp_path, line, fragment):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(line + "\n")
+    with pytest.raises(ValueError) as exc:
+        build_config(PrepareConfig, cfg, {})
+    assert fragment in str(exc.value) and str(cfg) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_nested_tables_are_checked_and_flags_reach_them(tmp_path):
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True)
+    class Outer:
+        steps: int = 1
+        model: GPTConfig = field(default_factory=GPTConfig)
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("steps = 5\n[model]\nn_layer = 2\nbias = false\n")
+    config = build_config(Outer, cfg, {"n_embd": 64, "steps": None})
+    assert (config.steps, config.model.n_layer, config.model.bias, config.model.n_embd) == (5, 2, False, 64)
+    cfg.write_text("[model]\nn_layers = 2\n")
+    with pytest.raises(ValueError, match=r"unknown key 'model.n_layers' in .*valid keys: vocab_size"):
+        build_config(Outer, cfg, {})
+    cfg.write_text("[model]\nbias = 1\n")
+    with pytest.raises(ValueError, match=r"model.bias = 1 in .* is not bool"):
+        build_config(Outer, cfg, {})
 
 
 def test_bad_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_toml(tmp_path / "none.toml", PrepareConfig)
+        load_toml(tmp_path / "none.toml")
     (tmp_path / "bad.toml").write_text("val_fraction = = 1")
     with pytest.raises(ValueError, match="not valid TOML"):
-        load_toml(tmp_path / "bad.toml", PrepareConfig)
+        load_toml(tmp_path / "bad.toml")
     (tmp_path / "range.toml").write_text("val_fraction = 2.0")
     with pytest.raises(ValueError, match="--val-fraction 2.0 must lie strictly between 0 and 1"):
         build_config(PrepareConfig, tmp_path / "range.toml", {})

@@ -3,36 +3,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, WeightedRandomSampler, default_collate
+from torch.utils.data import DataLoader
 
 from conftest import make_docs
 from tokpack.check import resumed, take
-from tokpack.documents import (
-    BucketBatchSampler,
-    DocumentDataset,
-    WeightedSampler,
-    inverse_frequency_weights,
-    pad_collate,
-    padded_fraction,
-)
+from tokpack.documents import DocumentDataset, pad_collate, padded_fraction
+from tokpack.samplers import BucketBatchSampler, WeightedSampler, inverse_frequency_weights
 from tokpack.loader import build_loader
 from tokpack.tokenizer import load_encoding
 
 
-# -- the seed's fence 1, in our own words ------------------------------------------------------
-
-def test_default_collate_stacks_and_widens():
-    g = torch.Generator().manual_seed(0)
-    xb, yb = default_collate([(torch.randn(3, generator=g), i % 2) for i in range(4)])
-    assert xb.shape == (4, 3) and yb.shape == (4,) and yb.dtype == torch.int64
-    assert default_collate([0.5, 1.5]).dtype == torch.float64  # a Python float target becomes float64
-
+# -- padding ---------------------------------------------------------------------------------
 
 def test_ragged_stack_fails_and_pad_collate_pads():
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(1, 50, (n,), generator=g) for n in (5, 2, 7, 3)]
-    with pytest.raises(RuntimeError, match="equal size"):
-        default_collate(seqs)
     batch = next(iter(DataLoader(seqs, batch_size=4, collate_fn=pad_collate)))
     assert batch["input_ids"].shape == (4, 7)
     assert batch["attention_mask"].sum(1).tolist() == [5, 2, 7, 3]
@@ -103,23 +88,14 @@ def test_bucket_shares_are_equal_and_disjoint(world):
     assert len(flat) == len(set(flat))
 
 
-# -- the seed's fence 4, then tokpack's resumable counterpart and labelled documents -------------
-
-def test_torch_weighted_sampler_balances_a_90_10_split():
-    labels = torch.tensor([0] * 900 + [1] * 100)
-    sampler = WeightedRandomSampler(inverse_frequency_weights(labels), num_samples=20_000, replacement=True,
-                                    generator=torch.Generator().manual_seed(0))
-    idx = torch.tensor(list(sampler))
-    assert 0.45 <= labels[idx].float().mean().item() <= 0.55
-    assert idx[labels[idx] == 1].unique().numel() == 100  # every minority item repeats about 100 times
-
+# -- weighted sampling and labelled documents ----------------------------------------------
 
 def test_weighted_sampler_balances_resumes_and_labelled_documents(prepared):
     labels = torch.tensor([0] * 900 + [1] * 100)
     sampler = WeightedSampler(inverse_frequency_weights(labels), 50, seed=0, num_samples=20_000)
     idx = torch.tensor([i for b in sampler for i in b])
     assert 0.45 <= labels[idx].float().mean().item() <= 0.55
-    sampler.start_batch = 123
+    sampler.set_position(0, 123)
     assert [i for b in sampler for i in b] == idx[123 * 50:].tolist()
 
     docs = DocumentDataset(prepared / "train.bin", 32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tokpack
-from tokpack.evaluate import main, sweep
+from tokpack.evaluation import main, sweep
 from tokpack.format import open_tokens
 from tokpack.gpt import GPT, GPTConfig, NGram, gpt_checkpoint
 from tokpack.loader import build_loader
@@ -77,7 +77,7 @@ def test_gpt_checkpoint_sweep_and_bad_inputs(prepared, tmp_path, capsys):
         "split 'test' is not in": ["--model", "bigram", "--split", "test"],
         "stride 0 must lie in 1..block_size": ["--model", "bigram", "--stride", "0"],
         "stride 300 must lie in 1..block_size": ["--model", "bigram", "--block-size", "32", "--stride", "300"],
-        "not a tokpack GPT checkpoint": ["--checkpoint", str(prepared / "meta.json")],
+        "is not a GPT checkpoint": ["--checkpoint", str(prepared / "meta.json")],
     }
     for fragment, argv in cases.items():
         with pytest.raises(SystemExit) as exc:
@@ -110,3 +110,105 @@ def test_gpt_shapes_and_limits():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters()))
     with pytest.raises(ValueError, match="longer than the model's block_size 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+class NanoGPTShaped(torch.nn.Module):
+    """nanoGPT's model contract in miniature: its parameter names, bias switch, tied head, and
+    ``forward(idx, targets=None) -> (logits, loss)`` with last-position logits when targets is
+    None and ``ignore_index=-1``."""
+
+    def __init__(self, vocab_size, block_size, n_embd=16, n_head=2, n_layer=1, bias=False):
+        super().__init__()
+        self.n_head = n_head
+        nn = torch.nn
+        blocks = nn.ModuleList()
+        for _ in range(n_layer):
+            block = nn.Module()
+            block.ln_1, block.ln_2 = nn.LayerNorm(n_embd, bias=bias), nn.LayerNorm(n_embd, bias=bias)
+            block.attn = nn.Module()
+            block.attn.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+            block.attn.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+            block.mlp = nn.Module()
+            block.mlp.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+            block.mlp.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+            blocks.append(block)
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
+                                              h=blocks, ln_f=nn.LayerNorm(n_embd, bias=bias)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+        g = torch.Generator().manual_seed(1)
+        for p in self.parameters():
+            torch.nn.init.normal_(p, 0.0, 0.2, generator=g)
+
+    def forward(self, idx, targets=None):
+        F = torch.nn.functional
+        B, T = idx.shape
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        for b in self.transformer.h:
+            q, k, v = b.attn.c_attn(b.ln_1(x)).split(x.shape[-1], dim=2)
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            x = x + b.attn.c_proj(y)
+            x = x + b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x))))
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def _direct_model_loss(model, val: np.ndarray, T: int) -> float:
+    """Mean -log p of every val target, each scored once in windows of T from the start (stride T)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(val) - 1, T):
+            ids = torch.from_numpy(val[start:start + T + 1].astype(np.int64))[None]
+            logits, _ = model(ids[:, :-1], ids[:, 1:])
+            logp = torch.log_softmax(logits.double(), -1)[0]
+            total -= logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].sum().item()
+            count += ids.shape[1] - 1
+    return total / count
+
+
+def test_nanogpt_models_and_checkpoints_score_exactly(prepared, tmp_path, capsys):
+    val = np.asarray(open_tokens(prepared / "val.bin"))
+    model = NanoGPTShaped(V, 16).eval()
+    expected = _direct_model_loss(model, val, 16)
+    result = tokpack.evaluate(model, build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4))
+    assert result["tokens"] == len(val) - 1 and result["loss"] == pytest.approx(expected, rel=1e-6)
+    # nanoGPT's checkpoint layout, trained under torch.compile: the `_orig_mod.` prefix on every key.
+    ckpt = {"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},
+            "model_args": dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=False, vocab_size=V, dropout=0.0),
+            "iter_num": 5, "best_val_loss": 9.9, "config": {"dataset": "shakespeare"}}
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    assert main([str(prepared), "--checkpoint", str(tmp_path / "ckpt.pt"), "--quiet"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]
+    assert row["tokens"] == len(val) - 1 and row["loss"] == pytest.approx(expected, rel=1e-5)
+    ckpt["model_args"]["bias"] = True  # a layout that does not fit its weights: one line, exit 2
+    torch.save(ckpt, tmp_path / "bad.pt")
+    with pytest.raises(SystemExit) as exc:
+        main([str(prepared), "--checkpoint", str(tmp_path / "bad.pt"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "does not fit a GPT" in err and "\n" not in err
+
+
+def test_models_returning_objects_with_logits_are_scored(prepared):
+    class HFShaped(torch.nn.Module):  # a Hugging Face causal LM: an output object with .logits
+        def __init__(self):
+            super().__init__()
+            self.inner = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), seed=4)
+
+        def forward(self, input_ids):
+            return type("Output", (), {"logits": self.inner(input_ids)})()
+
+    hf = HFShaped()
+    loader = build_loader(TokenWindows(prepared / "val.bin", 16, stride=8), 4)
+    assert tokpack.evaluate(hf, loader)["loss"] == pytest.approx(tokpack.evaluate(hf.inner, loader)["loss"], rel=1e-12)
+
+
+def test_evaluate_is_a_function_even_after_the_command_is_imported():
+    import tokpack.evaluate  # noqa: F401 - the `python -m tokpack.evaluate` package
+    from tokpack import evaluate, prepare
+
+    assert callable(evaluate) and type(evaluate).__name__ == "function" and evaluate.__module__ == "tokpack.evaluation"
+    assert type(prepare).__name__ == "function" and prepare.__module__ == "tokpack.preparation"

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import run_module
-from tokpack import check
 from tokpack.check import check_folder, resumed, take
-from tokpack.loader import build_loader, to_device
+from tokpack.loader import build_loader
+from tokpack.runtime import to_device
 from tokpack.samplers import RandomStartSampler
 from tokpack.windows import TokenWindows
 
@@ -77,10 +77,12 @@ def test_batches_are_int64_next_token_pairs(datasets):
     assert torch.equal(x[:, 1:], y[:, :-1])
 
 
-def test_distributed_settings_come_from_torchrun_env(datasets, monkeypatch):
+def test_ranks_in_the_environment_without_a_process_group_are_refused(datasets, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    loader = SETUPS["in-order"](datasets)
+    with pytest.raises(ValueError, match="WORLD_SIZE=3 is set but torch.distributed is not initialised"):
+        SETUPS["in-order"](datasets)
+    loader = build_loader(datasets["strided"], 4, 11, rank=1, world_size=3)  # explicit ranks need no group
     assert (loader.sampler.rank, loader.sampler.world_size) == (1, 3)
     streams = [take(build_loader(datasets["train"], 4, 11, num_samples=8, rank=r, world_size=2), 2) for r in (0, 1)]
     assert streams[0] != streams[1]
@@ -117,11 +119,10 @@ def test_check_reports_differences(prepared, monkeypatch):
     original = RandomStartSampler.indices
     draws = iter(range(10**6))
     # A sampler that ignores its position: resumed and repeated runs must now differ.
-    monkeypatch.setattr(RandomStartSampler, "indices", lambda self, e, s: (next(draws) % self.num_windows
+    monkeypatch.setattr(RandomStartSampler, "indices", lambda self, e, s: (next(draws) % self.num_items
                                                                            for _ in original(self, e, s)))
     rows = check_folder(prepared, batches=6, block_size=16, batch_size=4, workers=(0,))
     assert rows[0]["train (random starts)"] == "DIFFERENT" and rows[0]["val (in order)"] == "same"
-    assert check is not None
 
 
 def test_check_cli_with_two_workers(prepared):

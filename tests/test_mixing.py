@@ -20,16 +20,16 @@ def mix(tmp_path):
 
 
 def build(mix, num_samples=32 * 200):
-    return build_loader(mix, 32, seed=4, sampler=mix.sampler(32, seed=4, num_samples=num_samples))
+    return build_loader(mix, 32, seed=4, num_samples=num_samples)
 
 
 def test_mixture_follows_the_weights_and_reports_them(mix):
     loader = build(mix)
-    firsts = torch.cat([x[:, 0] for x, _ in loader])
+    batches = iter(loader)
+    firsts = torch.cat([next(batches)[0][:, 0] for _ in range(199)])  # all but the epoch's last batch
     code_share = (firsts >= 1000).float().mean().item()
-    assert 0.27 < code_share < 0.33  # 6,400 draws: 3 standard deviations is 0.017
-    assert loader.epoch == 1 and loader.batch == 0
-    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 200})
+    assert 0.27 < code_share < 0.33  # 6,368 draws: 3 standard deviations is 0.017
+    assert loader.epoch == 0 and loader.batch == 199
     report = mix.realised(loader)
     assert report["code"] == pytest.approx(code_share) and report["web"] == pytest.approx(1 - code_share)
 
@@ -52,3 +52,14 @@ def test_bad_weights_are_refused(tmp_path, mix):
         MixedWindows({"web": mix.parts[0]}, {"code": 1.0}, 8)
     with pytest.raises(ValueError, match="non-negative with a positive sum"):
         MixedWindows({"web": mix.parts[0]}, {"web": 0.0}, 8)
+
+
+def test_realised_never_hangs_on_an_endless_sampler(mix):
+    loader = build_loader(mix, 32, seed=4)  # endless: no num_samples
+    batches = iter(loader)
+    firsts = torch.cat([next(batches)[0][:, 0] for _ in range(50)])
+    assert loader.batch == 50 and loader.epoch == 0
+    share = mix.realised(loader)
+    assert share["code"] == pytest.approx((firsts >= 1000).float().mean().item())
+    more = torch.cat([firsts, *(next(batches)[0][:, 0] for _ in range(10))])
+    assert mix.realised(loader)["code"] == pytest.approx((more >= 1000).float().mean().item())

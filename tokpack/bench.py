@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import parser, run_cli, table
-from .prepare import PrepareConfig, default_workers, prepare
+from .preparation import PrepareConfig, default_workers, prepare
 from .tokenizer import load_encoding
 
 
@@ -60,7 +60,7 @@ def synthetic_corpus(folder: Path, megabytes: float, shard_mb: float = 16) -> li
 
 
 def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int) -> dict[str, Any]:
-    code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
+    code = ("import json, sys; from tokpack.preparation import PrepareConfig, prepare; "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], workers=int(sys.argv[3]), "
             "quiet=True)); print(json.dumps(r['stats']))")
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(workers)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from .config import table
+from .format import read_meta
 from .gpt import GPT, GPTConfig
 from .loader import build_loader
 from .windows import TokenWindows, WindowBatch
@@ -77,19 +79,19 @@ def three_loops(model: nn.Module, loader: Any, label: str) -> dict[str, Any]:
 
 
 def bench_train(folder: Path, config: Path, steps: int, num_workers: int) -> dict[str, Any]:
-    """The three loops on scripts/train_gpt.py's model and loader, from a training config."""
-    import tomllib
-
-    from .format import read_meta
+    """The three loops on scripts/train_gpt.py's model and loader, from a training config's
+    ``batch_size`` and ``[model]`` table."""
+    from .config import from_dict, load_toml
 
     vocab = read_meta(folder)["encoding"]["n_vocab"]
-    if not config.is_file():
-        raise FileNotFoundError(f"training config {config} does not exist; pass --config with a configs/*.toml")
-    settings = tomllib.loads(config.read_text("utf-8"))
-    shape = {k: settings[k] for k in ("block_size", "n_layer", "n_head", "n_embd") if k in settings}
-    model = GPT(GPTConfig(vocab, **shape), seed=0)
-    T, B = model.config.block_size, settings.get("batch_size", 8)
-    loader = build_loader(TokenWindows(folder / "train.bin", T), B, seed=0, num_samples=B * steps,
+    settings = load_toml(config)
+    shape = from_dict(GPTConfig, settings.get("model", {}), str(config), prefix="model.")
+    B = settings.get("batch_size", 8)
+    if type(B) is not int or B < 1:
+        raise ValueError(f"batch_size = {B!r} in {config} is not a positive int; fix the config")
+    model = GPT(replace(shape, vocab_size=vocab), seed=0)
+    T = model.config.block_size
+    loader = build_loader(TokenWindows(folder, T, split="train"), B, seed=0, num_samples=B * steps,
                           num_workers=num_workers, persistent_workers=num_workers > 0)
     label = f"GPT {model.num_params() / 1e6:.1f}M params, B={B}, T={T}, {num_workers} workers"
     return {"bench": "train", "config": str(config), "steps": steps, "num_workers": num_workers,

@@ -1,8 +1,8 @@
 """Configs and CLI plumbing shared by every ``python -m tokpack.<tool>``.
 
-A config is a frozen dataclass per stage. ``configs/NAME.toml`` sets any of its fields, the
-command line overrides the file, and an unknown key is an error naming the key, the file and the
-valid keys.
+A config is a frozen dataclass per stage, possibly holding another (a ``[model]`` table).
+``configs/NAME.toml`` sets any of its fields, the command line overrides the file, and an unknown
+key, or a value of the wrong type, is an error naming the key, the file and what is expected.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 import sys
 import tomllib
+import types
+import typing
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,27 +21,82 @@ from typing import Any, TypeVar
 C = TypeVar("C")
 
 
-def load_toml(path: str | Path, cls: type) -> dict[str, Any]:
-    """The keys of a TOML config for the dataclass ``cls``, refusing any it does not have."""
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML config file, as read."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist; pass an existing .toml file")
     try:
-        data = tomllib.loads(path.read_text("utf-8"))
+        return tomllib.loads(path.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {path} is not valid TOML ({exc}); fix the file") from None
-    valid = [f.name for f in dataclasses.fields(cls)]
+
+
+def _describe(annotation: Any) -> str:
+    if dataclasses.is_dataclass(annotation):
+        return f"a table of {annotation.__name__} keys"
+    if typing.get_origin(annotation) in (tuple, list):
+        return f"a list of {_describe(typing.get_args(annotation)[0])}"
+    names = [a.__name__ for a in typing.get_args(annotation)] or [annotation.__name__]
+    return " or ".join("none" if n == "NoneType" else n for n in names)
+
+
+def _checked(annotation: Any, value: Any, key: str, source: str) -> Any:
+    """``value`` if it has the type ``annotation`` names, else a ValueError naming key, source and type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
+        return from_dict(annotation, value, source, prefix=f"{key}.")
+    if origin in (types.UnionType, typing.Union):
+        for option in args:
+            try:
+                return _checked(option, value, key, source)
+            except ValueError:
+                continue
+    elif origin in (tuple, list) and isinstance(value, (list, tuple)):
+        return tuple(_checked(args[0], v, key, source) for v in value)
+    elif annotation is type(None) and value is None:
+        return value
+    elif annotation is bool and isinstance(value, bool):
+        return value
+    elif annotation is int and type(value) is int and -2**63 <= value < 2**63:
+        return value
+    elif annotation is float and type(value) in (int, float):
+        return float(value)
+    elif annotation is str and isinstance(value, str):
+        return value
+    raise ValueError(f"{key} = {value!r} in {source} is not {_describe(annotation)}; give {key} "
+                     f"{_describe(annotation)}" + (" (64-bit)" if annotation is int else ""))
+
+
+def from_dict(cls: type[C], data: dict[str, Any], source: str, prefix: str = "") -> C:
+    """``cls`` from ``data``, every key known and every value checked against its annotation."""
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     for key in data:
         if key not in valid:
-            raise ValueError(f"unknown key {key!r} in {path}; valid keys: {', '.join(valid)}")
-    return data
+            raise ValueError(f"unknown key {prefix + key!r} in {source}; valid keys: {', '.join(valid)}")
+    return cls(**{k: _checked(hints[k], v, prefix + k, source) for k, v in data.items()})
 
 
 def build_config(cls: type[C], config_path: str | Path | None, overrides: dict[str, Any]) -> C:
-    """``cls`` from the TOML file (if any) with every override that is not None applied."""
-    values = load_toml(config_path, cls) if config_path else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return cls(**values)
+    """``cls`` from the TOML file (if any) with every override that is not None applied.
+
+    An override whose name is a field of a nested config (``n_layer`` for ``model``) sets it there.
+    """
+    values = load_toml(config_path) if config_path else {}
+    hints = typing.get_type_hints(cls)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in hints:
+            values[key] = value
+            continue
+        table = next((name for name, t in hints.items() if dataclasses.is_dataclass(t)
+                      and key in {f.name for f in dataclasses.fields(t)}), None)
+        if table is None:
+            raise ValueError(f"unknown option {key!r}; valid options: {', '.join(hints)}")
+        values.setdefault(table, {})[key] = value
+    return from_dict(cls, values, str(config_path) if config_path else "the command line")
 
 
 def default_of(cls: type, name: str) -> Any:

@@ -1,18 +1,18 @@
-"""Whole documents: a dataset over a prepared split's document index, padding, bucketing, balancing.
+"""Whole documents: a dataset over a prepared split's document index, and padding.
 
-    from tokpack import DocumentDataset, BucketBatchSampler, build_loader, pad_collate
+    from tokpack import BucketBatchSampler, DocumentDataset, build_loader
     docs = DocumentDataset("data/sample/train.bin", max_length=512)
     loader = build_loader(docs, 16, seed=0, sampler=BucketBatchSampler(docs.lengths, 16, seed=0))
     batch = next(iter(loader))   # {"input_ids", "attention_mask", "labels"}: (16, T) each
 
-``pad_collate`` right-pads to the batch's longest document; ``BucketBatchSampler`` groups
-documents of similar length so that little of each batch is padding. Both keep the loader's seed,
-workers, pinning and exact resume.
+``pad_collate`` right-pads to the batch's longest document; ``BucketBatchSampler`` (in
+``tokpack.samplers``) groups documents of similar length so that little of each batch is padding.
+Both keep the loader's seed, workers, pinning and exact resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ import torch
 from torch.utils.data import Dataset
 
 from .format import INDEX_DTYPE, open_tokens
-from .samplers import CHUNK, DrawSampler, WindowBatchSampler, generator
 from .windows import IGNORE_INDEX
 
 
@@ -79,7 +78,6 @@ class DocumentDataset(Dataset):
         if labels is not None and len(labels) != len(starts):
             raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.path}; give one per document")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self.rng: np.random.Generator | None = None
         self._tokens: np.memmap | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -94,69 +92,3 @@ class DocumentDataset(Dataset):
         start = int(self.starts[i])
         ids = torch.from_numpy(self._tokens[start:start + int(self.lengths[i])].astype(np.int64))
         return ids if self.labels is None else (ids, int(self.labels[i]))
-
-
-def inverse_frequency_weights(labels: Sequence[int]) -> torch.Tensor:
-    """Per-item weights 1 / count(label): balanced classes when drawn with replacement."""
-    labels = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    return (1.0 / torch.bincount(labels).double())[labels]
-
-
-class WeightedSampler(DrawSampler):
-    """Items drawn with replacement in proportion to ``weights``: the resumable, distributed
-    counterpart of WeightedRandomSampler (each rank and epoch draws its own stream)."""
-
-    kind = "weighted"
-
-    def __init__(self, weights: Sequence[float] | torch.Tensor, batch_size: int, seed: int, num_samples: int,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
-        self.weights = torch.as_tensor(weights, dtype=torch.double)
-        if not (self.weights >= 0).all() or self.weights.sum() <= 0:
-            raise ValueError("weights must be non-negative with a positive sum")
-        super().__init__(len(self.weights), batch_size, seed, num_samples, rank, world_size, drop_last)
-
-    def draw(self, g: torch.Generator) -> torch.Tensor:
-        return torch.multinomial(self.weights, CHUNK, True, generator=g)
-
-
-class BucketBatchSampler(WindowBatchSampler):
-    """Batches of similar lengths: shuffle, cut into pools of ``pool_batches`` batches, sort each
-    pool by length, slice into batches, shuffle the batch order; reshuffled every epoch.
-
-    Distributed, every rank builds the same batch list and takes every world-th batch after
-    trimming it to a multiple of the world size: equal batch counts, disjoint documents.
-    """
-
-    kind = "bucket"
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int, pool_batches: int = 50,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
-        self.lengths = torch.as_tensor(np.asarray(lengths), dtype=torch.long)
-        super().__init__(len(self.lengths), batch_size, rank, world_size)
-        self.seed, self.pool_batches, self.drop_last = seed, pool_batches, drop_last
-
-    def batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches for ``epoch``."""
-        g = generator("bucket", self.seed, epoch)
-        order = torch.randperm(self.num_windows, generator=g)
-        pool = self.pool_batches * self.batch_size
-        out: list[list[int]] = []
-        for lo in range(0, len(order), pool):
-            chunk = order[lo:lo + pool]
-            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)].tolist()
-            out += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        if self.drop_last:
-            out = [b for b in out if len(b) == self.batch_size]
-        out = [out[i] for i in torch.randperm(len(out), generator=g).tolist()]
-        return out[: len(out) // self.world_size * self.world_size][self.rank::self.world_size]
-
-    def batches_per_epoch(self) -> float:
-        # Counted from the sizes alone: building an epoch's batches just to count them would
-        # repeat the shuffle and sorts that every iteration already does.
-        pool = self.pool_batches * self.batch_size
-        whole_pools, rest = divmod(self.num_windows, pool)
-        last = rest // self.batch_size if self.drop_last else -(-rest // self.batch_size)
-        return (whole_pools * self.pool_batches + last) // self.world_size
-
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches(self.epoch)[self.start_batch:]

@@ -10,13 +10,12 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
-import array
-import hashlib
+import glob
 import json
-import os
-from dataclasses import dataclass
+import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -24,148 +23,18 @@ FORMAT_VERSION = 1
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
 INDEX_DTYPE = np.dtype("<u8")
-TMP_SUFFIX = ".tokpack-tmp"
 
-# llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then uint16.
-SHARD_MAGIC = 20240520
+# llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
+# magic 20240520 / version 1 for uint16 (GPT-2), 20240801 / version 7 for uint32 (llama-3).
 SHARD_HEADER_BYTES = 256 * 4
-SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
-INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
+SHARD_VERSIONS = {"uint16": 20240520, "uint32": 20240801}
+SHARD_DTYPE_VERSION = {"uint16": 1, "uint32": 7}
+SHARD_MAGIC = SHARD_VERSIONS["uint16"]
 
-
-def tmp_path(path: Path) -> Path:
-    """Where ``path`` is written before the rename that publishes it."""
-    return path.with_name(f".{path.name}{TMP_SUFFIX}")
-
-
-class HashingWriter:
-    """Appends bytes to a temporary file, hashing them on the way."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.tmp = tmp_path(path)
-        self.sha256 = hashlib.sha256()
-        self.nbytes = 0
-        self._file: BinaryIO = open(self.tmp, "wb")
-
-    def write(self, data: bytes | np.ndarray) -> None:
-        view = memoryview(data).cast("B")
-        self._file.write(view)
-        self.sha256.update(view)
-        self.nbytes += len(view)
-
-    def close(self) -> dict[str, Any]:
-        """Flush to disk and describe the file for meta.json; the caller renames it."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
-
-    def discard(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-@dataclass
-class SplitWriter:
-    """One split's .bin and .idx, written to temporary names."""
-
-    folder: Path
-    split: str
-    dtype: np.dtype
-    eot: str
-    eot_id: int
-    tokens: int = 0
-    documents: int = 0
-
-    def __post_init__(self) -> None:
-        self.bin = HashingWriter(self.folder / f"{self.split}.bin")
-        self.idx = HashingWriter(self.folder / f"{self.split}.idx")
-        self._eot = np.array([self.eot_id], dtype=self.dtype)
-        self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
-
-    def start_document(self) -> None:
-        self._starts.append(self.tokens)
-        self.documents += 1
-        if len(self._starts) >= INDEX_FLUSH:
-            self._flush_starts()
-        if self.eot == "prepend":
-            self.write(self._eot)
-
-    def _flush_starts(self) -> None:
-        self.idx.write(np.frombuffer(self._starts, dtype=np.uint64).astype(INDEX_DTYPE))
-        self._starts = array.array("Q")
-
-    def write(self, tokens: np.ndarray) -> None:
-        self.bin.write(tokens)
-        self.tokens += len(tokens)
-
-    def end_document(self) -> None:
-        if self.eot == "append":
-            self.write(self._eot)
-
-    def close(self) -> dict[str, Any]:
-        self._flush_starts()
-        return {"tokens": self.tokens, "documents": self.documents,
-                "bin": self.bin.close(), "idx": self.idx.close()}
-
-    def publish(self) -> None:
-        for writer in (self.bin, self.idx):
-            os.replace(writer.tmp, writer.path)
-
-    def discard(self) -> None:
-        self.bin.discard()
-        self.idx.discard()
-
-
-class DocumentBuffer:
-    """A document's tokens held until its split is known; large ones spill to disk."""
-
-    def __init__(self, folder: Path, seed: int):
-        self.spill_path = folder / f".spill{os.getpid()}.tokpack-tmp"
-        self.key = seed.to_bytes(8, "little", signed=True)
-        self.reset()
-
-    def reset(self) -> None:
-        """Empty, for the next document; its split hash is keyed by the seed."""
-        self.parts: list[np.ndarray] = []
-        self.held = self.spilled = 0
-        self.hash = hashlib.blake2b(digest_size=8, key=self.key)
-
-    def add(self, text: bytes, tokens: np.ndarray) -> None:
-        self.hash.update(text)
-        self.parts.append(tokens)
-        self.held += len(tokens)
-        if self.held > SPILL_TOKENS:
-            with open(self.spill_path, "ab" if self.spilled else "wb") as f:
-                for part in self.parts:
-                    f.write(memoryview(part).cast("B"))
-            self.spilled += self.held
-            self.parts, self.held = [], 0
-
-    def drain_into(self, writer: SplitWriter) -> None:
-        writer.start_document()
-        if self.spilled:
-            dtype = writer.dtype
-            with open(self.spill_path, "rb") as f:
-                while chunk := f.read(SPILL_TOKENS * dtype.itemsize):
-                    writer.write(np.frombuffer(chunk, dtype=dtype))
-        for part in self.parts:
-            writer.write(part)
-        writer.end_document()
-
-    def discard(self) -> None:
-        self.spill_path.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = tmp_path(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+# Megatron-LM's indexed datasets: a flat .bin beside an .idx that starts with this magic,
+# followed by a uint64 version and a one-byte dtype code.
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
@@ -189,43 +58,86 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
-def shard_token_count(path: Path) -> int | None:
-    """Token count from an llm.c shard header, or None if ``path`` has no such header."""
+def _header_words(path: Path) -> np.ndarray | None:
     with open(path, "rb") as f:
         head = f.read(SHARD_HEADER_BYTES)
-    if len(head) < SHARD_HEADER_BYTES:
+    return np.frombuffer(head, dtype="<i4") if len(head) == SHARD_HEADER_BYTES else None
+
+
+def shard_header(path: Path) -> tuple[np.dtype, int] | None:
+    """(dtype, token count) from an llm.c shard header, or None if ``path`` has none."""
+    words = _header_words(path)
+    if words is None or int(words[0]) not in SHARD_VERSIONS.values():
         return None
-    header = np.frombuffer(head, dtype="<i4")
-    if header[0] != SHARD_MAGIC:
-        return None
-    if header[1] != 1:
-        raise ValueError(f"{path} is an llm.c shard of version {header[1]}; only version 1 (uint16) is read")
-    return int(header[2])
+    magic, version = int(words[0]), int(words[1])
+    dtype = next((d for d, v in SHARD_DTYPE_VERSION.items() if v == version), None)
+    if dtype is None or SHARD_VERSIONS[dtype] != magic:
+        raise ValueError(f"{path} has llm.c magic {magic} with version {version}; tokpack reads "
+                         "20240520/1 (uint16) and 20240801/7 (uint32) shards. Re-create the shard")
+    return np.dtype(dtype), int(words[2])
+
+
+def _foreign_format(path: Path) -> str | None:
+    """The name of a known non-tokpack format whose header would otherwise be read as tokens."""
+    index = path.with_suffix(".idx")
+    if index.is_file():
+        with open(index, "rb") as f:
+            if f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC:
+                return "a Megatron indexed dataset (its .idx starts with MMIDIDX)"
+    if re.fullmatch(r"chunk-\d+-\d+\.bin", path.name) or _is_litdata_index(path.parent / "index.json"):
+        return "a litdata chunk (written by litdata.optimize; read it with litdata's StreamingDataset)"
+    return None
+
+
+def _is_litdata_index(path: Path) -> bool:
+    try:
+        index = json.loads(path.read_text("utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and "chunks" in index and "config" in index
+
+
+def _megatron_dtype(path: Path) -> np.dtype:
+    with open(path.with_suffix(".idx"), "rb") as f:
+        head = f.read(len(MEGATRON_MAGIC) + 9)
+    code = head[len(MEGATRON_MAGIC) + 8] if len(head) == len(MEGATRON_MAGIC) + 9 else -1
+    if code not in MEGATRON_DTYPES:
+        raise ValueError(f"{path.with_suffix('.idx')} names dtype code {code}, which is not a token dtype; "
+                         "re-create the Megatron dataset with an integer dtype")
+    return np.dtype(MEGATRON_DTYPES[code])
 
 
 def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:
-    """Memory-map a token file: a prepared split, an llm.c shard, or a bare file with ``dtype``.
+    """Memory-map a token file: a prepared split, an llm.c shard, a Megatron ``.bin``, or a bare
+    file with ``dtype``.
 
-    The dtype comes from meta.json beside the file, then from an llm.c header, then from
-    ``dtype``; a file whose size does not fit it is refused.
+    The dtype comes from an llm.c header if the file has one, else from meta.json beside the
+    file, else from a Megatron ``.idx`` beside it, else from ``dtype``; a ``dtype`` that
+    contradicts any of these, a file whose size does not fit it, and litdata chunks are refused.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"token file {path} does not exist; run python -m tokpack.prepare first")
     size = path.stat().st_size
     offset = 0
-    meta_path = path.parent / META_NAME
-    shard_tokens = shard_token_count(path)
-    if shard_tokens is not None:
-        found, offset = np.dtype("<u2"), SHARD_HEADER_BYTES
-        expected = SHARD_HEADER_BYTES + 2 * shard_tokens
+    header = shard_header(path)
+    foreign = None if header or (path.parent / META_NAME).is_file() else _foreign_format(path)
+    if header is not None:
+        found, count = header
+        offset = SHARD_HEADER_BYTES
+        expected = SHARD_HEADER_BYTES + found.itemsize * count
         if size != expected:
             raise ValueError(
-                f"{path} is {size} bytes but its llm.c header promises {shard_tokens} tokens "
+                f"{path} is {size} bytes but its llm.c header promises {count} {found} tokens "
                 f"({expected} bytes); the shard is truncated, re-create it"
             )
-    elif meta_path.is_file():
+    elif (path.parent / META_NAME).is_file():
         found = np.dtype(read_meta(path.parent)["dtype"])
+    elif foreign and foreign.startswith("a Megatron"):
+        found = _megatron_dtype(path)
+    elif foreign:
+        raise ValueError(f"{path} is {foreign}, not a token file tokpack reads; pass a tokpack, llm.c or "
+                         "Megatron .bin")
     elif dtype is not None:
         found = np.dtype(dtype)
     else:
@@ -243,3 +155,51 @@ def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.mem
     if size == offset:
         raise ValueError(f"{path} holds no tokens; prepare a non-empty corpus")
     return np.memmap(path, dtype=found, mode="r", offset=offset)
+
+
+def token_files(path: str | Path | Sequence[str | Path], split: str | None = None) -> list[Path]:
+    """The token files behind ``path``: a file, a list of files, a glob, a prepared folder (with
+    ``split``), or a folder of shards, never mixing splits silently.
+
+    A folder of llm.c-style shards named ``*_train_*.bin`` / ``*_val_*.bin`` is read per
+    ``split``; without ``split`` such a folder is refused with the glob to use.
+    """
+    if not isinstance(path, (str, Path)):
+        files = [Path(p) for p in path]
+        if not files:
+            raise ValueError("no token files given; pass a path, a list of paths, a glob or a folder")
+        return files
+    raw, path = str(path), Path(path)
+    if not path.exists() and any(ch in raw for ch in "*?["):
+        matches = sorted(Path(m) for m in glob.glob(raw) if Path(m).is_file())
+        if not matches:
+            raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern")
+        return matches
+    if not path.is_dir():
+        if split is not None:
+            raise ValueError(f"split={split!r} applies to folders, but {path} is a file; drop split=")
+        return [path]
+    if (path / META_NAME).is_file():
+        splits = read_meta(path)["splits"]
+        if split not in splits:
+            raise ValueError(f"{path} is a prepared folder with splits {', '.join(splits)}; "
+                             f"pass split= one of them (got {split!r})")
+        return [path / splits[split]["bin"]["file"]]
+    shards = sorted(p for p in path.glob("*.bin") if p.is_file())
+    if not shards:
+        raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
+    by_split: dict[str, list[Path]] = {}
+    for shard in shards:
+        named = re.search(r"(?:^|[_.-])(train|val|test)(?=[_.-])", shard.name)
+        by_split.setdefault(named.group(1) if named else "", []).append(shard)
+    if split is not None:
+        if split not in by_split:
+            raise ValueError(f"{path} holds no *_{split}_*.bin shards; splits found: "
+                             f"{', '.join(sorted(k for k in by_split if k)) or 'none'}")
+        return by_split[split]
+    if len(by_split) > 1:
+        named = sorted(k for k in by_split if k)
+        example = re.sub(r"\d+", "*", by_split[named[0]][0].name)
+        raise ValueError(f"{path} holds token files of several splits ({', '.join(named)}); pass "
+                         f"split={named[0]!r} or a glob such as '{path / example}' so they are never mixed")
+    return shards

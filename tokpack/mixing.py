@@ -3,7 +3,7 @@
     from tokpack import MixedWindows, build_loader
     mix = MixedWindows({"web": "data/web/train.bin", "code": "data/code/train.bin"},
                        weights={"web": 0.7, "code": 0.3}, block_size=256)
-    loader = build_loader(mix, 32, seed=0, sampler=mix.sampler(32, seed=0, num_samples=32 * 1000))
+    loader = build_loader(mix, 32, seed=0, num_samples=32 * 1000)
     print(mix.realised(loader))   # {"web": 0.70..., "code": 0.29...} of the batches handed out
 
 Each sample first picks a corpus with probability ``weights``, then a uniform random window in it
@@ -13,6 +13,7 @@ seed, resumable from any batch, O(batch) memory whatever the corpus sizes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .samplers import CHUNK, DrawSampler
+from .samplers import MixtureSampler
 from .windows import TokenWindows, WindowBatch
 
 
@@ -39,6 +40,7 @@ class MixedWindows(Dataset):
         self.weights = torch.tensor([weights[n] / total for n in self.names], dtype=torch.double)
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         self.block_size = block_size
+        self._tally: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(len(self.names), dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -61,31 +63,28 @@ class MixedWindows(Dataset):
         batch = self.__getitems__([index])
         return batch.x[0], batch.y[0]
 
-    def sampler(self, batch_size: int, seed: int, num_samples: int | None = None, rank: int | None = None,
-                world_size: int | None = None) -> MixtureSampler:
-        return MixtureSampler(self, batch_size, seed, num_samples, rank, world_size)
+    def default_sampler(self, batch_size: int, seed: int, *, num_samples: int | None = None,
+                        rank: int | None = None, world_size: int | None = None, **ignored: Any) -> MixtureSampler:
+        """A corpus by weight, then a uniform window in it; ``num_samples`` per epoch and rank."""
+        given = [name for name, value in ignored.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} has no effect on a mixture, which always draws at random")
+        return MixtureSampler(self.weights, [len(p) for p in self.parts], batch_size, seed, num_samples, rank,
+                              world_size)
 
     def realised(self, loader: Any) -> dict[str, float]:
-        """Share of each corpus among the windows the loader has handed out so far in its epoch."""
+        """Share of each corpus among the windows the loader has handed out so far in its epoch.
+
+        Counted from the sampler's draws up to the loader's position, extending the last count,
+        so it costs only the batches handed out since the previous call, endless sampler or not.
+        """
         sampler: MixtureSampler = loader.sampler
-        drawn = list(sampler.indices(loader.epoch, 0))[: loader.batch * sampler.batch_size]
-        counts = np.bincount(self.source_of(drawn), minlength=len(self.names)) if drawn else np.zeros(len(self.names))
+        end = loader.batch * sampler.batch_size
+        epoch, done, counts = self._tally
+        if epoch != loader.epoch or done > end:
+            done, counts = 0, np.zeros(len(self.names), dtype=np.int64)
+        drawn = np.fromiter(itertools.islice(sampler.indices(loader.epoch, done), end - done), dtype=np.int64)
+        counts = counts + np.bincount(self.source_of(drawn), minlength=len(self.names))
+        self._tally = (loader.epoch, end, counts)
         total = max(int(counts.sum()), 1)
         return {name: float(c) / total for name, c in zip(self.names, counts)}
-
-
-class MixtureSampler(DrawSampler):
-    """Corpus by weight, then a uniform window in it; ``num_samples`` per epoch and rank (None: endless)."""
-
-    kind = "mixture"
-
-    def __init__(self, mix: MixedWindows, batch_size: int, seed: int, num_samples: int | None = None,
-                 rank: int | None = None, world_size: int | None = None):
-        super().__init__(len(mix), batch_size, seed, num_samples, rank, world_size, drop_last=True)
-        self.mix = mix
-        self.sizes = torch.tensor([len(p) for p in mix.parts], dtype=torch.double)
-
-    def draw(self, g: torch.Generator) -> torch.Tensor:
-        source = torch.multinomial(self.mix.weights, CHUNK, True, generator=g)
-        local = (torch.rand(CHUNK, generator=g, dtype=torch.double) * self.sizes[source]).long()
-        return torch.from_numpy(self.mix.offsets[source.numpy()]) + local

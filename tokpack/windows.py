@@ -10,8 +10,9 @@ per window, never the whole corpus. Training mode (no stride) has a window at ev
 token of the file exactly once: targets that the previous window already scored, and the padding of
 the last, partial window, carry the label -100 (``F.cross_entropy``'s ignore_index).
 
-Several files (a list, or a folder of llm.c shards) are served as one corpus whose windows never
-span two files: each file's windows are its own, so a shard boundary is never read across.
+Several files (a list, a glob, a prepared folder's split, or a folder of llm.c shards, read per
+split) are served as one corpus whose windows never span two files: each file's windows are its
+own, so a shard boundary is never read across.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .format import open_tokens
+from .format import META_NAME, open_tokens, read_meta, token_files
+from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
 
 IGNORE_INDEX = -100
 
@@ -43,22 +45,6 @@ def collate_windows(batch: Any) -> Any:
     return default_collate(batch)
 
 
-def token_files(path: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A file, a list of files, or a folder of ``*.bin`` shards (sorted) as a list of files."""
-    if isinstance(path, (str, Path)):
-        path = Path(path)
-        if path.is_dir():
-            shards = sorted(p for p in path.glob("*.bin") if p.is_file())
-            if not shards:
-                raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
-            return shards
-        return [path]
-    files = [Path(p) for p in path]
-    if not files:
-        raise ValueError("no token files given; pass a path, a list of paths or a folder")
-    return files
-
-
 class TokenWindows(Dataset):
     """Next-token windows over one or more token files, opened lazily in each process."""
 
@@ -68,8 +54,9 @@ class TokenWindows(Dataset):
         block_size: int,
         stride: int | None = None,
         dtype: str | np.dtype | None = None,
+        split: str | None = None,
     ):
-        self.paths = token_files(path)
+        self.paths = token_files(path, split)
         if block_size < 1:
             raise ValueError(f"block_size {block_size} must be at least 1")
         if stride is not None and not 1 <= stride <= block_size:
@@ -91,8 +78,36 @@ class TokenWindows(Dataset):
                 f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.rng: np.random.Generator | None = None  # set per worker by tokpack.loader.seed_worker
+        # Reseeded for every batch from the batch's place (seed, rank, epoch, batch), so any
+        # randomness a subclass draws from it is the same in any worker, and after any resume.
+        self.rng = np.random.default_rng(0)
         self._tokens: list[np.ndarray] | None = None
+
+    def default_sampler(self, batch_size: int, seed: int, *, shuffle: bool | None = None,
+                        num_samples: int | None = None, drop_last: bool | None = None, rank: int | None = None,
+                        world_size: int | None = None) -> ResumableBatchSampler:
+        """Random starts for training windows; strided windows in order, or shuffled per epoch."""
+        if self.stride is None:
+            if shuffle is False:
+                raise ValueError("windows at every start position are only sampled at random; "
+                                 "pass stride=block_size to TokenWindows for in-order windows")
+            return RandomStartSampler(len(self), batch_size, seed, num_samples, rank, world_size,
+                                      drop_last=True if drop_last is None else drop_last)
+        if num_samples is not None:
+            raise ValueError("num_samples applies to random-start windows; strided windows are used once per epoch")
+        return index_sampler(len(self), batch_size, seed, shuffle, drop_last, rank, world_size)
+
+    def fingerprint(self) -> list[Any]:
+        """Each file's name, size and (for prepared files) sha256 from meta.json, so that a resume
+        state taken on other data with the same window count is refused."""
+        out = []
+        for p in self.paths:
+            recorded = None
+            if (p.parent / META_NAME).is_file():
+                files = [info["bin"] for info in read_meta(p.parent)["splits"].values()]
+                recorded = next((f["sha256"] for f in files if f["file"] == p.name), None)
+            out.append([p.name, p.stat().st_size, recorded])
+        return out
 
     def _names(self) -> str:
         return str(self.paths[0]) if len(self.paths) == 1 else f"{len(self.paths)} files in {self.paths[0].parent}"
@@ -132,6 +147,9 @@ class TokenWindows(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
         """B windows in one vectorised gather per file."""
+        seed = getattr(indices, "seed", None)
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"window index out of range 0..{len(self) - 1}")

@@ -31,7 +31,8 @@ from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
 from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_inputs,
                      split_runs)
-from .format import FORMAT_VERSION, META_NAME, SPLITS, DocumentBuffer, SplitWriter, write_json_atomic
+from .format import FORMAT_VERSION, META_NAME, SPLITS
+from .writers import DocumentBuffer, SplitWriter, in_val, write_json_atomic
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
@@ -99,10 +100,6 @@ def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
         if not path.is_file() or path.read_text("utf-8") != text:
             path.write_text(text, "utf-8")
     return folder
-
-
-def in_val(text_hash: bytes, val_fraction: float) -> bool:
-    return int.from_bytes(text_hash, "big") < val_fraction * 2**64
 
 
 def encode_in_order(

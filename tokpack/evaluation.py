@@ -1,25 +1,27 @@
-"""The evaluation sweep: every target token of a split scored exactly once, on one process or many.
+"""Evaluation: every target token of a split scored exactly once, on one process or many.
 
     python -m tokpack.evaluate data/sample --model bigram --model unigram   # baselines, no training
     python -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt --stride 128 64
+    python -m tokpack.evaluate data/shakespeare --checkpoint out-shakespeare/ckpt.pt   # nanoGPT's too
     torchrun --standalone --nproc_per_node=2 -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt
 
-As a library: ``tokpack.evaluate(model, loader, device=...)`` runs every window of an evaluation
-loader through ``model(x) -> logits``, sums the per-token cross-entropy in float64 over labels
-that are not -100, all-reduces the sums when torch.distributed is initialised (each rank scores
-its own windows; uneven shares are fine), and returns loss, ppl, bits_per_token, bits_per_byte,
-tokens and windows.
+``evaluate(model, loader, device=...)`` runs every window of an evaluation loader through the
+model, sums the per-token cross-entropy in float64 over labels that are not -100, all-reduces
+the sums when torch.distributed is initialised (each rank scores its own windows; uneven shares
+are fine), and returns loss, ppl, bits_per_token, bits_per_byte, tokens and windows. ``sweep``
+runs it over checkpoints, baselines and strides; the command line runs ``sweep`` and, under
+torchrun, initialises the process group itself.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
 import sys
-import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,8 @@ from torch.nn import functional as F
 
 from .config import parser, run_cli, table
 from .format import read_meta
-from .loader import build_loader, to_device
+from .loader import build_loader
+from .runtime import rank_world, to_device
 from .tokenizer import load_encoding
 from .windows import IGNORE_INDEX, TokenWindows
 
@@ -55,54 +58,88 @@ def _byte_lengths_for(loader: Any) -> np.ndarray | None:
     return token_byte_lengths(read_meta(paths[0].parent)["options"]["encoding"])
 
 
+def _scorer(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Per-position log-probabilities of the targets (float32 or wider), from whatever ``model`` is.
+
+    Models with ``target_log_probs`` (the n-gram baselines) are gathered from directly. Others give
+    logits: as a tensor, the first item of a tuple (nanoGPT's ``(logits, loss)``), or ``.logits``
+    (Hugging Face). A forward that takes ``targets`` (nanoGPT's) is given them, with -1 where we
+    ignore a label, since without targets it returns the last position's logits alone.
+    """
+    direct = getattr(model, "target_log_probs", None)
+    if direct is not None:
+        return direct
+    forward = getattr(getattr(model, "_orig_mod", model), "forward", model)
+    try:
+        takes_targets = "targets" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        takes_targets = False
+
+    def score(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = model(x, targets=y.masked_fill(y == IGNORE_INDEX, -1)) if takes_targets else model(x)
+        logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+        if logits.shape[:2] != x.shape:
+            raise ValueError(f"{type(model).__name__} gave logits of shape {tuple(logits.shape)} for inputs of "
+                             f"shape {tuple(x.shape)}; evaluate needs logits for every position")
+        if logits.dtype != torch.float64:  # half precision is too coarse to sum; float64 stays exact
+            logits = logits.float()
+        return -F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                reduction="none").view(y.shape)
+
+    return score
+
+
 def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.device | None = None,
              token_bytes: np.ndarray | None = None, progress: Any = None) -> dict[str, Any]:
     """Loss, ppl, bits per token and per byte over every scored label the loader yields.
 
-    ``token_bytes`` (bytes per token id) defaults to the encoding in meta.json beside the
-    loader's files; without it, bits_per_byte is None. ``progress`` is called with each batch size.
+    ``model`` may return logits, ``(logits, loss)`` or an object with ``.logits``. Sums stay on
+    the device and are read once at the end (after one all-reduce under torch.distributed), so
+    the loop never waits on the host. ``token_bytes`` (bytes per token id) defaults to the
+    encoding in meta.json beside the loader's files; without it, bits_per_byte is None.
+    ``progress`` is called with each batch size.
     """
     device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
     if token_bytes is None:
         token_bytes = _byte_lengths_for(loader)
-    lengths = torch.from_numpy(token_bytes) if token_bytes is not None else None
-    sums = torch.zeros(4, dtype=torch.float64)  # loss, tokens, windows, bytes
+    lengths = torch.from_numpy(token_bytes).to(device) if token_bytes is not None else None
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    counts = torch.zeros(2, dtype=torch.int64, device=device)  # tokens, bytes
+    windows = 0
+    score = _scorer(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for x, y in loader:
                 x, y = to_device(x, device), to_device(y, device)
-                logits = model(x).flatten(0, 1)
-                if logits.dtype != torch.float64:  # half precision is too coarse to sum; float64 stays exact
-                    logits = logits.float()
-                losses = F.cross_entropy(logits, y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
                 scored = y != IGNORE_INDEX
-                sums[0] += losses.double().sum().cpu()
-                sums[1] += int(scored.sum())
-                sums[2] += x.shape[0]
+                loss_sum -= torch.where(scored, score(x, y), 0).sum(dtype=torch.float64)
+                counts[0] += scored.sum()
                 if lengths is not None:
-                    sums[3] += int(lengths[y[scored].cpu()].sum())
+                    counts[1] += lengths[y.clamp(min=0)].masked_fill(~scored, 0).sum()
+                windows += x.shape[0]
                 if progress is not None:
                     progress(x.shape[0])
     finally:
         model.train(was_training)
+    sums = torch.cat([loss_sum.view(1), counts.double(), torch.tensor([windows], dtype=torch.float64, device=device)])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # One all-reduce after the loop: a rank with fewer windows just arrives earlier, never hangs.
-        reduced = sums.to(device) if torch.distributed.get_backend() == "nccl" else sums
+        reduced = sums if torch.distributed.get_backend() == "nccl" else sums.cpu()
         torch.distributed.all_reduce(reduced)
-        sums = reduced.cpu()
-    loss_sum, tokens, windows, nbytes = sums.tolist()
+        sums = reduced
+    loss_sum_f, tokens, nbytes, n_windows = sums.cpu().tolist()
     if tokens == 0:
         raise ValueError("the loader yielded no scored tokens; check the split and the block size")
-    loss = loss_sum / tokens
+    loss = loss_sum_f / tokens
     return {
         "loss": loss,
         "ppl": math.exp(loss),
         "bits_per_token": loss / math.log(2),
-        "bits_per_byte": loss_sum / math.log(2) / nbytes if lengths is not None and nbytes else None,
+        "bits_per_byte": loss_sum_f / math.log(2) / nbytes if lengths is not None and nbytes else None,
         "tokens": int(tokens),
-        "windows": int(windows),
+        "windows": int(n_windows),
     }
 
 
@@ -136,7 +173,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
     if not checkpoints and not baselines:
         raise ValueError("nothing to evaluate; pass --checkpoint CKPT or --model bigram")
     token_bytes = token_byte_lengths(meta["options"]["encoding"])
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rank = rank_world()[0]
     rows = []
     from tqdm import tqdm
 
@@ -158,7 +195,8 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("evaluate", __doc__)
     p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
-    p.add_argument("--checkpoint", action="append", default=[], help="a scripts/train_gpt.py checkpoint; repeatable")
+    p.add_argument("--checkpoint", action="append", default=[],
+                   help="a checkpoint of scripts/train_gpt.py or nanoGPT's train.py; repeatable")
     p.add_argument("--model", action="append", default=[], choices=["bigram", "unigram"],
                    help="an add-k n-gram baseline estimated from train.bin; repeatable")
     p.add_argument("--split", default="val", help="split to score (default: val)")
@@ -166,18 +204,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stride", type=int, nargs="+", help="strides S <= T to sweep (default: T, no overlap)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per batch (default: 4)")
     p.add_argument("--add-k", type=float, default=0.01, help="n-gram smoothing constant (default: 0.01)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="device (default: cuda when present, else cpu)")
+    p.add_argument("--device", default="auto", help="device (default: auto, cuda when present, else cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
     args = p.parse_args(argv)
 
     def body() -> int:
+        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
         distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1 and not torch.distributed.is_initialized()
         if distributed:
-            torch.distributed.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+            torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
         try:
             rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
-                         args.batch_size, args.add_k, args.device, args.quiet)
+                         args.batch_size, args.add_k, device, args.quiet)
         finally:
             if distributed:
                 torch.distributed.destroy_process_group()
@@ -189,15 +227,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return run_cli(body)
 
-
-class _CallableModule(types.ModuleType):
-    # `tokpack.evaluate` names both this module (python -m tokpack.evaluate) and the function;
-    # once the module is imported, the package attribute is the module, so the module calls through.
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return evaluate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from tokpack.evaluation import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from tokpack.preparation import main
+
+raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Process facts every stage shares: ranks, accelerators, worker start methods, seeds, devices.
+
+    python -c "from tokpack.runtime import rank_world; print(rank_world())"
+
+One home for what a process needs to know about where it runs, so samplers, streams, the loader,
+evaluation and the training script agree on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """(rank, world size): the arguments where given, else torch.distributed's.
+
+    Environment variables alone (``RANK``/``WORLD_SIZE`` with no process group) are refused when
+    they claim several ranks: a silent half of the data is worse than an error.
+    """
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            found = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            env_world = int(os.environ.get("WORLD_SIZE", 1))
+            if env_world > 1:
+                raise ValueError(
+                    f"WORLD_SIZE={env_world} is set but torch.distributed is not initialised; call "
+                    "torch.distributed.init_process_group() first, pass rank= and world_size=, "
+                    "or unset RANK and WORLD_SIZE"
+                )
+            found = 0, 1
+        rank = found[0] if rank is None else rank
+        world_size = found[1] if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} must lie in 0..world_size-1 (world_size {world_size})")
+    return rank, world_size
+
+
+def mix_seed(*parts: int | str) -> int:
+    """A 63-bit seed from several parts, so (seed, rank, epoch) streams never collide."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def generator(*parts: int | str) -> torch.Generator:
+    """A ``torch.Generator`` seeded from ``parts``; never the global RNG."""
+    return torch.Generator().manual_seed(mix_seed(*parts))
+
+
+def accelerator_available() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+def resolve_pin_memory(pin_memory: bool | str) -> bool:
+    """``"auto"`` pins only with an accelerator; an explicit True without one warns and is dropped."""
+    if pin_memory == "auto":
+        return accelerator_available()
+    if pin_memory and not accelerator_available():
+        import warnings
+
+        warnings.warn("pin_memory=True has no effect: no accelerator is present", stacklevel=3)
+        return False
+    return bool(pin_memory)
+
+
+def main_is_importable() -> bool:
+    """Whether spawn/forkserver workers can re-import ``__main__`` without re-running a script.
+
+    A script with no ``if __name__ == "__main__":`` guard (nanoGPT's train.py) would start its
+    training again in every such worker; only fork avoids that.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return True  # an interactive session or `python -m`: workers import the module by name
+    return _guarded(path)
+
+
+def _guarded(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return "__name__" in source and "__main__" in source
+
+
+def worker_context(name: str | None) -> Any:
+    """The multiprocessing context for loader workers.
+
+    ``"default"``: fork where the platform has it (it works in any script, guarded or not, and
+    starts fastest), else the platform's default. ``spawn``/``forkserver`` re-import ``__main__``;
+    asked for from a script without a ``__main__`` guard, they are refused here, in the main
+    process, rather than failing later as a dead worker.
+    """
+    if name == "default":
+        name = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    if name is None:
+        name = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    if name in ("spawn", "forkserver") and not main_is_importable():
+        script = getattr(sys.modules["__main__"], "__file__", "__main__")
+        raise ValueError(
+            f"multiprocessing_context={name!r} re-runs {script} in every worker because it has no "
+            "'if __name__ == \"__main__\":' guard; add the guard or use multiprocessing_context='fork'"
+        )
+    ctx = multiprocessing.get_context(name)
+    if name == "forkserver":
+        # Later worker pools fork from a server that already imported these, not a fresh interpreter.
+        ctx.set_forkserver_preload(["torch", "numpy", "tokpack.windows", "tokpack.loader"])
+    return ctx
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed numpy's and ``random``'s global state in a worker from torch's worker seed.
+
+    PyTorch seeds only torch in each worker (base_seed + worker_id); forked workers would
+    otherwise share the parent's numpy and ``random`` state and draw the same numbers.
+    """
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def to_device(batch: Any, device: torch.device | str) -> Any:
+    """Copy a batch (tensors, tuples, lists, dicts) to ``device`` with non_blocking copies."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(b, device) for b in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
