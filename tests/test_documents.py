@@ -27,7 +27,7 @@ def test_ragged_stack_fails_and_pad_collate_pads():
         assert torch.equal(batch["input_ids"][row, :len(seq)], seq)
         assert (batch["input_ids"][row, len(seq):] == 0).all()
     labelled = pad_collate([(seqs[0], 1), (seqs[1], 0)])
-    assert labelled["class_labels"].tolist() == [1, 0] and labelled["input_ids"].shape == (2, 5)
+    assert labelled["labels"].tolist() == [1, 0] and labelled["input_ids"].shape == (2, 5)
 
 
 # -- documents ---------------------------------------------------------------------------------
@@ -104,5 +104,46 @@ def test_weighted_sampler_balances_resumes_and_labelled_documents(prepared):
     labelled = DocumentDataset(prepared / "train.bin", 32, labels=doc_labels)
     loader = build_loader(labelled, 16, seed=0,
                           sampler=WeightedSampler(inverse_frequency_weights(doc_labels), 16, seed=0, num_samples=4000))
-    drawn = torch.cat([b["class_labels"] for b in loader])
+    drawn = torch.cat([b["labels"] for b in loader])
     assert len(drawn) == 4000 and 0.45 <= drawn.float().mean().item() <= 0.55
+
+
+class SequenceClassifier(torch.nn.Module):
+    """A Hugging Face ``*ForSequenceClassification`` in miniature: ``forward(input_ids,
+    attention_mask=None, labels=None)`` pools the last real token and, given ``labels`` of shape
+    (B,), returns the loss over num_labels classes; (B, T) labels fail as HF's do."""
+
+    def __init__(self, vocab=50257, num_labels=2):
+        super().__init__()
+        self.embed, self.score = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, num_labels)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        last = attention_mask.sum(1) - 1
+        logits = self.score(self.embed(input_ids)[torch.arange(len(input_ids)), last])
+        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return {"loss": loss, "logits": logits}
+
+
+class CausalLM(torch.nn.Module):
+    """A Hugging Face ``*ForCausalLM`` in miniature: it shifts ``labels`` itself, -100 ignored."""
+
+    def __init__(self, vocab=50257):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.embed(input_ids))
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return {"loss": loss, "logits": logits}
+
+
+def test_batches_feed_hugging_face_models_as_keyword_arguments(prepared):
+    docs = DocumentDataset(prepared / "train.bin", 32)
+    labels = np.arange(len(docs)) % 2
+    classified = next(iter(build_loader(DocumentDataset(prepared / "train.bin", 32, labels=labels), 4)))
+    out = SequenceClassifier()(**classified)
+    assert classified["labels"].tolist() == labels[:4].tolist() and out["loss"].ndim == 0
+    lm_batch = next(iter(build_loader(docs, 4)))
+    assert torch.isfinite(CausalLM()(**lm_batch)["loss"])
+    with pytest.raises((ValueError, RuntimeError)):  # LM labels are not class labels
+        SequenceClassifier()(**lm_batch)

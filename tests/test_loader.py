@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -157,8 +158,6 @@ AUGMENT = textwrap.dedent('''
 
 @pytest.mark.parametrize("context", ["forkserver", "spawn"])
 def test_worker_augmentation_differs_by_worker_and_epoch_and_reruns_exactly(prepared, tmp_path, context):
-    import subprocess
-
     script = tmp_path / "masked_lab.py"
     script.write_text(AUGMENT)
     runs = []
@@ -173,3 +172,122 @@ def test_worker_augmentation_differs_by_worker_and_epoch_and_reruns_exactly(prep
     assert epoch0 != epoch1
     first_draw = {w: d for w, d, _ in reversed(epoch0)}
     assert first_draw[0] != first_draw[1]  # each worker has its own stream
+
+
+# nanoGPT's train.py in miniature: module-level code with no __main__ guard, the data folder of
+# uint16 bins, and get_batch replaced by tokpack's loader with workers and default settings.
+NANOGPT_STYLE = textwrap.dedent("""
+    import json, sys
+    import torch
+    from tokpack import TokenWindows, build_loader
+    data_dir, block_size, batch_size = sys.argv[1], 16, 4
+    context = sys.argv[2] if len(sys.argv) > 2 else "default"
+    loaders = {split: iter(build_loader(TokenWindows(data_dir, block_size, split=split), batch_size,
+                                        seed=1337, num_workers=2, multiprocessing_context=context))
+               for split in ("train", "val")}
+    def get_batch(split):
+        x, y = next(loaders[split])
+        return x, y
+    for it in range(3):
+        X, Y = get_batch("train")
+        assert X.dtype == torch.int64 and X.shape == (batch_size, block_size)
+        assert torch.equal(X[:, 1:], Y[:, :-1])
+    print(json.dumps([int(get_batch("train")[0].sum()), int(get_batch("val")[0].sum())]))
+""")
+
+
+def test_workers_start_in_an_unguarded_training_script_with_default_settings(prepared, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(NANOGPT_STYLE)
+    runs = [subprocess.run([sys.executable, str(script), str(prepared)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path) for _ in range(2)]
+    assert runs[0].returncode == 0, runs[0].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout  # reproducible from the seed, workers and all
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_start_method_that_would_rerun_the_script_fails_at_build_with_the_fix(prepared, tmp_path, context):
+    script = tmp_path / "train.py"
+    script.write_text(NANOGPT_STYLE)
+    done = subprocess.run([sys.executable, str(script), str(prepared), context], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode != 0 and "bootstrapping" not in done.stderr and "exited unexpectedly" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"multiprocessing_context='{context}' re-runs" in last and "multiprocessing_context='fork'" in last
+
+
+def test_sampler_and_loader_arguments_never_contradict_silently(datasets):
+    from tokpack.samplers import RandomStartSampler as Random
+
+    sampler = Random(len(datasets["train"]), 4, seed=3, num_samples=8)
+    assert build_loader(datasets["train"], sampler=sampler).sampler is sampler
+    assert build_loader(datasets["train"], 4, 3, sampler=sampler).seed == 3
+    with pytest.raises(ValueError, match="batch_size=32 contradicts the sampler's batch_size=4"):
+        build_loader(datasets["train"], 32, sampler=sampler)
+    with pytest.raises(ValueError, match="seed=5 contradicts the sampler's seed=3"):
+        build_loader(datasets["train"], 4, 5, sampler=sampler)
+    with pytest.raises(ValueError, match="num_samples would be ignored"):
+        build_loader(datasets["train"], sampler=sampler, num_samples=100)
+    with pytest.raises(TypeError, match="not a tokpack ResumableBatchSampler"):
+        build_loader(datasets["train"], 4, sampler=torch.utils.data.BatchSampler(range(10), 4, False))
+
+
+def test_loader_states_name_their_data_and_refuse_forgeries(datasets, prepared, tmp_path):
+    loader = SETUPS["random"](datasets)
+    state = loader.state_dict()
+    for forged, message in [({**state, "batch": 6}, "batch=6"), ({**state, "epoch": "0"}, "epoch='0'"),
+                            ({**state, "batch": None}, "batch=None"), ({}, "version None")]:
+        with pytest.raises(ValueError, match=message):
+            SETUPS["random"](datasets).load_state_dict(forged)
+    with pytest.raises(TypeError, match="not NoneType"):
+        loader.load_state_dict(None)
+    # Other data with the same number of windows: same length, other file.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.bin").write_bytes((prepared / "train.bin").read_bytes()[::-1])
+    twin = TokenWindows(other / "train.bin", 16, dtype="uint16")
+    assert len(twin) == len(datasets["train"])
+    with pytest.raises(ValueError, match="loader state was taken with dataset="):
+        build_loader(twin, 4, 11, num_samples=24).load_state_dict(state)
+
+
+AUGMENT_PERSISTENT = textwrap.dedent('''
+    import json, sys
+    import torch
+    from tokpack import TokenWindows, build_loader
+    from tokpack.windows import WindowBatch
+
+    class Masked(TokenWindows):
+        def __getitems__(self, indices):
+            batch = super().__getitems__(indices)
+            keep = torch.from_numpy(self.rng.random(batch.x.shape) > 0.3)
+            return WindowBatch(batch.x * keep, batch.y)
+
+    def build():
+        return build_loader(Masked(sys.argv[1], 16), 4, seed=2, num_samples=12, num_workers=2,
+                            persistent_workers=True)
+
+    if __name__ == "__main__":
+        straight = build()
+        sums = [int(x.sum()) for _ in range(3) for x, _ in straight]
+        first = build()
+        head = []
+        for x, _ in first:
+            head.append(int(x.sum()))
+            if len(head) == 2:
+                break
+        resumed = build()
+        resumed.load_state_dict(first.state_dict())
+        tail = [int(x.sum()) for _ in range(3) for x, _ in resumed][: len(sums) - 2]
+        print(json.dumps({"straight": sums, "resumed": head + tail}))
+''')
+
+
+def test_persistent_workers_resume_with_the_same_augmentation(prepared, tmp_path):
+    script = tmp_path / "persistent.py"
+    script.write_text(AUGMENT_PERSISTENT)
+    done = subprocess.run([sys.executable, str(script), str(prepared / "train.bin")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout)
+    assert len(runs["straight"]) == 9 and runs["resumed"] == runs["straight"]

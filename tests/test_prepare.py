@@ -14,9 +14,11 @@ import pytest
 from conftest import make_docs, run_module, write_docs, write_tiktoken_file
 from tokpack import writers
 from tokpack.format import INDEX_DTYPE, open_tokens, read_meta
+from tokpack.inspect import describe
 from tokpack.preparation import PrepareConfig, main, prepare
 from tokpack.tokenizer import load_encoding
 from tokpack.verify import VerifyError, verify_folder
+from tokpack.windows import TokenWindows
 
 ENC = load_encoding("gpt2")
 
@@ -250,3 +252,71 @@ def test_killed_run_never_leaves_a_folder_verify_accepts(tmp_path):
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     verify_folder(out)
     assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def _llmc_read(path: Path) -> np.ndarray:
+    """llm.c / modded-nanogpt's shard reader in miniature: 256 int32 header words, asserted magic
+    and version, then exactly header[2] tokens."""
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert (header[0], header[1]) in ((20240520, 1), (20240801, 7)), header[:2]
+    dtype = np.uint16 if header[1] == 1 else np.uint32
+    tokens = np.fromfile(path, dtype=dtype, offset=256 * 4)
+    assert len(tokens) == header[2], "number of tokens read does not match header"
+    return tokens
+
+
+def test_llmc_shards_are_the_flat_stream_in_llmc_layout(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(40, words=200))
+    flat = _run(tmp_path, corpus, out="flat", eot="prepend", val_fraction=0.3)
+    llmc = tmp_path / "fineweb10B"
+    assert main([str(corpus), "--out-dir", str(llmc), "--format", "llmc", "--shard-tokens", "1000",
+                 "--val-fraction", "0.3", "--quiet"]) == 0
+    meta = read_meta(llmc)
+    assert meta["eot"] == "prepend" and meta["options"]["format"] == "llmc"  # llm.c's default
+    names = sorted(p.name for p in llmc.glob("*.bin"))
+    assert names[0] == "fineweb10B_train_000001.bin" and "fineweb10B_val_000000.bin" in names
+    for split in ("train", "val"):
+        shards = sorted(llmc.glob(f"fineweb10B_{split}_*.bin"))
+        assert [s.name for s in shards] == [f["file"] for f in meta["splits"][split]["shards"]]
+        parts = [_llmc_read(s) for s in shards]
+        assert all(len(p) == 1000 for p in parts[:-1]) and 0 < len(parts[-1]) <= 1000
+        assert np.concatenate(parts).tolist() == np.fromfile(flat / f"{split}.bin", dtype=np.uint16).tolist()
+    verify_folder(llmc)
+    assert "decoded:" in describe(llmc, "train", at=990, count=20)  # a peek across a shard boundary
+    windows = TokenWindows(llmc, 64, split="train")
+    assert len(windows.paths) == len(meta["splits"]["train"]["shards"])
+    (llmc / names[0]).write_bytes((llmc / names[0]).read_bytes()[:-2])
+    with pytest.raises(VerifyError):
+        verify_folder(llmc)
+
+
+def test_rerun_with_fewer_shards_leaves_no_stale_shard(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(40, words=200))
+    out = tmp_path / "shards"
+    assert main([str(corpus), "--out-dir", str(out), "--format", "llmc", "--shard-tokens", "500", "--quiet"]) == 0
+    many = len(list(out.glob("*_train_*.bin")))
+    assert main([str(corpus), "--out-dir", str(out), "--format", "llmc", "--shard-tokens", "4000", "--quiet",
+                 "--force"]) == 0
+    assert len(list(out.glob("*_train_*.bin"))) == len(read_meta(out)["splits"]["train"]["shards"]) < many
+    verify_folder(out)
+
+
+def test_another_tools_token_files_are_never_overwritten_without_force(tmp_path, capsys):
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    nanogpt = tmp_path / "shakespeare"
+    nanogpt.mkdir()
+    (nanogpt / "train.bin").write_bytes(b"\x01\x00" * 50)  # nanoGPT's prepare.py output, no meta.json
+    (nanogpt / "val.bin").write_bytes(b"\x02\x00" * 50)
+    err = _cli_error(capsys, [str(corpus), "--out-dir", str(nanogpt), "--quiet"])
+    assert "token files that tokpack did not write (train.bin, val.bin)" in err and "--force" in err
+    assert (nanogpt / "train.bin").read_bytes() == b"\x01\x00" * 50
+    assert main([str(corpus), "--out-dir", str(nanogpt), "--quiet", "--force"]) == 0
+    verify_folder(nanogpt)
+
+
+def test_uint32_summary_names_the_readers_that_work(tmp_path, capsys):
+    big = write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--encoding", str(big), "--dtype", "uint32"]) == 0
+    note = [line for line in capsys.readouterr().out.splitlines() if "uint32" in line and "note" in line]
+    assert len(note) == 1 and "nanoGPT's train.py reads uint16" in note[0] and "--format llmc" in note[0]

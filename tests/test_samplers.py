@@ -129,3 +129,36 @@ def test_forged_positions_are_refused():
             s.load_state_dict(bad)
     with pytest.raises(ValueError, match="batch=11"):
         iter(s).load_state_dict({"epoch": 0, "batch": 11})
+
+
+def test_torchdata_stateful_dataloader_resumes_in_o1_and_epochs_differ(prepared, monkeypatch):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from tokpack import TokenWindows, collate_windows
+    from tokpack.samplers import SamplerIterator
+
+    ds = TokenWindows(prepared / "train.bin", 16, stride=16)
+
+    def build():
+        return stateful.StatefulDataLoader(ds, batch_sampler=EpochSampler(len(ds), 4, seed=3),
+                                           collate_fn=collate_windows)
+
+    def rows(batches):
+        return [tuple(x.tolist()) for batch, _ in batches for x in batch]
+
+    loader = build()
+    epochs = [rows(loader) for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2] and sorted(epochs[0]) == sorted(epochs[1])
+    loader = build()
+    rows(loader)  # epoch 0
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    drawn = []
+    original = SamplerIterator.__next__
+    monkeypatch.setattr(SamplerIterator, "__next__", lambda self: drawn.append(self.batch) or original(self))
+    resumed = build()
+    resumed.load_state_dict(state)
+    rest = rows(resumed)
+    assert rows(head) + rest == epochs[1]
+    assert drawn[0] == 3 and len(drawn) == len(rest) // 4 + (len(rest) % 4 > 0) + 1  # no fast-forward
+    assert rows(resumed) == epochs[2]

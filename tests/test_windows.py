@@ -107,3 +107,63 @@ def test_collate_passes_batches_through_and_stacks_samples():
     assert collate_windows(batch) is batch
     xb, yb = collate_windows([(torch.arange(3), torch.arange(3)), (torch.arange(3), torch.arange(3))])
     assert xb.shape == (2, 3) and yb.shape == (2, 3)
+
+
+def test_llmc_v7_uint32_shards_read_and_a_contradicting_dtype_is_refused(tmp_path):
+    tokens = np.arange(100_000, 100_300)  # ids beyond uint16: llama-3's vocabulary
+    shard_file(tmp_path / "llama_train_000000.bin", tokens, version=7)
+    ds = TokenWindows(tmp_path / "llama_train_000000.bin", block_size=8)
+    assert ds.dtype == np.uint32 and len(ds) == 300 - 8
+    assert ds[0][0].tolist() == tokens[:8].tolist()  # the 1024-byte header is not read as tokens
+    for dtype in ("uint16", "uint32"):
+        if dtype == "uint16":
+            with pytest.raises(ValueError, match="holds uint32 tokens, not the dtype=uint16"):
+                TokenWindows(tmp_path / "llama_train_000000.bin", 8, dtype=dtype)
+        else:
+            assert len(TokenWindows(tmp_path / "llama_train_000000.bin", 8, dtype=dtype)) == 292
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240801, 1, 10)  # llama magic with GPT-2's version: neither layout
+    (tmp_path / "odd.bin").write_bytes(header.tobytes() + b"\0" * 40)
+    with pytest.raises(ValueError, match="magic 20240801 with version 1"):
+        TokenWindows(tmp_path / "odd.bin", 4)
+
+
+def test_foreign_formats_are_named_not_read_as_tokens(tmp_path):
+    litdata = tmp_path / "lit"
+    litdata.mkdir()
+    (litdata / "chunk-0-0.bin").write_bytes(np.arange(40, dtype=np.uint32).tobytes())
+    (litdata / "index.json").write_text('{"chunks": [], "config": {}}')
+    with pytest.raises(ValueError, match="litdata chunk"):
+        TokenWindows(litdata / "chunk-0-0.bin", 4, dtype="uint16")
+    # Megatron's .bin/.idx pair: the .idx magic, version 1, dtype code 8 (uint16); .bin is flat.
+    mega = tmp_path / "mega"
+    mega.mkdir()
+    tokens = np.arange(500, 600, dtype=np.uint16)
+    tokens.tofile(mega / "corpus_text_document.bin")
+    (mega / "corpus_text_document.idx").write_bytes(b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([8]))
+    ds = TokenWindows(mega / "corpus_text_document.bin", 10)
+    assert ds.dtype == np.uint16 and ds[3][0].tolist() == tokens[3:13].tolist()
+    with pytest.raises(ValueError, match="holds uint16 tokens, not the dtype=int32"):
+        TokenWindows(mega / "corpus_text_document.bin", 10, dtype="int32")
+
+
+def test_folders_never_mix_splits_and_globs_select(tmp_path, prepared):
+    folder = tmp_path / "fineweb10B"
+    folder.mkdir()
+    shard_file(folder / "fineweb_val_000000.bin", np.full(50, 7))
+    for k in (1, 2):
+        shard_file(folder / f"fineweb_train_{k:06d}.bin", np.arange(k * 100, k * 100 + 40))
+    with pytest.raises(ValueError, match=r"several splits \(train, val\).*fineweb_train_\*.bin"):
+        TokenWindows(folder, 8)
+    by_glob = TokenWindows(str(folder / "fineweb_train_*.bin"), 8)
+    by_split = TokenWindows(folder, 8, split="train")
+    assert [p.name for p in by_glob.paths] == [p.name for p in by_split.paths] == [
+        "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    assert 7 not in by_split.__getitems__(list(range(len(by_split)))).x
+    assert TokenWindows(folder, 8, split="val").paths == [folder / "fineweb_val_000000.bin"]
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        TokenWindows(str(folder / "fineweb_test_*.bin"), 8)
+    # A tokpack folder: split= picks the file meta.json names; without it, refused.
+    assert TokenWindows(prepared, 8, split="val").paths == [prepared / "val.bin"]
+    with pytest.raises(ValueError, match="prepared folder with splits train, val; pass split="):
+        TokenWindows(prepared, 8)

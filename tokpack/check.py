@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import parser, run_cli, table
-from .format import read_meta
 from .loader import TokenLoader, build_loader
 from .windows import TokenWindows
 
@@ -57,10 +56,9 @@ def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, ba
                  seed: int = 0, workers: Sequence[int] = (0, 2)) -> list[dict[str, Any]]:
     """One row per comparison, one column per loader: 'same' or 'DIFFERENT'."""
     folder = Path(folder)
-    read_meta(folder)
-    train = TokenWindows(folder / "train.bin", block_size)
-    train_epochs = TokenWindows(folder / "train.bin", block_size, stride=block_size)
-    val = TokenWindows(folder / "val.bin", block_size, stride=block_size)
+    train = TokenWindows(folder, block_size, split="train")
+    train_epochs = TokenWindows(folder, block_size, stride=block_size, split="train")
+    val = TokenWindows(folder, block_size, stride=block_size, split="val")
     setups: dict[str, Callable[..., TokenLoader]] = {
         "train (random starts)": lambda **kw: build_loader(train, batch_size, seed, num_samples=batch_size * 5, **kw),
         "train (epochs)": lambda **kw: build_loader(train_epochs, batch_size, seed, shuffle=True, **kw),

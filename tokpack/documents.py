@@ -25,10 +25,12 @@ from .windows import IGNORE_INDEX
 
 
 def pad_collate(samples: Sequence[Any], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad 1-D id tensors to the longest; mask = arange(T) < length; labels -100 at padding.
+    """Right-pad 1-D id tensors to the longest: the keys Hugging Face models take.
 
-    Samples may also be (ids, class label) pairs, whose labels come back as ``class_labels``.
-    Module-level, so spawn and forkserver workers can pickle it.
+    Plain documents give ``input_ids``, ``attention_mask`` (arange(T) < length) and ``labels``, the
+    ids with -100 at padding, as ``*ForCausalLM`` expects (it shifts them itself). (ids, class
+    label) pairs give ``labels`` of shape (B,), the class ids, as ``*ForSequenceClassification``
+    expects. Module-level, so spawn and forkserver workers can pickle it.
     """
     labelled = isinstance(samples[0], (tuple, list))
     seqs = [s[0] for s in samples] if labelled else list(samples)
@@ -38,11 +40,11 @@ def pad_collate(samples: Sequence[Any], pad_id: int = 0) -> dict[str, torch.Tens
     for row, seq in enumerate(seqs):
         input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask,
-             "labels": input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)}
     if labelled:
-        batch["class_labels"] = torch.tensor([int(s[1]) for s in samples], dtype=torch.long)
-    return batch
+        labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.long)
+    else:
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def padded_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:

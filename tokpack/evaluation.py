@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from .config import parser, run_cli, table
-from .format import read_meta
+from .format import read_meta, token_files
 from .loader import build_loader
 from .runtime import rank_world, to_device
 from .tokenizer import load_encoding
@@ -158,7 +158,7 @@ def _models(folder: Path, meta: dict[str, Any], checkpoints: Sequence[str], base
         models.append((Path(path).name, model, model.config.block_size))
     for name in baselines:
         order = {"unigram": 1, "bigram": 2}[name]
-        models.append((name, NGram(folder / meta["splits"]["train"]["bin"]["file"], n_vocab, order, add_k), None))
+        models.append((name, NGram(token_files(folder, "train"), n_vocab, order, add_k), None))
     return models
 
 
@@ -183,7 +183,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
             raise ValueError(f"--block-size {T} is longer than {name}'s block size {model_block}; "
                              f"use --block-size {model_block} or less")
         for S in strides or [T]:
-            windows = TokenWindows(folder / meta["splits"][split]["bin"]["file"], T, stride=S)
+            windows = TokenWindows(folder, T, stride=S, split=split)
             loader = build_loader(windows, batch_size)
             with tqdm(total=len(windows), unit="win", desc=f"{name} T={T} S={S}", disable=quiet or rank != 0,
                       file=sys.stderr, leave=False) as bar:

@@ -37,6 +37,11 @@ MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}
 
 
+def split_files(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """A split's token files as meta.json lists them: one flat ``bin``, or llm.c ``shards``."""
+    return info["shards"] if "shards" in info else [info["bin"]]
+
+
 def read_meta(folder: str | Path) -> dict[str, Any]:
     """The meta.json of a prepared folder, checked for a format this version reads."""
     path = Path(folder) / META_NAME
@@ -184,7 +189,7 @@ def token_files(path: str | Path | Sequence[str | Path], split: str | None = Non
         if split not in splits:
             raise ValueError(f"{path} is a prepared folder with splits {', '.join(splits)}; "
                              f"pass split= one of them (got {split!r})")
-        return [path / splits[split]["bin"]["file"]]
+        return [path / f["file"] for f in split_files(splits[split])]
     shards = sorted(p for p in path.glob("*.bin") if p.is_file())
     if not shards:
         raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")

@@ -12,6 +12,7 @@ the global RNG. The n-gram models give exact float64 log-probabilities of the ta
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -163,18 +164,22 @@ class NGram(nn.Module):
     targets alone, so the evaluation is exact and never builds (B, T, V) logits.
     """
 
-    def __init__(self, train_path: str | Path, vocab_size: int, order: int = 2, add_k: float = 0.01):
+    def __init__(self, train_path: str | Path | Sequence[str | Path], vocab_size: int, order: int = 2,
+                 add_k: float = 0.01):
         super().__init__()
         if order not in (1, 2):
             raise ValueError(f"order {order} is not 1 (unigram) or 2 (bigram)")
         if not add_k > 0:
             raise ValueError(f"add_k {add_k} must be positive so that no token has probability 0")
-        tokens = np.asarray(open_tokens(train_path), dtype=np.int64)
+        paths = [train_path] if isinstance(train_path, (str, Path)) else list(train_path)
+        # Shards are counted apart: a pair never spans two files, as windows never do.
+        files = [np.asarray(open_tokens(p), dtype=np.int64) for p in paths]
         self.order, self.vocab_size, self.add_k = order, vocab_size, add_k
-        unigram = np.bincount(tokens, minlength=vocab_size).astype(np.float64)
+        unigram = sum(np.bincount(t, minlength=vocab_size) for t in files).astype(np.float64)
         self.unigram_logp = np.log((unigram + add_k) / (unigram.sum() + add_k * vocab_size))
         if order == 2:
-            self.pairs, counts = np.unique(tokens[:-1] * vocab_size + tokens[1:], return_counts=True)
+            keys = np.concatenate([t[:-1] * vocab_size + t[1:] for t in files])
+            self.pairs, counts = np.unique(keys, return_counts=True)
             self.counts = counts.astype(np.float64)
             self.row_total = np.bincount(self.pairs // vocab_size, weights=self.counts, minlength=vocab_size)
 

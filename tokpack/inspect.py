@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import parser, run_cli
-from .format import open_tokens, read_meta
+from .format import open_tokens, read_meta, split_files
 from .tokenizer import load_encoding
 
 
@@ -28,11 +28,22 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     for name, info in meta["splits"].items():
         per_doc = info["tokens"] / max(info["documents"], 1)
         lines.append(f"  {name:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents "
-                     f"({per_doc:,.0f} tokens/document)  {info['bin']['sha256'][:12]}")
-    tokens = open_tokens(folder / meta["splits"][split]["bin"]["file"])
-    if not 0 <= at < len(tokens):
-        raise ValueError(f"--at {at} is outside {split} (0..{len(tokens) - 1}); pick an offset inside it")
-    ids = tokens[at:at + count].tolist()
+                     f"({per_doc:,.0f} tokens/document)  {len(split_files(info))} file(s)")
+    if count < 1:
+        raise ValueError(f"--count {count} must be at least 1")
+    files = [open_tokens(folder / f["file"]) for f in split_files(meta["splits"][split])]
+    n = sum(map(len, files))
+    if not 0 <= at < n:
+        raise ValueError(f"--at {at} is outside {split} (0..{n - 1}); pick an offset inside it")
+    ids, skip = [], at
+    for tokens in files:  # the split's tokens are its files' tokens, concatenated
+        if skip >= len(tokens):
+            skip -= len(tokens)
+            continue
+        ids += tokens[skip:skip + count - len(ids)].tolist()
+        skip = 0
+        if len(ids) == count:
+            break
     lines.append(f"{split}[{at}:{at + len(ids)}] ids: {ids}")
     lines.append(f"decoded: {load_encoding(meta['options']['encoding']).decode(ids)!r}")
     return "\n".join(lines)

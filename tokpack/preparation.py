@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import resource
 import sys
 import time
@@ -31,11 +32,14 @@ from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
 from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_inputs,
                      split_runs)
-from .format import FORMAT_VERSION, META_NAME, SPLITS
+from .format import FORMAT_VERSION, META_NAME, SPLITS, read_meta
 from .writers import DocumentBuffer, SplitWriter, in_val, write_json_atomic
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
+FORMATS = ("flat", "llmc")
+# Files other tools write into a data folder; never overwritten without --force.
+TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|.+_(train|val|test)_\d+\.bin")
 SAMPLE_CORPUS = Path("data/sample-corpus")
 
 
@@ -55,6 +59,8 @@ class PrepareConfig:
     errors: str = "strict"
     workers: int = 0
     piece_chars: int = 1 << 18
+    format: str = "flat"
+    shard_tokens: int = 100_000_000
     force: bool = False
     quiet: bool = False
 
@@ -68,11 +74,16 @@ class PrepareConfig:
             raise ValueError(f"--errors {self.errors!r} is not strict or replace")
         if self.workers < 0:
             raise ValueError(f"--workers {self.workers} is negative; use 0 for all cores")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format {self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.shard_tokens < 1:
+            raise ValueError(f"--shard-tokens {self.shard_tokens} must be at least 1; llm.c uses 100000000")
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2 (default {1 << 18})")
 
     def output_options(self) -> dict[str, Any]:
-        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "errors")
+        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "errors", "format",
+                "shard_tokens")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -137,14 +148,20 @@ def _check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Seque
         if target == folder or folder in target.parents:
             raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
                              "its own output; choose an --out-dir outside the input folders")
-    outputs = {target / name for split in SPLITS for name in (f"{split}.bin", f"{split}.idx")} | {target / META_NAME}
     for f in files:
-        if f.resolve() in outputs:
+        if f.resolve().parent == target and (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME):
             raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
-    if (out / META_NAME).exists() and not force:
+    if force or not out.is_dir():
+        return
+    if (out / META_NAME).exists():
         raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
+    theirs = sorted(p.name for p in out.iterdir() if TOKEN_FILE.fullmatch(p.name))
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
+        raise ValueError(f"{out} holds token files that tokpack did not write ({shown}); pass --force to "
+                         "overwrite them or choose another --out-dir")
 
 
 def _make_out_dir(out: Path) -> bool:
@@ -189,7 +206,11 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         warnings.warn("--doc-sep has no effect: every input is .jsonl, whose records are the documents", stacklevel=2)
     if config.jsonl_key != default_of(PrepareConfig, "jsonl_key") and not any(jsonl):
         warnings.warn(f"--jsonl-key {config.jsonl_key!r} has no effect: no input is .jsonl", stacklevel=2)
-    eot = config.eot if config.eot != "auto" else ("none" if single else "append")
+    llmc = config.format == "llmc"
+    if config.shard_tokens != default_of(PrepareConfig, "shard_tokens") and not llmc:
+        warnings.warn("--shard-tokens has no effect without --format llmc", stacklevel=2)
+    # llm.c's convention is an <|endoftext|> before every document.
+    eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     _check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
 
@@ -214,7 +235,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     )
     sizes = {p: p.stat().st_size for p in files}
     created = _make_out_dir(out)
-    writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, config.shard_tokens if llmc else None)
+               for s in SPLITS}
     buffer = DocumentBuffer(out, config.seed)
     bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
@@ -261,8 +283,11 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
             "inputs": _describe_inputs(groups, sizes),
             "options": config.output_options(),
         }
+        stale = _listed_files(out) - {p.name for w in writers.values() for p in w.outputs()}
         # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
         (out / META_NAME).unlink(missing_ok=True)
+        for name in stale:  # an earlier run's extra shards must not be read with this run's
+            (out / name).unlink(missing_ok=True)
         for writer in writers.values():
             writer.publish()
         write_json_atomic(out / META_NAME, meta)
@@ -282,13 +307,27 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
                               "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
 
 
+def _listed_files(out: Path) -> set[str]:
+    """The token files an earlier meta.json in ``out`` lists (none if it is absent or unreadable)."""
+    try:
+        splits = read_meta(out)["splits"]
+    except (OSError, ValueError):
+        return set()
+    return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
+
+
 def summary(result: dict[str, Any]) -> str:
     stats = result["stats"]
-    lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']})"]
+    lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']}, "
+             f"{result['options']['format']})"]
     for split, info in result["splits"].items():
-        lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents")
+        shards = f"  {len(info['shards'])} shards" if "shards" in info else ""
+        lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
     lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
                  f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
+    if result["dtype"] == "uint32" and result["options"]["format"] == "flat":
+        lines.append("  note: uint32 tokens; nanoGPT's train.py reads uint16 and would misread them. Readers that "
+                     "work: tokpack's TokenWindows, or llm.c's v7 shards via --format llmc")
     return "\n".join(lines)
 
 
@@ -305,13 +344,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"that goes to val (default: {d('val_fraction')})")
     p.add_argument("--seed", type=int, help=f"seed of the per-document split hash (default: {d('seed')})")
     p.add_argument("--eot", choices=EOT_MODES, help=f"where <|endoftext|> goes around each document (default: "
-                   f"{d('eot')}: append, or none for a corpus of one document)")
+                   f"{d('eot')}: append, prepend with --format llmc, none for a corpus of one document)")
     p.add_argument("--doc-sep", help="cut text files into documents at this string (default: none)")
     p.add_argument("--jsonl-key", help=f"text field of .jsonl records (default: {d('jsonl_key')})")
     p.add_argument("--errors", choices=["strict", "replace"], help=f"invalid UTF-8 handling (default: {d('errors')})")
     p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
     p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
-    p.add_argument("--force", action="store_true", default=None, help="overwrite an existing prepared folder (default: off)")
+    p.add_argument("--format", choices=FORMATS, help=f"flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / "
+                   f"modded-nanogpt shards NAME_train_000001.bin, ... (default: {d('format')})")
+    p.add_argument("--shard-tokens", type=int, help=f"tokens per llmc shard at most (default: {d('shard_tokens')}, "
+                   "llm.c's)")
+    p.add_argument("--force", action="store_true", default=None,
+                   help="overwrite an existing prepared folder or another tool's token files (default: off)")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")
     add_config_option(p)
     args = vars(p.parse_args(argv))

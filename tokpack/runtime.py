@@ -8,11 +8,13 @@ evaluation and the training script agree on them.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import multiprocessing
 import os
 import random
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,37 +79,44 @@ def resolve_pin_memory(pin_memory: bool | str) -> bool:
 def main_is_importable() -> bool:
     """Whether spawn/forkserver workers can re-import ``__main__`` without re-running a script.
 
-    A script with no ``if __name__ == "__main__":`` guard (nanoGPT's train.py) would start its
-    training again in every such worker; only fork avoids that.
+    Such workers import the main script (or ``python -m`` module) again; one with no
+    ``if __name__ == "__main__":`` guard (nanoGPT's train.py) would start its training again in
+    every worker. Interactive sessions have no script to re-import.
     """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path is None or getattr(main, "__spec__", None) is not None:
-        return True  # an interactive session or `python -m`: workers import the module by name
-    return _guarded(path)
-
-
-def _guarded(path: str) -> bool:
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is None:
+        return True
     try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except (OSError, UnicodeDecodeError):
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
         return False
-    return "__name__" in source and "__main__" in source
+    return any(isinstance(node, ast.If) and _is_main_test(node.test) for node in tree.body)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = {s.id for s in sides if isinstance(s, ast.Name)}
+    values = {s.value for s in sides if isinstance(s, ast.Constant)}
+    return names == {"__name__"} and values == {"__main__"}
 
 
 def worker_context(name: str | None) -> Any:
     """The multiprocessing context for loader workers.
 
-    ``"default"``: fork where the platform has it (it works in any script, guarded or not, and
-    starts fastest), else the platform's default. ``spawn``/``forkserver`` re-import ``__main__``;
-    asked for from a script without a ``__main__`` guard, they are refused here, in the main
-    process, rather than failing later as a dead worker.
+    ``"default"``: fork where the platform has it, else the platform's default. Fork works in any
+    script, guarded or not, as a plain DataLoader does on Linux up to Python 3.13; Python 3.14
+    makes forkserver Linux's default start method, which would re-run unguarded scripts, so the
+    choice is explicit here. ``spawn``/``forkserver`` (asked for, or the interpreter's default)
+    from a script without a ``__main__`` guard are refused here, in the main process, with the
+    fix, rather than failing later as a dead worker.
     """
     if name == "default":
         name = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     if name is None:
-        name = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        # The first listed method is the platform's default; asking the default context would fix it.
+        name = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     if name in ("spawn", "forkserver") and not main_is_importable():
         script = getattr(sys.modules["__main__"], "__file__", "__main__")
         raise ValueError(

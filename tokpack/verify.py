@@ -2,8 +2,9 @@
 
     python -m tokpack.verify data/sample      # exit 0 when whole, 1 with the reason otherwise
 
-Checks, per split: file sizes and sha256 against meta.json, the dtype, every id below n_vocab,
-and the document index (count, first offset 0, strictly increasing, inside the file).
+Checks, per split: every token file's size and sha256 against meta.json (a flat .bin, or llm.c
+shards with their headers), the token counts, every id below n_vocab, and the document index
+(count, first offset 0, strictly increasing, inside the split).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import parser, run_cli
-from .format import INDEX_DTYPE, read_meta
+from .format import INDEX_DTYPE, open_tokens, read_meta, split_files
 
 CHUNK_BYTES = 1 << 24
 
@@ -49,17 +50,27 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
         raise VerifyError(f"dtype {dtype} in meta.json cannot hold n_vocab {n_vocab}")
     counts = {}
     for split, info in meta["splits"].items():
-        bin_path, idx_path = folder / info["bin"]["file"], folder / info["idx"]["file"]
-        _check_file(bin_path, info["bin"])
+        idx_path = folder / info["idx"]["file"]
         _check_file(idx_path, info["idx"])
-        if info["bin"]["bytes"] != info["tokens"] * dtype.itemsize:
-            raise VerifyError(f"{bin_path} should hold {info['tokens']} {dtype} tokens, its size says otherwise")
-        tokens = np.memmap(bin_path, dtype=dtype, mode="r") if info["tokens"] else np.empty(0, dtype)
-        step = CHUNK_BYTES // dtype.itemsize
-        for start in range(0, len(tokens), step):
-            top = int(tokens[start:start + step].max())
-            if top >= n_vocab:
-                raise VerifyError(f"{bin_path} holds id {top} near token {start}, n_vocab is {n_vocab}")
+        total = 0
+        for entry in split_files(info):
+            bin_path = folder / entry["file"]
+            _check_file(bin_path, entry)
+            try:
+                tokens = open_tokens(bin_path)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            if "tokens" in entry and len(tokens) != entry["tokens"]:
+                raise VerifyError(f"{bin_path} holds {len(tokens)} tokens, meta.json says {entry['tokens']}")
+            step = CHUNK_BYTES // dtype.itemsize
+            for start in range(0, len(tokens), step):
+                top = int(tokens[start:start + step].max())
+                if top >= n_vocab:
+                    raise VerifyError(f"{bin_path} holds id {top} near token {start}, n_vocab is {n_vocab}")
+            total += len(tokens)
+        if total != info["tokens"]:
+            raise VerifyError(f"{split} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
+        bin_path = folder / split_files(info)[0]["file"]
         starts = np.fromfile(idx_path, dtype=INDEX_DTYPE)
         if len(starts) != info["documents"]:
             raise VerifyError(f"{idx_path} lists {len(starts)} documents, meta.json says {info['documents']}")

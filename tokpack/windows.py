@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .format import META_NAME, open_tokens, read_meta, token_files
+from .format import META_NAME, open_tokens, read_meta, split_files, token_files
 from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
 
 IGNORE_INDEX = -100
@@ -104,7 +104,7 @@ class TokenWindows(Dataset):
         for p in self.paths:
             recorded = None
             if (p.parent / META_NAME).is_file():
-                files = [info["bin"] for info in read_meta(p.parent)["splits"].values()]
+                files = [f for info in read_meta(p.parent)["splits"].values() for f in split_files(info)]
                 recorded = next((f["sha256"] for f in files if f["file"] == p.name), None)
             out.append([p.name, p.stat().st_size, recorded])
         return out

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .format import INDEX_DTYPE
+from .format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS
 
 TMP_SUFFIX = ".tokpack-tmp"
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
@@ -59,25 +59,102 @@ class HashingWriter:
         self._file.close()
         return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
 
+    def publish(self) -> None:
+        os.replace(self.tmp, self.path)
+
     def discard(self) -> None:
         self._file.close()
         self.tmp.unlink(missing_ok=True)
 
 
+class ShardWriter:
+    """A split as llm.c shards of at most ``shard_tokens`` tokens: 256 int32 header words
+    (magic, version, token count), then the tokens. Documents run on across shard boundaries,
+    so the shards' tokens, concatenated, are the flat split."""
+
+    def __init__(self, folder: Path, name: str, split: str, dtype: np.dtype, shard_tokens: int):
+        self.folder, self.dtype, self.shard_tokens = folder, dtype, shard_tokens
+        self.magic, self.version = SHARD_VERSIONS[dtype.name], SHARD_DTYPE_VERSION[dtype.name]
+        # llm.c's numbering: val shards from 000000, train shards from 000001.
+        self.prefix, self.next_index = f"{name}_{split}_", 0 if split == "val" else 1
+        self.shards: list[dict[str, Any]] = []
+        self.paths: list[Path] = []
+        self._file: BinaryIO | None = None
+        self._count = 0
+
+    def _open(self) -> None:
+        path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
+        self.next_index += 1
+        self.paths.append(path)
+        self._file = open(tmp_path(path), "w+b")
+        self._file.write(bytes(SHARD_HEADER_BYTES))  # the header is filled in when the count is known
+        self._count = 0
+
+    def write(self, data: np.ndarray) -> None:
+        while len(data):
+            if self._file is None:
+                self._open()
+            room = self.shard_tokens - self._count
+            self._file.write(memoryview(data[:room]).cast("B"))  # type: ignore[union-attr]
+            self._count += min(room, len(data))
+            data = data[room:]
+            if self._count == self.shard_tokens:
+                self._finish()
+
+    def _finish(self) -> None:
+        f = self._file
+        assert f is not None
+        header = np.zeros(SHARD_HEADER_BYTES // 4, dtype="<i4")
+        header[:3] = (self.magic, self.version, self._count)
+        f.seek(0)
+        f.write(header.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+        f.seek(0)
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+        self.shards.append({"file": self.paths[-1].name, "bytes": f.tell(), "sha256": digest.hexdigest(),
+                            "tokens": self._count})
+        f.close()
+        self._file = None
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._file is not None:
+            self._finish()
+        return self.shards
+
+    def publish(self) -> None:
+        for path in self.paths:
+            os.replace(tmp_path(path), path)
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        for path in self.paths:
+            tmp_path(path).unlink(missing_ok=True)
+
+
 @dataclass
 class SplitWriter:
-    """One split's .bin and .idx, written to temporary names."""
+    """One split's tokens (a flat .bin, or llm.c shards with ``shard_tokens``) and its .idx,
+    written to temporary names."""
 
     folder: Path
     split: str
     dtype: np.dtype
     eot: str
     eot_id: int
+    shard_tokens: int | None = None
     tokens: int = 0
     documents: int = 0
 
     def __post_init__(self) -> None:
-        self.bin = HashingWriter(self.folder / f"{self.split}.bin")
+        self.bin: HashingWriter | ShardWriter
+        if self.shard_tokens:
+            self.bin = ShardWriter(self.folder, self.folder.resolve().name, self.split, self.dtype, self.shard_tokens)
+        else:
+            self.bin = HashingWriter(self.folder / f"{self.split}.bin")
         self.idx = HashingWriter(self.folder / f"{self.split}.idx")
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
@@ -104,12 +181,17 @@ class SplitWriter:
 
     def close(self) -> dict[str, Any]:
         self._flush_starts()
-        return {"tokens": self.tokens, "documents": self.documents,
-                "bin": self.bin.close(), "idx": self.idx.close()}
+        key = "shards" if isinstance(self.bin, ShardWriter) else "bin"
+        return {"tokens": self.tokens, "documents": self.documents, key: self.bin.close(), "idx": self.idx.close()}
+
+    def outputs(self) -> list[Path]:
+        """The files this writer publishes."""
+        bins = self.bin.paths if isinstance(self.bin, ShardWriter) else [self.bin.path]
+        return [*bins, self.idx.path]
 
     def publish(self) -> None:
-        for writer in (self.bin, self.idx):
-            os.replace(writer.tmp, writer.path)
+        self.bin.publish()
+        self.idx.publish()
 
     def discard(self) -> None:
         self.bin.discard()
