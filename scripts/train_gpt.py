@@ -13,7 +13,6 @@ torchrun each rank draws its own reproducible stream and DDP averages the gradie
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -25,7 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from tokpack import TokenWindows, build_loader, evaluate, read_meta, to_device
-from tokpack.config import build_config, default_of, run_cli
+from tokpack.config import build_config, default_of, parser, run_cli
 from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
 
@@ -66,7 +65,7 @@ def save(path: Path, payload: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python scripts/train_gpt.py", __doc__)
     p.add_argument("--config", help="a configs/*.toml with TrainConfig keys and a [model] table; flags override it")
     for cls, f in [*((TrainConfig, f) for f in fields(TrainConfig) if f.name != "model"),
                    *((GPTConfig, f) for f in fields(GPTConfig) if f.name != "vocab_size")]:

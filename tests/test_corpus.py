@@ -75,7 +75,7 @@ def test_jsonl_and_gzip(tmp_path):
         f.write("gzipped text")
     files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.txt.gz"]
     assert _texts(documents(files, "strict", None, "text")) == ["first", "second doc", ""] * 2 + ["gzipped text"]
-    with pytest.raises(ValueError, match=r"a.jsonl:1 has no string field 'body' \(found \['text'\]\).*--jsonl-key"):
+    with pytest.raises(ValueError, match=r"a.jsonl:1 has no field 'body' \(found \['text'\]\).*--jsonl-key"):
         _texts(documents(files, "strict", None, "body"))
 
 

@@ -27,7 +27,7 @@ def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
         ds.__getitems__([len(ds)])
 
 
-@pytest.mark.parametrize("n,T,S", [(1000, 16, 16), (1000, 16, 5), (1001, 16, 1), (17, 16, 16), (10, 16, 4), (300, 32, 31)])
+@pytest.mark.parametrize("n,T,S", [(1000, 16, 16), (1000, 16, 5), (1001, 16, 1), (17, 16, 16), (20, 16, 4), (300, 32, 31)])
 def test_evaluation_windows_score_every_target_exactly_once(tmp_path, n, T, S):
     tokens = bare_file(tmp_path / "v.bin", n)
     ds = TokenWindows(tmp_path / "v.bin", block_size=T, stride=S, dtype="uint16")
@@ -79,6 +79,8 @@ def test_bad_files_get_one_clear_error(tmp_path):
         TokenWindows(tmp_path / "nope.bin", block_size=1, dtype="uint16")
     with pytest.raises(ValueError, match="stride 9 must lie in 1..block_size"):
         TokenWindows(tmp_path / "t.bin", block_size=8, stride=9, dtype="uint16")
+    with pytest.raises(ValueError, match="block_size 10000000000 is longer than the 99 targets"):
+        TokenWindows(tmp_path / "t.bin", block_size=10**10, stride=10**10, dtype="uint16")
 
 
 def test_llmc_shards_are_detected_and_windows_stay_inside_a_shard(tmp_path):

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
+import threading
 import tomllib
 import types
 import typing
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 C = TypeVar("C")
 
@@ -111,13 +113,23 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__
     print(f"tokpack: warning: {message}", file=sys.stderr)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a run cleans up as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def run_cli(body: Callable[[], int | None]) -> int:
     """Run a CLI body; a user error becomes one ``tokpack: ...`` line and exit code 2.
 
     Warnings print as one ``tokpack: warning: ...`` line, without the source line a library
-    user would want.
+    user would want. SIGTERM cleans up like Ctrl-C and exits 143.
     """
     previous, warnings.showwarning = warnings.showwarning, _show_warning
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return body() or 0
     except (ValueError, OSError) as exc:
@@ -129,14 +141,26 @@ def run_cli(body: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("tokpack: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except Terminated:
+        print("tokpack: terminated", file=sys.stderr)
+        raise SystemExit(143) from None
     finally:
         warnings.showwarning = previous
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the whole usage block: what is wrong, and where the options are listed.
+        self.exit(2, f"tokpack: {self.prog}: {message}; see {self.prog} --help\n")
 
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """An argparse parser whose description is the tool module's docstring."""
-    return argparse.ArgumentParser(
-        prog=f"python -m tokpack.{prog}",
+    """An argparse parser whose description is the tool module's docstring; ``prog`` is a tool
+    name (``prepare``) or a whole command (``python scripts/train_gpt.py``)."""
+    return _Parser(
+        prog=prog if " " in prog else f"python -m tokpack.{prog}",
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -74,6 +74,9 @@ class DocumentDataset(Dataset):
                                     "beside each .bin; rerun python -m tokpack.prepare")
         n = len(open_tokens(self.path))
         starts = np.fromfile(index, dtype=INDEX_DTYPE).astype(np.int64)
+        if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n:
+            raise ValueError(f"{index} is not a strictly increasing list of document starts inside {self.path} "
+                             f"({n} tokens); rerun python -m tokpack.prepare --force")
         self.starts, self.ends = starts, np.append(starts[1:], n)
         self.max_length = max_length
         self.lengths = np.minimum(self.ends - self.starts, max_length)

@@ -58,6 +58,26 @@ def _byte_lengths_for(loader: Any) -> np.ndarray | None:
     return token_byte_lengths(read_meta(paths[0].parent)["options"]["encoding"])
 
 
+def _model_vocab(model: torch.nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None) or getattr(model, "vocab_size", None)
+    return vocab if isinstance(vocab, int) else None
+
+
+def _check_ids(model: torch.nn.Module, loader: Any, token_bytes: np.ndarray | None) -> None:
+    """Refuse, before any batch, data whose ids the model or the encoding cannot index: an index
+    error deep in the model, or a huge allocation from a misread dtype, otherwise."""
+    max_id = getattr(getattr(loader, "dataset", None), "max_id", None)
+    if max_id is None:
+        return
+    top = max_id()
+    for limit, what in ((_model_vocab(model), f"{type(model).__name__}'s vocab_size"),
+                        (None if token_bytes is None else len(token_bytes), "the encoding's n_vocab")):
+        if limit is not None and top >= limit:
+            raise ValueError(f"the data holds token id {top} but {what} is {limit}; evaluate on data of the "
+                             "model's encoding (a wrong dtype reads garbage ids too)")
+
+
 def _scorer(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Per-position log-probabilities of the targets (float32 or wider), from whatever ``model`` is.
 
@@ -102,6 +122,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
     if token_bytes is None:
         token_bytes = _byte_lengths_for(loader)
+    _check_ids(model, loader, token_bytes)
     lengths = torch.from_numpy(token_bytes).to(device) if token_bytes is not None else None
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     counts = torch.zeros(2, dtype=torch.int64, device=device)  # tokens, bytes
@@ -178,7 +199,9 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
     from tqdm import tqdm
 
     for name, model, model_block in _models(folder, meta, checkpoints, baselines, add_k, device):
-        T = block_size or model_block or 256
+        T = block_size if block_size is not None else model_block or 256
+        if T < 1:
+            raise ValueError(f"--block-size {T} must be at least 1")
         if model_block is not None and T > model_block:
             raise ValueError(f"--block-size {T} is longer than {name}'s block size {model_block}; "
                              f"use --block-size {model_block} or less")

@@ -54,13 +54,59 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         meta = json.loads(path.read_text("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); rerun python -m tokpack.prepare --force") from None
-    version = meta.get("format_version")
+    version = meta.get("format_version") if isinstance(meta, dict) else None
     if version != FORMAT_VERSION:
         raise ValueError(
             f"{path} has format_version {version!r}, this tokpack reads {FORMAT_VERSION}; "
             "rerun python -m tokpack.prepare --force or upgrade tokpack"
         )
+    problem = _meta_problem(meta)
+    if problem:
+        raise ValueError(f"{path} is malformed: {problem}; rerun python -m tokpack.prepare --force")
     return meta
+
+
+def _meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is structurally wrong with a meta.json, or None: every reader relies on this shape."""
+    def bad_file(entry: Any, with_tokens: bool = False) -> bool:
+        return not (isinstance(entry, dict) and isinstance(entry.get("file"), str) and "/" not in entry["file"]
+                    and _is_count(entry.get("bytes")) and isinstance(entry.get("sha256"), str)
+                    and (not with_tokens or _is_count(entry.get("tokens"))))
+
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        return f"dtype {meta.get('dtype')!r} is not uint16 or uint32"
+    enc = meta.get("encoding")
+    if not (isinstance(enc, dict) and isinstance(enc.get("name"), str) and _is_count(enc.get("n_vocab"))
+            and _is_count(enc.get("eot_id"))):
+        return "encoding needs name, n_vocab and eot_id"
+    options = meta.get("options")
+    if not (isinstance(options, dict) and isinstance(options.get("encoding"), str)):
+        return "options needs the encoding"
+    splits = meta.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        return "splits is missing or empty"
+    for name, info in splits.items():
+        if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
+            return f"split {name!r} needs tokens and documents counts"
+        if bad_file(info.get("idx")):
+            return f"split {name!r} has no valid idx entry"
+        shards = info.get("shards")
+        if shards is not None:
+            if not isinstance(shards, list) or not shards or any(bad_file(s, True) for s in shards):
+                return f"split {name!r} has invalid shards"
+        elif bad_file(info.get("bin")):
+            return f"split {name!r} has no valid bin entry"
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _recorded_tokens(meta: dict[str, Any], name: str) -> int | None:
+    """Tokens meta.json records for the flat file ``name`` (shards carry their own header count)."""
+    return next((info["tokens"] for info in meta["splits"].values()
+                 if "bin" in info and info["bin"]["file"] == name), None)
 
 
 def _header_words(path: Path) -> np.ndarray | None:
@@ -137,7 +183,13 @@ def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.mem
                 f"({expected} bytes); the shard is truncated, re-create it"
             )
     elif (path.parent / META_NAME).is_file():
-        found = np.dtype(read_meta(path.parent)["dtype"])
+        meta = read_meta(path.parent)
+        found = np.dtype(meta["dtype"])
+        expected_tokens = _recorded_tokens(meta, path.name)
+        if expected_tokens is not None and size != expected_tokens * found.itemsize:
+            raise ValueError(f"{path} is {size} bytes but meta.json records {expected_tokens} {found} tokens "
+                             f"({expected_tokens * found.itemsize} bytes); the file was changed or truncated, "
+                             "rerun python -m tokpack.prepare --force")
     elif foreign and foreign.startswith("a Megatron"):
         found = _megatron_dtype(path)
     elif foreign:

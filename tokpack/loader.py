@@ -23,10 +23,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .runtime import mix_seed, resolve_pin_memory, seed_worker, worker_context
-from .samplers import ResumableBatchSampler, index_sampler
+from .samplers import STATE_VERSION, ResumableBatchSampler, check_state, index_sampler
 from .windows import collate_windows
-
-STATE_VERSION = 2
 
 
 class TokenLoader:
@@ -59,31 +57,17 @@ class TokenLoader:
 
     def _settings(self) -> dict[str, Any]:
         fingerprint = getattr(self.dataset, "fingerprint", None)
-        return {"seed": self.seed, "sampler": self.sampler.settings(),
+        return {**self.sampler.settings(),
                 "dataset": fingerprint() if callable(fingerprint) else len(self.dataset)}  # type: ignore[arg-type]
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands, with the settings that position depends on."""
+        """Where the loader stands, with the settings (and data) that position depends on."""
         return {"version": STATE_VERSION, **self._settings(), "epoch": self.epoch, "batch": self.batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; refused, naming both values, if taken under other settings."""
-        if not isinstance(state, dict):
-            raise TypeError(f"a loader state is the dict from state_dict(), not {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state has version {state.get('version')!r}, this tokpack reads {STATE_VERSION}")
-        mine = self._settings()
-        for key, value in [*((k, v) for k, v in mine.items() if k != "sampler"), *mine["sampler"].items()]:
-            theirs = state.get(key) if key in mine else (state.get("sampler") or {}).get(key)
-            if theirs != value:
-                raise ValueError(f"loader state was taken with {key}={theirs!r} but this loader has {key}={value!r}; "
-                                 f"build the loader with the same {key} (and data) to resume")
-        epoch, batch = state.get("epoch"), state.get("batch")
-        per_epoch = self.sampler.batches_per_epoch()
-        if type(epoch) is not int or type(batch) is not int or epoch < 0 or not 0 <= batch < per_epoch:
-            raise ValueError(f"loader state has epoch={epoch!r}, batch={batch!r}; expected ints with "
-                             f"0 <= batch < {per_epoch} batches per epoch. Pass a state_dict() of this loader")
-        self.epoch, self.batch = epoch, batch
+        """Continue from ``state``; refused, naming both values, if taken under other settings or data."""
+        # The loader rolls over at an epoch's last batch, so a state of its own is always inside one.
+        self.epoch, self.batch = check_state(state, "loader", self._settings(), self.sampler.batches_per_epoch() - 1)
 
 
 def build_loader(
@@ -130,6 +114,10 @@ def build_loader(
     else:
         _check_sampler(sampler, batch_size, seed, shuffle=shuffle, num_samples=num_samples, drop_last=drop_last,
                        rank=rank, world_size=world_size)
+    if sampler.batches_per_epoch() == 0:
+        raise ValueError(f"the sampler yields no batch in an epoch ({sampler.num_items} items, batch_size "
+                         f"{sampler.batch_size}, {sampler.world_size} ranks, drop_last={sampler.drop_last}); "
+                         "use a smaller batch_size, drop_last=False or more data")
     if num_workers == 0:
         if persistent_workers or prefetch_factor is not None:
             warnings.warn("persistent_workers and prefetch_factor have no effect with num_workers=0", stacklevel=2)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import resource
 import sys
 import time
@@ -30,16 +29,16 @@ from tqdm import tqdm
 
 from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
-from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_inputs,
+from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_groups,
                      split_runs)
-from .format import FORMAT_VERSION, META_NAME, SPLITS, read_meta
-from .writers import DocumentBuffer, SplitWriter, in_val, write_json_atomic
+from .format import FORMAT_VERSION, SPLITS
+from .folder import OutputFolder, check_out_dir, publish
+from .writers import DocumentBuffer, SplitWriter, in_val
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc")
-# Files other tools write into a data folder; never overwritten without --force.
-TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|.+_(train|val|test)_\d+\.bin")
+SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
 SAMPLE_CORPUS = Path("data/sample-corpus")
 
 
@@ -142,40 +141,6 @@ def encode_in_order(
             yield from zip(done, future.result())
 
 
-def _check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
-    target = out.resolve()
-    for folder in map(Path.resolve, folders):
-        if target == folder or folder in target.parents:
-            raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
-                             "its own output; choose an --out-dir outside the input folders")
-    for f in files:
-        if f.resolve().parent == target and (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME):
-            raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
-    if force or not out.is_dir():
-        return
-    if (out / META_NAME).exists():
-        raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
-    theirs = sorted(p.name for p in out.iterdir() if TOKEN_FILE.fullmatch(p.name))
-    if theirs:
-        shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
-        raise ValueError(f"{out} holds token files that tokpack did not write ({shown}); pass --force to "
-                         "overwrite them or choose another --out-dir")
-
-
-def _make_out_dir(out: Path) -> bool:
-    """Create the output folder; True if this run created it (and so removes it on failure)."""
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot create output folder {out} ({exc.strerror}); choose a writable --out-dir") from None
-    if not os.access(out, os.W_OK):
-        raise ValueError(f"output folder {out} is not writable; choose a writable --out-dir")
-    return created
-
-
 def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> dict[str, Any]:
     """Each input as given, with its file count and bytes, and a hash of the whole file listing.
 
@@ -198,7 +163,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     started = time.perf_counter()
     enc = load_encoding(config.encoding)
     dtype = token_dtype(enc, config.dtype)
-    groups = [(str(raw), resolve_inputs([raw])) for raw in config.inputs or [write_sample_corpus()]]
+    groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
     files = [f for _, found in groups for f in found]
     single = is_single_document(files, config.doc_sep)
     jsonl = [is_jsonl(f) for f in files]
@@ -212,7 +177,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    _check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
+    check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
 
     docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key)
     if single:
@@ -234,11 +199,53 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         config.piece_chars,
     )
     sizes = {p: p.stat().st_size for p in files}
-    created = _make_out_dir(out)
-    writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, config.shard_tokens if llmc else None)
-               for s in SPLITS}
-    buffer = DocumentBuffer(out, config.seed)
-    bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=config.quiet or None,
+    with OutputFolder(out):
+        check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
+        writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, config.shard_tokens if llmc else None)
+                   for s in SPLITS}
+        try:
+            _tokenize(stream, writers, DocumentBuffer(out, config.seed), single, config, started, sum(sizes.values()))
+            documents_seen = sum(w.documents for w in writers.values())
+            if not documents_seen:
+                raise ValueError(f"the corpus ({', '.join(map(str, files[:3]))}) holds no text; pass non-empty files")
+            for split, writer in writers.items():
+                if not writer.documents:
+                    raise ValueError(
+                        f"the {split} split would be empty: all {documents_seen} documents hashed to the other "
+                        f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
+                    )
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "tokpack_version": __version__,
+                "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
+                             "eot_id": enc.eot_token},
+                "dtype": dtype.name,
+                "eot": eot,
+                "single_document": single,
+                "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
+                "splits": {split: writer.close() for split, writer in writers.items()},
+                "inputs": _describe_inputs(groups, sizes),
+                "options": config.output_options(),
+            }
+            publish(out, meta, list(writers.values()))
+        except BaseException:
+            for writer in writers.values():
+                writer.discard()
+            raise
+    for split, info in meta["splits"].items():
+        if info["tokens"] < SHORT_SPLIT:
+            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful "
+                          "windows; raise --val-fraction or add documents", stacklevel=2)
+    elapsed = time.perf_counter() - started
+    tokens = sum(s["tokens"] for s in meta["splits"].values())
+    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
+                              "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
+
+
+def _tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
+              single: bool, config: PrepareConfig, started: float, total_bytes: int) -> None:
+    """Every piece into its split's writer: a lone document by its cut, others by their hash."""
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
         for count, (piece, tokens) in enumerate(stream):
@@ -260,60 +267,9 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
                 split = "val" if in_val(buffer.hash.digest(), config.val_fraction) else "train"
                 buffer.drain_into(writers[split])
                 buffer.reset()
-        bar.close()
-        documents_seen = sum(w.documents for w in writers.values())
-        if not documents_seen:
-            raise ValueError(f"the corpus ({', '.join(map(str, files[:3]))}) holds no text; pass non-empty files")
-        for split, writer in writers.items():
-            if not writer.documents:
-                raise ValueError(
-                    f"the {split} split would be empty: all {documents_seen} documents hashed to the other "
-                    f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
-                )
-        splits = {split: writer.close() for split, writer in writers.items()}
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "tokpack_version": __version__,
-            "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
-                         "eot_id": enc.eot_token},
-            "dtype": dtype.name,
-            "eot": eot,
-            "single_document": single,
-            "splits": splits,
-            "inputs": _describe_inputs(groups, sizes),
-            "options": config.output_options(),
-        }
-        stale = _listed_files(out) - {p.name for w in writers.values() for p in w.outputs()}
-        # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
-        (out / META_NAME).unlink(missing_ok=True)
-        for name in stale:  # an earlier run's extra shards must not be read with this run's
-            (out / name).unlink(missing_ok=True)
-        for writer in writers.values():
-            writer.publish()
-        write_json_atomic(out / META_NAME, meta)
-    except BaseException:
-        bar.close()
-        for writer in writers.values():
-            writer.discard()
-        buffer.discard()
-        if created and not any(out.iterdir()):
-            out.rmdir()  # a failed run leaves nothing behind, not even the folder it made
-        raise
     finally:
+        bar.close()
         buffer.discard()
-    elapsed = time.perf_counter() - started
-    tokens = sum(s["tokens"] for s in splits.values())
-    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
-                              "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
-
-
-def _listed_files(out: Path) -> set[str]:
-    """The token files an earlier meta.json in ``out`` lists (none if it is absent or unreadable)."""
-    try:
-        splits = read_meta(out)["splits"]
-    except (OSError, ValueError):
-        return set()
-    return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
 
 
 def summary(result: dict[str, Any]) -> str:

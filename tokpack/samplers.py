@@ -39,9 +39,23 @@ class Batch(list):
 def _checked_int(state: dict[str, Any], key: str, low: int, high: float) -> int:
     value = state.get(key) if isinstance(state, dict) else None
     if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"sampler state has {key}={value!r}; expected an int in {low}..{high}. "
-                         "Pass a state_dict() taken from the same sampler settings")
+        raise ValueError(f"state has {key}={value!r}; expected an int in {low}..{high}. "
+                         "Pass a state_dict() taken from the same settings")
     return value
+
+
+def check_state(state: Any, what: str, settings: dict[str, Any], last_batch: float) -> tuple[int, int]:
+    """(epoch, batch) of a ``what`` state, after checking its type, version, every setting (a
+    mismatch names both values) and that the position is in range."""
+    if not isinstance(state, dict):
+        raise TypeError(f"a {what} state is the dict from state_dict(), not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{what} state has version {state.get('version')!r}, this tokpack reads {STATE_VERSION}")
+    for key, value in settings.items():
+        if state.get(key) != value:
+            raise ValueError(f"{what} state was taken with {key}={state.get(key)!r} but this {what} has "
+                             f"{key}={value!r}; build the {what} with the same {key} (and data) to resume")
+    return _checked_int(state, "epoch", 0, 2**62), _checked_int(state, "batch", 0, last_batch)
 
 
 class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
@@ -93,16 +107,7 @@ class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; refused, naming both values, if taken under other settings."""
-        if not isinstance(state, dict):
-            raise TypeError(f"a sampler state is a dict from state_dict(), not {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"sampler state has version {state.get('version')!r}, this tokpack reads {STATE_VERSION}")
-        for key, value in self.settings().items():
-            if state.get(key) != value:
-                raise ValueError(f"sampler state was taken with {key}={state.get(key)!r} but this sampler has "
-                                 f"{key}={value!r}; build it with the same {key} to resume")
-        self.set_position(_checked_int(state, "epoch", 0, 2**62),
-                          _checked_int(state, "batch", 0, self.batches_per_epoch()))
+        self.set_position(*check_state(state, "sampler", self.settings(), self.batches_per_epoch()))
 
     def set_position(self, epoch: int, batch: int) -> None:
         """Make the next pass start at ``batch`` of ``epoch``; past the end it starts the next epoch."""

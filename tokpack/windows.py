@@ -72,6 +72,11 @@ class TokenWindows(Dataset):
             counts = np.maximum(self.lengths - T, 0)
         else:
             counts = np.where(self.lengths >= 2, -(-np.maximum(self.lengths - 1 - T, 0) // stride) + 1, 0)
+        if stride is not None and T >= self.lengths.max():
+            raise ValueError(
+                f"block_size {T} is longer than the {int(self.lengths.max()) - 1} targets of {self._names()}, so "
+                f"every window would be mostly padding; use a block_size below {int(self.lengths.max())}"
+            )
         if counts.sum() == 0:
             raise ValueError(
                 f"block_size {T} needs more than {T} tokens, but {self._names()} holds "
@@ -82,6 +87,7 @@ class TokenWindows(Dataset):
         # randomness a subclass draws from it is the same in any worker, and after any resume.
         self.rng = np.random.default_rng(0)
         self._tokens: list[np.ndarray] | None = None
+        self._max_id: int | None = None
 
     def default_sampler(self, batch_size: int, seed: int, *, shuffle: bool | None = None,
                         num_samples: int | None = None, drop_last: bool | None = None, rank: int | None = None,
@@ -96,6 +102,12 @@ class TokenWindows(Dataset):
         if num_samples is not None:
             raise ValueError("num_samples applies to random-start windows; strided windows are used once per epoch")
         return index_sampler(len(self), batch_size, seed, shuffle, drop_last, rank, world_size)
+
+    def max_id(self) -> int:
+        """The largest token id in the files (read once, then kept), to check a model's vocabulary."""
+        if self._max_id is None:
+            self._max_id = max(int(t.max()) for t in self.tokens())
+        return self._max_id
 
     def fingerprint(self) -> list[Any]:
         """Each file's name, size and (for prepared files) sha256 from meta.json, so that a resume

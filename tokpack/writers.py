@@ -32,8 +32,8 @@ def in_val(text_hash: bytes, val_fraction: float) -> bool:
 
 
 def tmp_path(path: Path) -> Path:
-    """Where ``path`` is written before the rename that publishes it."""
-    return path.with_name(f".{path.name}{TMP_SUFFIX}")
+    """Where ``path`` is written before the rename that publishes it: unique to this process."""
+    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
 class HashingWriter:

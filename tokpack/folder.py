@@ -1,0 +1,156 @@
+"""The output folder of a prepare run: locked, checked, and published whole or not at all.
+
+    python -m tokpack.prepare corpus/ --out-dir data/web     # holds the folder's lock while it runs
+
+A folder is never written by two runs at once, never overwrites token files another tool wrote
+(without --force), and ends whole (verified, meta.json last) or without meta.json and without
+this run's files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .format import META_NAME, read_meta
+from .verify import VerifyError, verify_folder
+from .writers import TMP_SUFFIX, SplitWriter, write_json_atomic
+
+# Files other tools write into a data folder; never overwritten without --force.
+TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|.+_(train|val|test)_\d+\.bin")
+
+
+class OutputFolder:
+    """The output folder of one run, as a context manager.
+
+    Created with any missing parents, and locked for the whole run (an advisory ``flock`` on
+    ``.tokpack.lock``, released by the kernel if the run is killed, so a stale lock never
+    blocks); a second run into it fails at once naming the holder. Temporary files that killed
+    runs left behind are removed. If the run fails, every folder it created is removed again.
+    """
+
+    LOCK = ".tokpack.lock"
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.created: list[Path] = []
+        self._lock: BinaryIO | None = None
+
+    def __enter__(self) -> OutputFolder:
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot create output folder {self.path} ({exc.strerror}); "
+                             "choose a writable --out-dir") from None
+        self.created = missing  # deepest first
+        try:
+            self._acquire()
+        except BaseException:
+            self._remove_created()
+            raise
+        for stale in self.path.glob(f".*{TMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+        return self
+
+    def _acquire(self) -> None:
+        lock_path = self.path / self.LOCK
+        while True:
+            try:
+                f = open(lock_path, "a+b")
+            except OSError as exc:
+                raise ValueError(f"output folder {self.path} is not writable ({exc.strerror}); "
+                                 "choose a writable --out-dir") from None
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().decode("ascii", "replace").strip() or "unknown"
+                f.close()
+                raise ValueError(f"{self.path} is being written by another tokpack.prepare (pid {holder}); "
+                                 "wait for it to finish or choose another --out-dir") from None
+            # A run that finished between our open and our lock unlinked the file we hold.
+            if os.path.exists(lock_path) and os.fstat(f.fileno()).st_ino == os.stat(lock_path).st_ino:
+                break
+            f.close()
+        f.truncate(0)
+        f.write(str(os.getpid()).encode())
+        f.flush()
+        self._lock = f
+
+    def _remove_created(self) -> None:
+        for folder in self.created:
+            try:
+                folder.rmdir()  # only if empty: a failed run leaves nothing behind, not its folders
+            except OSError:
+                break
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        if self._lock is not None:
+            (self.path / self.LOCK).unlink(missing_ok=True)
+            self._lock.close()  # closing releases the lock
+            self._lock = None
+        if kind is not None:
+            self._remove_created()
+
+
+def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
+    target = out.resolve()
+    for folder in map(Path.resolve, folders):
+        if target == folder or folder in target.parents:
+            raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
+                             "its own output; choose an --out-dir outside the input folders")
+    for f in files:
+        if f.resolve().parent == target and (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME):
+            raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
+    if force or not out.is_dir():
+        return
+    if (out / META_NAME).exists():
+        raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
+    theirs = sorted(p.name for p in out.iterdir() if TOKEN_FILE.fullmatch(p.name))
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
+        raise ValueError(f"{out} holds token files that tokpack did not write ({shown}); pass --force to "
+                         "overwrite them or choose another --out-dir")
+
+
+def publish(out: Path, meta: dict[str, Any], writers: list[SplitWriter]) -> None:
+    """Rename the finished files into place, meta.json last, and verify the result.
+
+    If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
+    and none of this run's token files.
+    """
+    new = {p.name for w in writers for p in w.outputs()}
+    stale = _listed_files(out) - new
+    # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
+    (out / META_NAME).unlink(missing_ok=True)
+    try:
+        for name in stale:  # an earlier run's extra shards must not be read with this run's
+            (out / name).unlink(missing_ok=True)
+        for writer in writers:
+            writer.publish()
+        write_json_atomic(out / META_NAME, meta)
+        try:
+            verify_folder(out)
+        except VerifyError as exc:
+            raise ValueError(f"the written folder {out} does not verify ({exc}); check the disk and rerun") from None
+    except BaseException:
+        (out / META_NAME).unlink(missing_ok=True)
+        for name in new:
+            (out / name).unlink(missing_ok=True)
+        raise
+
+
+def _listed_files(out: Path) -> set[str]:
+    """The token files an earlier meta.json in ``out`` lists (none if it is absent or unreadable)."""
+    try:
+        splits = read_meta(out)["splits"]
+    except (OSError, ValueError):
+        return set()
+    return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
