@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 
@@ -92,3 +93,74 @@ def test_pieces_skip_empty_documents_and_number_the_rest():
     assert all(0 < len(p.text) for p in got)
     whole = list(pieces(iter([iter(["a b c d e f"])]), 4, cut_inside=False))
     assert [(p.text, p.last) for p in whole] == [("a b c d e f", True)]
+
+
+def test_links_special_files_and_duplicates(tmp_path):
+    c = tmp_path / "corpus"
+    (c / "sub").mkdir(parents=True)
+    (c / "a.txt").write_text("a")
+    (c / "sub" / "b.txt").write_text("b")
+    (c / "self").symlink_to(".")
+    (c / "sub" / "up").symlink_to("..")
+    os.mkfifo(c / "pipe")  # reading it would block forever
+    with pytest.warns(UserWarning, match="skipping .*pipe: not a regular file"):
+        by_glob = resolve_inputs([str(c / "**")])
+    with pytest.warns(UserWarning, match="pipe"):
+        by_folder = resolve_inputs([c])
+    assert [p.name for p in by_glob] == [p.name for p in by_folder] == ["a.txt", "b.txt"]
+    with pytest.warns(UserWarning, match="reached twice; it is read once"):
+        assert resolve_inputs([c / "a.txt", c / "a.txt", c / "self" / "a.txt"]) == [c / "a.txt"]
+    with pytest.raises(ValueError, match="pipe is not a regular file"):
+        resolve_inputs([c / "pipe"])
+    (tmp_path / "data[1].txt").write_text("literal")
+    assert resolve_inputs([str(tmp_path / "data[1].txt")]) == [tmp_path / "data[1].txt"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "not gzip"])
+def test_damaged_gzip_is_one_line_naming_the_file(tmp_path, damage):
+    good = gzip.compress(("hello world " * 5000).encode())
+    data = {"truncated": good[: len(good) // 2], "corrupt": good[:20] + b"\xff" * 50 + good[70:],
+            "not gzip": b"plain text, not gzip"}[damage]
+    (tmp_path / "d.txt.gz").write_bytes(data)
+    with pytest.raises(ValueError, match=r"d.txt.gz is not a readable gzip file") as exc:
+        _texts(documents([tmp_path / "d.txt.gz"], "strict", None, "text"))
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ('{"text": 42}', "has 'text' of type int, not a string"),
+    ('{"text": null}', "has 'text' of type NoneType, not a string"),
+    ('{"text": "\\ud800 lone"}', "holds a lone surrogate"),
+    ("[" * 100_000 + "]" * 100_000, "is not a JSON record"),
+    ('{"text": "x", "n": ' + "9" * 5000 + "}", "is not a JSON record"),
+])
+def test_bad_jsonl_records_name_the_file_and_line(tmp_path, line, fragment):
+    (tmp_path / "r.jsonl").write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError) as exc:
+        _texts(documents([tmp_path / "r.jsonl"], "strict", None, "text"))
+    assert "r.jsonl:2 " in str(exc.value) and fragment in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_lone_surrogates_are_replaced_with_errors_replace(tmp_path):
+    (tmp_path / "r.jsonl").write_text('{"text": "a\\ud800b"}\n')
+    assert _texts(documents([tmp_path / "r.jsonl"], "replace", None, "text")) == ["a\ufffdb"]
+
+
+def test_text_files_read_with_universal_newlines_and_jsonl_as_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 3)  # a \r\n split across two read blocks too
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\rthree\r\n\r\nfour")
+    assert _texts(documents([tmp_path / "crlf.txt"], "strict", None, "text")) == ["one\ntwo\nthree\n\nfour"]
+    assert count_chars(tmp_path / "crlf.txt", "strict") == len("one\ntwo\nthree\n\nfour")
+    (tmp_path / "r.jsonl").write_text(json.dumps({"text": "keeps\r\nthis"}) + "\n")
+    assert _texts(documents([tmp_path / "r.jsonl"], "strict", None, "text")) == ["keeps\r\nthis"]
+    (tmp_path / "bad.txt").write_bytes(b"a\r\nb\r\n\xff")
+    with pytest.raises(ValueError, match="not valid UTF-8 at byte 6"):  # the offset counts the bytes as stored
+        _texts(documents([tmp_path / "bad.txt"], "strict", None, "text"))
+
+
+def test_a_long_run_without_cut_points_warns_once(monkeypatch):
+    monkeypatch.setattr(corpus, "UNCUT_WARN_CHARS", 100)
+    with pytest.warns(UserWarning, match="holds a run of over 100 characters with no safe cut point") as record:
+        out = list(pieces(iter([iter(["a" * 150, "a" * 150])]), 20, cut_inside=True))
+    assert len(record) == 1 and "".join(p.text for p in out) == "a" * 300

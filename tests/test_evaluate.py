@@ -78,6 +78,10 @@ def test_gpt_checkpoint_sweep_and_bad_inputs(prepared, tmp_path, capsys):
         "stride 0 must lie in 1..block_size": ["--model", "bigram", "--stride", "0"],
         "stride 300 must lie in 1..block_size": ["--model", "bigram", "--block-size", "32", "--stride", "300"],
         "is not a GPT checkpoint": ["--checkpoint", str(prepared / "meta.json")],
+        "--block-size 0 must be at least 1": ["--model", "bigram", "--block-size", "0"],
+        "block_size 100000000 is longer than the": ["--model", "bigram", "--block-size", str(10**8)],
+        "add_k nan must be positive": ["--model", "bigram", "--add-k", "nan"],
+        "argument --batch-size: invalid int value": ["--model", "bigram", "--batch-size", "x"],
     }
     for fragment, argv in cases.items():
         with pytest.raises(SystemExit) as exc:
@@ -212,3 +216,20 @@ def test_evaluate_is_a_function_even_after_the_command_is_imported():
 
     assert callable(evaluate) and type(evaluate).__name__ == "function" and evaluate.__module__ == "tokpack.evaluation"
     assert type(prepare).__name__ == "function" and prepare.__module__ == "tokpack.preparation"
+
+
+def test_ids_a_model_cannot_index_are_refused_before_any_batch(prepared):
+    model = GPT(GPTConfig(vocab_size=1000, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    loader = build_loader(TokenWindows(prepared / "val.bin", 16, stride=16), 4)
+    with pytest.raises(ValueError, match=r"the data holds token id \d+ but GPT's vocab_size is 1000"):
+        tokpack.evaluate(model, loader)
+
+
+def test_ranks_in_the_environment_without_a_group_are_one_line_from_the_clis(prepared):
+    import os
+
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-m", "tokpack.check", str(prepared)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        line for line in done.stderr.strip().splitlines() if "WORLD_SIZE=2 is set but torch.distributed" in line]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -39,10 +40,13 @@ def _folder_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_one_document_matches_nanogpt_shakespeare_prepare(tmp_path):
-    data = "\n".join(f"FIRST CITIZEN {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300))
-    (tmp_path / "input.txt").write_text(data, "utf-8")
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_one_document_matches_nanogpt_shakespeare_prepare(tmp_path, newline):
+    text = "\n".join(f"FIRST CITIZEN {i}:\nBefore we proceed any further, hear me speak.\n" for i in range(300))
+    (tmp_path / "input.txt").write_bytes(text.replace("\n", newline).encode())
     out = _run(tmp_path, tmp_path / "input.txt", piece_chars=64)
+    with open(tmp_path / "input.txt", encoding="utf-8") as f:  # nanoGPT's prepare.py: text mode
+        data = f.read()
     n = len(data)
     train_ids = ENC.encode_ordinary(data[: int(n * 0.9)])
     val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
@@ -50,6 +54,7 @@ def test_one_document_matches_nanogpt_shakespeare_prepare(tmp_path):
     assert (out / "val.bin").read_bytes() == np.array(val_ids, dtype=np.uint16).tobytes()
     meta = read_meta(out)
     assert meta["single_document"] and meta["eot"] == "none" and meta["dtype"] == "uint16"
+    assert meta["text_newlines"] == "universal"
     assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 1
 
 
@@ -148,6 +153,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
     (tmp_path / "ow").mkdir()
     (tmp_path / "ow" / "val.idx").write_text("not a corpus to overwrite")
     big = write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(" ".join(map(str, range(5000))).encode())[:100])
+    (tmp_path / "r.jsonl").write_text('{"text": 42}\n')
     out = tmp_path / "out"
     cases = {
         "does not exist": [str(tmp_path / "missing.txt")],
@@ -161,6 +168,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
         "uint16 cannot hold encoding 'cl100k_base'": [str(good), "--encoding", str(big), "--dtype", "uint16"],
         "cannot create output folder": [str(good), "--out-dir", str(tmp_path / "afile" / "sub")],
         "lies inside the corpus": [str(good), "--out-dir", str(good / "prepared")],
+        "cut.txt.gz is not a readable gzip file": [str(tmp_path / "cut.txt.gz"), str(good)],
+        "r.jsonl:1 has 'text' of type int": [str(good), str(tmp_path / "r.jsonl")],
+        "seed = 1180591620717411303424 in the command line is not int": [str(good), "--seed", str(2**70)],
         "would be overwritten by the output": [str(tmp_path / "ow" / ".." / "ow" / "val.idx"),
                                                "--out-dir", str(tmp_path / "ow")],
     }

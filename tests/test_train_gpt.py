@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import ROOT
@@ -39,6 +40,23 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     assert a["step"] == b["step"] == 2 * k and a["loader"] == b["loader"]
     assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
     assert [e["loss"] for e in a["evals"]] == [e["loss"] for e in b["evals"]] and len(a["evals"]) == 3
+    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k + 2), "--resume")  # a longer run continues
+    assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, 2 * k + 3))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--resume"], "--resume needs"),
+    (["--device", "cuda"], "this torch has no CUDA device"),
+    (["--n-layer", "x"], "argument --n-layer: invalid int value"),
+])
+def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fragment):
+    if args[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("CUDA is present")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_gpt.py"), "--data-dir", str(prepared),
+                           "--out-dir", str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_ddp_under_torchrun_each_rank_draws_its_own_reproducible_stream(prepared, tmp_path):

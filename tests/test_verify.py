@@ -69,3 +69,60 @@ def test_inspect_decodes_a_peek(prepared):
         describe(prepared, "val", at=10**9)
     with pytest.raises(ValueError, match="split 'test' is not in"):
         describe(prepared, "test")
+
+
+@pytest.mark.parametrize("content,reason", [
+    ('{"format_version": 1}', "is malformed: dtype None"),
+    ("[]", "format_version None"),
+    ("FORGED_DTYPE", "is malformed: dtype 'foo'"),
+    ("FORGED_SPLITS", "split 'train' needs tokens"),
+])
+def test_malformed_meta_is_a_verdict_and_one_line_for_every_reader(prepared, capsys, content, reason):
+    from tokpack.windows import TokenWindows
+
+    meta = json.loads((prepared / "meta.json").read_text())
+    if content == "FORGED_DTYPE":
+        content = json.dumps({**meta, "dtype": "foo"})
+    elif content == "FORGED_SPLITS":
+        content = json.dumps({**meta, "splits": {"train": {"tokens": "many"}}})
+    (prepared / "meta.json").write_text(content)
+    assert main([str(prepared)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "is NOT whole" in err and reason in err and "\n" not in err and "Traceback" not in err
+    with pytest.raises(ValueError, match=reason):
+        TokenWindows(prepared, 8, split="train")
+    with pytest.raises(ValueError, match=reason):
+        describe(prepared)
+
+
+def test_a_split_shorter_than_meta_json_says_is_refused_on_open(prepared):
+    from tokpack.windows import TokenWindows
+
+    data = (prepared / "val.bin").read_bytes()
+    (prepared / "val.bin").write_bytes(data[:-2])  # one token short
+    with pytest.raises(ValueError, match="meta.json records .* tokens .* changed or truncated"):
+        TokenWindows(prepared / "val.bin", 8)
+
+
+def test_verify_reports_ids_beyond_the_vocabulary(prepared, capsys):
+    tokens = np.fromfile(prepared / "val.bin", dtype=np.uint16)
+    tokens[3] = 60000
+    tokens.tofile(prepared / "val.bin")
+    _rehash(prepared, "val", "bin")
+    assert main([str(prepared)]) == 1
+    assert "holds id 60000" in capsys.readouterr().err
+
+
+def test_non_increasing_document_index_is_refused(prepared):
+    from tokpack.documents import DocumentDataset
+
+    starts = np.fromfile(prepared / "train.idx", dtype="<u8")
+    starts[[1, 2]] = starts[[2, 1]]
+    starts.tofile(prepared / "train.idx")
+    with pytest.raises(ValueError, match="not a strictly increasing list of document starts"):
+        DocumentDataset(prepared / "train.bin", 16)
+
+
+def test_inspect_refuses_a_negative_count(prepared):
+    with pytest.raises(ValueError, match="--count -5 must be at least 1"):
+        describe(prepared, count=-5)
