@@ -169,3 +169,27 @@ def test_folders_never_mix_splits_and_globs_select(tmp_path, prepared):
     assert TokenWindows(prepared, 8, split="val").paths == [prepared / "val.bin"]
     with pytest.raises(ValueError, match="prepared folder with splits train, val; pass split="):
         TokenWindows(prepared, 8)
+
+
+@pytest.mark.parametrize("stride", [None, 10, 6])
+def test_compact_batches_widen_to_the_same_windows_in_any_process(tmp_path, stride):
+    from tokpack.loader import build_loader
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for k, n in enumerate((50, 9, 70)):
+        shard_file(folder / f"web_train_{k:06d}.bin", np.arange(k * 1000, k * 1000 + n))
+    ds = TokenWindows(folder, block_size=10, stride=stride)
+    everything = list(range(len(ds)))
+    wide = ds.__getitems__(everything)
+    ds.compact = True
+    compact = ds.__getitems__(everything)
+    assert compact.tokens.dtype == np.uint16 and compact.tokens.shape == (len(ds), 11)
+    assert all(torch.equal(a, b) for a, b in zip(compact.to("cpu").widen(), wide))  # the device path
+    assert all(torch.equal(a, b) and a.is_contiguous() for a, b in zip(compact.widen(), wide))
+    ds.compact = False
+    kwargs = {"num_samples": 40} if stride is None else {}
+    in_process = [b for b in build_loader(ds, 4, 3, **kwargs)]
+    workers = [b for b in build_loader(ds, 4, 3, num_workers=2, **kwargs)]
+    assert len(workers) == len(in_process) and all(
+        torch.equal(a.x, b.x) and torch.equal(a.y, b.y) for a, b in zip(in_process, workers))

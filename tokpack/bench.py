@@ -5,12 +5,19 @@
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
 
 Each prints a table and, last, one JSON line with every figure. Absolute times are noise on a
-shared machine; the ratios are the result.
+shared machine; the ratios are the result: medians over rounds in which the runs take turns.
+Installed peers run too (nanoGPT's openwebtext recipe on HF datasets, litdata); to install them
+without replacing torch:
+
+    pip install datasets
+    pip install --no-deps litdata lightning-utilities && pip install boto3 tifffile obstore
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,42 +75,100 @@ def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int) -> dict[str
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int) -> dict[str, Any]:
+def interleaved(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Each run's wall times over ``rounds`` rounds, the runs taking turns within a round, so that a
+    noisy stretch of a shared machine falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(timed(fn)[1])
+    return times
+
+
+def ratio(times: dict[str, list[float]], ours: str, other: str) -> float:
+    """Median over rounds of other's time / ours: above 1, ours is faster."""
+    return statistics.median(o / t for t, o in zip(times[ours], times[other]))
+
+
+def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
+                  peers: bool) -> dict[str, Any]:
     enc = load_encoding("gpt2")
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-        docs = synthetic_corpus(Path(tmp) / "corpus", megabytes)
-        one, t_one = timed(lambda: sum(len(enc.encode_ordinary(d)) for d in docs), repeat)
-        batch, t_batch = timed(lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers))), repeat)
-        config = PrepareConfig(inputs=(str(Path(tmp) / "corpus"),), out_dir=str(Path(tmp) / "out"),
-                               workers=workers, quiet=True, force=True)
-        result, t_prep = timed(lambda: prepare(config), repeat)
-        eots = sum(s["documents"] for s in result["splits"].values())
-        prepared = sum(s["tokens"] for s in result["splits"].values()) - eots
-        assert one == batch == prepared, (one, batch, prepared)
-        rss_corpus = Path(tmp) / "corpus"
+        corpus = Path(tmp) / "corpus"
+        docs = synthetic_corpus(corpus, megabytes)
+        files = sorted(corpus.iterdir())
+        config = PrepareConfig(inputs=(str(corpus),), out_dir=str(Path(tmp) / "out"), workers=workers, quiet=True,
+                               force=True)
+        counts: dict[str, int] = {}
+
+        def count(name: str, fn: Callable[[], int]) -> Callable[[], None]:
+            return lambda: counts.__setitem__(name, fn())
+
+        runs = {
+            "encode_ordinary, 1 thread": count("one", lambda: sum(len(enc.encode_ordinary(d)) for d in docs)),
+            f"encode_ordinary_batch, {workers} threads":
+                count("batch", lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers)))),
+            f"tokpack.prepare, {workers} workers": count("tokpack", lambda: _prepared_tokens(prepare(config))),
+        }
+        if peers:
+            from . import bench_peers
+
+            for name, module, fn in (
+                ("nanoGPT openwebtext recipe (HF datasets)", "datasets",
+                 lambda: _quietly(bench_peers.nanogpt_openwebtext, files, _fresh(Path(tmp) / "hf"), workers)),
+                ("litdata optimize (TokensLoader)", "litdata",
+                 lambda: _quietly(bench_peers.litdata_optimize, files, _fresh(Path(tmp) / "lit"), workers)),
+            ):
+                skip = bench_peers.missing(module)
+                if skip:
+                    print(f"{name}: {skip}")
+                else:
+                    runs[f"{name}, {workers} workers"] = fn
+        times = interleaved(runs, repeat)
+        assert counts["one"] == counts["batch"] == counts["tokpack"], counts
+        rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
             synthetic_corpus(rss_corpus, rss_megabytes)
         rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers)["peak_rss_mb"]
+    tokens = counts["one"]
+    ours = f"tokpack.prepare, {workers} workers"
+    rows = [{"run": name, "seconds": statistics.median(t), "tokens/s": tokens / statistics.median(t),
+             "tokpack time / this": 1 / ratio(times, ours, name)} for name, t in times.items()]
     corpus_mb = sum(len(d.encode()) for d in docs) / 1e6
-    rows = [
-        {"run": "encode_ordinary, 1 thread", "seconds": t_one, "tokens/s": one / t_one},
-        {"run": f"encode_ordinary_batch, {workers} threads", "seconds": t_batch, "tokens/s": batch / t_batch},
-        {"run": f"tokpack.prepare, {workers} workers", "seconds": t_prep, "tokens/s": prepared / t_prep},
-    ]
-    for row in rows:
-        row["vs 1 thread"] = row["tokens/s"] / rows[0]["tokens/s"]
-        row["vs all-core"] = row["tokens/s"] / rows[1]["tokens/s"]
-    print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {one:,} tokens; best of {repeat} runs each")
-    print(table(rows, ["run", "seconds", "tokens/s", "vs 1 thread", "vs all-core"]))
+    print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {tokens:,} tokens; "
+          f"medians of {repeat} interleaved rounds")
+    print(table(rows, ["run", "seconds", "tokens/s", "tokpack time / this"]))
     print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB")
+    names = list(times)
     return {
-        "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": one, "workers": workers, "repeat": repeat,
-        "raw_1thread_tok_s": rows[0]["tokens/s"], "raw_allcore_tok_s": rows[1]["tokens/s"],
-        "prepare_tok_s": rows[2]["tokens/s"], "prepare_vs_allcore": rows[2]["vs all-core"],
-        "prepare_vs_1thread": rows[2]["vs 1 thread"], "rss_corpus_mb": rss_megabytes or corpus_mb,
-        "prepare_peak_rss_mb": rss,
+        "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": tokens, "workers": workers,
+        "rounds": repeat, "prepare_tok_s": tokens / statistics.median(times[ours]),
+        "prepare_vs_1thread": ratio(times, ours, names[0]), "prepare_vs_allcore": ratio(times, ours, names[1]),
+        **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[3:]},
+        "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
     }
+
+
+def _prepared_tokens(result: dict[str, Any]) -> int:
+    return sum(s["tokens"] - s["documents"] for s in result["splits"].values())  # less one eot a document
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
+    from .bench_peers import quiet
+
+    with quiet():
+        return fn(*args)
+
+
+def _fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _key(name: str) -> str:
+    return "_".join(name.split(",")[0].split("(")[0].lower().split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--rss-mb", type=float, default=None,
                     help="corpus size in MB for the peak-RSS run (default: the same corpus); try 1024")
     pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
-    pp.add_argument("--repeat", type=int, default=3, help="runs of each, the best counts (default: 3)")
+    pp.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    pp.add_argument("--no-peers", action="store_true", help="skip the installed peers (default: run them)")
     lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
     lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
     lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
@@ -123,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--memory-batches", type=int, default=10_000,
                     help="batches before worker memory is read (default: 10000)")
     lp.add_argument("--work", type=int, default=300, help="per-sample work rounds for the workers table (default: 300)")
+    lp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+    lp.add_argument("--no-peers", action="store_true", help="skip litdata even if installed (default: run it)")
     tp = sub.add_parser("train", help="the three loops on scripts/train_gpt.py's model")
     tp.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
     tp.add_argument("--config", type=Path, default=Path("configs/train_sample.toml"),
@@ -133,13 +201,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         if args.what == "prepare":
-            figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat)
+            figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
+                                    not args.no_peers)
         elif args.what == "loader":
             from .bench_loops import bench_loader
 
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
-                                       args.memory_batches, args.work)
+                                       args.memory_batches, args.work, args.rounds, not args.no_peers)
         else:
             from .bench_loops import bench_train
 

@@ -8,6 +8,7 @@ the int64 widening, no DataLoader).
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -142,7 +143,7 @@ def _startup_seconds(path: Path, context: str) -> float:
 
 
 def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, batches: int,
-                 memory_batches: int, work: int) -> dict[str, Any]:
+                 memory_batches: int, work: int, rounds: int = 5, peers: bool = True) -> dict[str, Any]:
     path = folder / "tokens.bin"
     np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
     # First, before anything in this process has started a forkserver.
@@ -156,22 +157,45 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
 
     data = np.memmap(path, dtype=np.uint16, mode="r")
     T, B = block_size, batch_size
-    per_batch = B * T
     g, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
-    nanogpt = _per_second(lambda: [get_batch_nanogpt(path, T, B, g) for _ in range(batches)], batches * per_batch)
-    raw = _per_second(lambda: [raw_gather(data, T, B, rng) for _ in range(batches)], batches * per_batch)
     ds = TokenWindows(path, T, dtype="uint16")
-    loader = build_loader(ds, B, seed=0, num_samples=B * batches)
-    ours = _per_second(lambda: [None for _ in loader], batches * per_batch)
-    rows = [
-        {"run": "nanoGPT get_batch", "tokens/s": nanogpt},
-        {"run": "raw gather + int64 (no DataLoader)", "tokens/s": raw},
-        {"run": "tokpack build_loader, 0 workers", "tokens/s": ours},
-    ]
-    for row in rows:
-        row["vs nanoGPT"], row["vs raw"] = row["tokens/s"] / nanogpt, row["tokens/s"] / raw
-    print(f"B={B}, T={T}, {tokens:,}-token uint16 memmap in the page cache, {batches} batches, best of 3")
+    in_process = build_loader(ds, B, seed=0)  # endless: each round reads on
+    with_workers = build_loader(ds, B, seed=0, num_workers=2, persistent_workers=True)
+    streams = {"0": iter(in_process), "2": iter(with_workers)}
+    next(streams["2"])  # the workers start outside the timing
+    runs = {
+        "nanoGPT get_batch": lambda: [get_batch_nanogpt(path, T, B, g) for _ in range(batches)],
+        "raw gather + int64 (no DataLoader)": lambda: [raw_gather(data, T, B, rng) for _ in range(batches)],
+        "tokpack build_loader, 0 workers": lambda: [next(streams["0"]) for _ in range(batches)],
+        "tokpack build_loader, 2 workers": lambda: [next(streams["2"]) for _ in range(batches)],
+    }
+    if peers:
+        from . import bench_peers
+
+        skip = bench_peers.missing("litdata")
+        if skip:
+            print(f"litdata StreamingDataLoader: {skip}")
+        else:
+            with bench_peers.quiet():
+                read = bench_peers.litdata_loader(path, T, B, 2)
+                read(1)  # its workers start outside the timing
+            runs["litdata StreamingDataLoader, 2 workers"] = lambda: read(batches)
+    from .bench import interleaved, ratio
+
+    times = interleaved(runs, rounds)
+    names = list(times)
+    rows = [{"run": name, "tokens/s": batches * B * T / statistics.median(t),
+             "vs nanoGPT": ratio(times, names[0], name) ** -1, "vs raw": ratio(times, names[1], name) ** -1}
+            for name, t in times.items()]
+    print(f"B={B}, T={T}, {tokens:,}-token uint16 memmap in the page cache, {batches} batches a run, "
+          f"medians of {rounds} interleaved rounds")
     print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw"]))
+    speed = {row["run"]: row for row in rows}
+    figures = {"loader_vs_nanogpt": speed[names[2]]["vs nanoGPT"], "loader_vs_raw": speed[names[2]]["vs raw"],
+               "workers2_vs_nanogpt": speed[names[3]]["vs nanoGPT"]}
+    if len(names) > 4:
+        figures["workers2_vs_litdata2"] = ratio(times, names[3], names[4])
+    del streams, with_workers
 
     small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
     loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")
@@ -192,9 +216,7 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
     memory = _worker_memory(path, memory_batches, T, B)
     print(f"worker memory after {memory_batches:,} batches of B={B}, T={T}")
     print(table(memory, ["worker", "anon_growth_mb", "file_backed_growth_mb", "anon_mb"]))
-    return {"bench": "loader", "B": B, "T": T, "tokens": tokens,
-            "nanogpt_tok_s": nanogpt, "raw_tok_s": raw, "loader_tok_s": ours,
-            "loader_vs_nanogpt": ours / nanogpt, "loader_vs_raw": ours / raw, **loops,
+    return {"bench": "loader", "B": B, "T": T, "tokens": tokens, **figures, **loops,
             "samples_per_s": worker_rows, "work": work,
             **startup, "worker_anon_growth_mb": max(r["anon_growth_mb"] for r in memory),
             "memory_batches": memory_batches}

@@ -15,6 +15,7 @@ thrown away).
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,22 +23,25 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .runtime import mix_seed, resolve_pin_memory, seed_worker, worker_context
+from .runtime import mix_seed, resolve_pin_memory, seed_worker, to_device, worker_context
 from .samplers import STATE_VERSION, ResumableBatchSampler, check_state, index_sampler
-from .windows import collate_windows
+from .windows import CompactWindows, TokenWindows, collate_windows
 
 
 class TokenLoader:
     """A DataLoader plus the position (epoch, batch) it has handed out, for exact resume."""
 
-    def __init__(self, dataloader: DataLoader, sampler: ResumableBatchSampler, seed: int):
-        self.dataloader, self.sampler, self.seed = dataloader, sampler, seed
+    def __init__(self, dataloader: DataLoader, sampler: ResumableBatchSampler, seed: int,
+                 device: torch.device | str | None = None, dataset: Dataset | None = None):
+        self.dataloader, self.sampler, self.seed, self.device = dataloader, sampler, seed, device
+        self._dataset = dataset if dataset is not None else dataloader.dataset
         self.epoch = 0
         self.batch = 0
 
     @property
     def dataset(self) -> Dataset:
-        return self.dataloader.dataset
+        """The dataset as the user built it (workers may read a compact copy of it)."""
+        return self._dataset
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -50,6 +54,10 @@ class TokenLoader:
         self.dataloader.generator = torch.Generator().manual_seed(
             mix_seed("workers", self.seed, self.sampler.rank, self.epoch))
         for item in self.dataloader:
+            if isinstance(item, CompactWindows):  # from workers: widen here, after the copy to the device
+                item = (item if self.device is None else item.to(self.device)).widen()
+            elif self.device is not None:
+                item = to_device(item, self.device)
             self.batch += 1
             if self.batch >= per_epoch:  # roll over now, so a state taken here resumes in the next epoch
                 self.epoch, self.batch = self.epoch + 1, 0
@@ -87,6 +95,7 @@ def build_loader(
     world_size: int | None = None,
     sampler: ResumableBatchSampler | None = None,
     collate_fn: Any = None,
+    device: torch.device | str | None = None,
 ) -> TokenLoader:
     """A resumable loader over ``dataset`` (usually a ``TokenWindows``).
 
@@ -96,7 +105,9 @@ def build_loader(
     decides batch size, seed, shuffling and ranks: a ``batch_size`` or ``seed`` that contradicts
     it is refused. ``seed`` defaults to 0. ``rank``/``world_size`` default to torch.distributed's.
     ``collate_fn`` defaults to the dataset's ``default_collate_fn``. ``pin_memory="auto"`` pins
-    only with an accelerator. ``multiprocessing_context="default"`` is fork where the platform
+    only with an accelerator. With workers, ``TokenWindows`` batches cross the process boundary as
+    the stored uint16/uint32 tokens, once, and are widened to int64 x and y in the main process,
+    or with ``device`` on the device after the copy; ``device`` also moves every other batch. ``multiprocessing_context="default"`` is fork where the platform
     has it, so workers start in any script, with or without a ``__main__`` guard.
     """
     if sampler is None:
@@ -122,8 +133,14 @@ def build_loader(
         if persistent_workers or prefetch_factor is not None:
             warnings.warn("persistent_workers and prefetch_factor have no effect with num_workers=0", stacklevel=2)
         persistent_workers, prefetch_factor = False, None
+    # Workers send a TokenWindows batch as its stored tokens (2 or 4 bytes each), not as int64 x
+    # and y (16 bytes); a subclass that overrides __getitems__ gets its own batches unchanged.
+    compact = num_workers > 0 and getattr(type(dataset), "__getitems__", None) is TokenWindows.__getitems__
+    read = copy.copy(dataset) if compact else dataset
+    if compact:
+        read.compact = True  # type: ignore[attr-defined]
     loader = DataLoader(
-        dataset,
+        read,
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate_fn or getattr(dataset, "default_collate_fn", collate_windows),
@@ -134,7 +151,7 @@ def build_loader(
         prefetch_factor=prefetch_factor,
         generator=torch.Generator().manual_seed(sampler.seed),
     )
-    return TokenLoader(loader, sampler, sampler.seed)
+    return TokenLoader(loader, sampler, sampler.seed, device, dataset)
 
 
 def _check_sampler(sampler: Any, batch_size: int | None, seed: int | None, **ignored: Any) -> None:

@@ -32,15 +32,51 @@ IGNORE_INDEX = -100
 
 
 class WindowBatch(NamedTuple):
-    """A batch read in one vectorised gather: x and y of shape (B, T), int64."""
+    """A batch read in one vectorised gather: x and y of shape (B, T), int64, each contiguous."""
 
     x: torch.Tensor
     y: torch.Tensor
 
 
+class CompactWindows(NamedTuple):
+    """B windows of T + 1 tokens as stored (uint16 or uint32): what a worker sends, 2 or 4 bytes a
+    token instead of the 16 of int64 x and y, as numpy arrays, which cross the process boundary
+    as plain bytes (cheaper than torch's shared-memory tensors at these sizes). ``widen()``, here
+    or after ``to(device)`` on the device, gives the WindowBatch.
+
+    In evaluation mode ``valid`` counts each row's real tokens (the rest is padding) and
+    ``later`` marks rows whose first ``overlap`` targets an earlier window already scored.
+    """
+
+    tokens: np.ndarray | torch.Tensor
+    valid: np.ndarray | torch.Tensor | None
+    later: np.ndarray | torch.Tensor | None
+    overlap: int
+
+    def widen(self) -> WindowBatch:
+        t = self.tokens
+        if isinstance(t, np.ndarray):  # numpy widens a strided view faster than torch does
+            x, y = torch.from_numpy(t[:, :-1].astype(np.int64)), torch.from_numpy(t[:, 1:].astype(np.int64))
+        else:
+            x, y = t[:, :-1].to(torch.int64), t[:, 1:].to(torch.int64)  # each a contiguous copy
+        if self.valid is not None:
+            valid, later = torch.as_tensor(self.valid, device=x.device), torch.as_tensor(self.later, device=x.device)
+            position = torch.arange(x.shape[1], device=x.device)
+            x.masked_fill_(position >= valid[:, None], 0)
+            y.masked_fill_(position + 1 >= valid[:, None], IGNORE_INDEX)
+            if self.overlap:
+                y[:, : self.overlap].masked_fill_(later[:, None], IGNORE_INDEX)
+        return WindowBatch(x, y)
+
+    def to(self, device: torch.device | str) -> CompactWindows:
+        """The same windows on ``device``, still in their stored width: the smallest copy."""
+        move = lambda a: None if a is None else torch.as_tensor(a).to(device, non_blocking=True)  # noqa: E731
+        return CompactWindows(move(self.tokens), move(self.valid), move(self.later), self.overlap)
+
+
 def collate_windows(batch: Any) -> Any:
     """The loader's collate step: batches from ``__getitems__`` pass through, samples stack."""
-    if isinstance(batch, WindowBatch):
+    if isinstance(batch, (WindowBatch, CompactWindows)):
         return batch
     return default_collate(batch)
 
@@ -83,11 +119,26 @@ class TokenWindows(Dataset):
                 f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        # Reseeded for every batch from the batch's place (seed, rank, epoch, batch), so any
-        # randomness a subclass draws from it is the same in any worker, and after any resume.
-        self.rng = np.random.default_rng(0)
+        # Set on the copy a loader's workers read: they send CompactWindows, widened in the main process.
+        self.compact = False
+        self._rng_seed = 0
+        self._rng: np.random.Generator | None = None
         self._tokens: list[np.ndarray] | None = None
+        self._windows: list[np.ndarray | None] = []
         self._max_id: int | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """A numpy Generator for augmentation in subclasses, seeded afresh for every batch from the
+        batch's place (seed, rank, epoch, batch): the same draws in any worker, after any resume.
+        Made on first use in a batch, so batches that draw nothing pay nothing."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._rng_seed)
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     def default_sampler(self, batch_size: int, seed: int, *, shuffle: bool | None = None,
                         num_samples: int | None = None, drop_last: bool | None = None, rank: int | None = None,
@@ -126,22 +177,37 @@ class TokenWindows(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling an open memmap copies the corpus into the pickle; workers reopen it instead.
-        return {**self.__dict__, "_tokens": None}
+        return {**self.__dict__, "_tokens": None, "_windows": None}
 
     def tokens(self) -> list[np.ndarray]:
         """The memory-mapped files, opened on first use in this process."""
         if self._tokens is None:
             # Plain ndarray views of the maps: np.memmap's own __getitem__ costs more than the gather.
             self._tokens = [np.asarray(open_tokens(p, self.dtype_arg)) for p in self.paths]
+            width = self.block_size + 1
+            self._windows = [np.lib.stride_tricks.sliding_window_view(t, width) if len(t) >= width else None
+                             for t in self._tokens]
         return self._tokens
 
     def _read(self, f: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Windows of T + 1 tokens from file ``f``; in evaluation mode also where they run past its end."""
-        pos = starts[:, None] + np.arange(self.block_size + 1)
+        """Windows of T + 1 tokens from file ``f``; in evaluation mode also each row's real tokens.
+
+        Rows come from a sliding-window view of the file, one contiguous copy each with no index
+        array; only evaluation windows that run past the file's end are gathered position by
+        position (clamped, the overhang later masked).
+        """
+        tokens, windows = self.tokens()[f], self._windows[f]
         if self.stride is None:
-            return self.tokens()[f][pos], None
-        n = int(self.lengths[f])
-        return self.tokens()[f][np.minimum(pos, n - 1)], pos >= n
+            return windows[starts], None
+        n, width = len(tokens), self.block_size + 1
+        full = starts + width <= n
+        if full.all():
+            return windows[starts], n - starts
+        out = np.empty((len(starts), width), dtype=tokens.dtype)
+        if windows is not None:
+            out[full] = windows[starts[full]]
+        out[~full] = tokens[np.minimum(starts[~full, None] + np.arange(width), n - 1)]
+        return out, n - starts
 
     @property
     def scored_tokens(self) -> int:
@@ -157,39 +223,44 @@ class TokenWindows(Dataset):
         batch = self.__getitems__([index])
         return batch.x[0], batch.y[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
-        """B windows in one vectorised gather per file."""
+    def __getitems__(self, indices: Sequence[int]) -> WindowBatch | CompactWindows:
+        """B windows in one vectorised gather per file: int64 (x, y), or with ``compact`` the
+        stored tokens, which the loader widens in the main process (or on the device)."""
         seed = getattr(indices, "seed", None)
         if seed is not None:
-            self.rng = np.random.default_rng(seed)
+            self._rng_seed, self._rng = seed, None
+        batch = self.gather(indices)
+        return batch if self.compact else batch.widen()
+
+    def gather(self, indices: Sequence[int]) -> CompactWindows:
+        """The windows' T + 1 tokens as stored, one (B, T + 1) array, with what widening needs."""
         idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+        if idx.size and (idx.min() < 0 or idx.max() >= self.first[-1]):
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
-        T = self.block_size
+        if len(self.paths) == 1:  # the usual case: one file, one gather, no per-file copy
+            local = idx
+            gathered, valid = self._read(0, idx * (self.stride or 1))
+            return self._compact(gathered, valid, local)
         file_of = np.searchsorted(self.first, idx, side="right") - 1
         local = idx - self.first[file_of]
         starts = local * (self.stride or 1)
         files = np.unique(file_of)
-        if len(files) == 1:  # the usual case: one gather, no per-file copy
-            gathered, pad = self._read(int(files[0]), starts)
+        if len(files) == 1:
+            gathered, valid = self._read(int(files[0]), starts)
         else:
-            gathered = np.empty((len(idx), T + 1), dtype=self.dtype)
-            pad = np.zeros(gathered.shape, dtype=bool) if self.stride is not None else None
+            gathered = np.empty((len(idx), self.block_size + 1), dtype=self.dtype)
+            valid = np.empty(len(idx), dtype=np.int64) if self.stride is not None else None
             for f in files:
                 rows = file_of == f
-                gathered[rows], file_pad = self._read(int(f), starts[rows])
-                if pad is not None:
-                    pad[rows] = file_pad
-        # Widen x and y separately: both come out contiguous, with no copy beyond the widening.
-        x = torch.from_numpy(gathered[:, :-1].astype(np.int64))
-        y = torch.from_numpy(gathered[:, 1:].astype(np.int64))
-        if self.stride is not None:
-            x[torch.from_numpy(pad[:, :-1])] = 0
-            y[torch.from_numpy(pad[:, 1:])] = IGNORE_INDEX
-            overlap = T - self.stride
-            if overlap:
-                y[torch.from_numpy(local > 0), :overlap] = IGNORE_INDEX
-        return WindowBatch(x, y)
+                gathered[rows], file_valid = self._read(int(f), starts[rows])
+                if valid is not None:
+                    valid[rows] = file_valid
+        return self._compact(gathered, valid, local)
+
+    def _compact(self, gathered: np.ndarray, valid: np.ndarray | None, local: np.ndarray) -> CompactWindows:
+        if self.stride is None:
+            return CompactWindows(gathered, None, None, 0)
+        return CompactWindows(gathered, valid, local > 0, self.block_size - self.stride)
 
     def __repr__(self) -> str:
         mode = f"stride={self.stride}" if self.stride else "every start"
