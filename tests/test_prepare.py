@@ -333,3 +333,13 @@ def test_uint32_summary_names_the_readers_that_work(tmp_path, capsys):
     assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--encoding", str(big), "--dtype", "uint32"]) == 0
     note = [line for line in capsys.readouterr().out.splitlines() if "uint32" in line and "note" in line]
     assert len(note) == 1 and "nanoGPT's train.py reads uint16" in note[0] and "--format llmc" in note[0]
+
+
+def test_the_prepare_command_never_loads_torch(tmp_path):
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    code = ("import runpy, sys; sys.argv = ['prepare', sys.argv[1], '--out-dir', sys.argv[2], '--quiet']\n"
+            "try:\n    runpy.run_module('tokpack.prepare', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    assert not e.code, e.code\nprint('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "o")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
