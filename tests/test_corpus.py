@@ -7,7 +7,8 @@ import os
 import pytest
 
 from tokpack import corpus
-from tokpack.corpus import count_chars, documents, is_single_document, pieces, resolve_inputs, split_runs
+from tokpack.corpus import count_chars, documents, is_single_document, pieces, split_runs
+from tokpack.inputs import resolve_inputs
 
 
 def _texts(docs) -> list[str]:
@@ -164,3 +165,40 @@ def test_a_long_run_without_cut_points_warns_once(monkeypatch):
     with pytest.warns(UserWarning, match="holds a run of over 100 characters with no safe cut point") as record:
         out = list(pieces(iter([iter(["a" * 150, "a" * 150])]), 20, cut_inside=True))
     assert len(record) == 1 and "".join(p.text for p in out) == "a" * 300
+
+
+def test_parquet_rows_and_zstd_frames_are_documents(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    zstandard = pytest.importorskip("zstandard")
+    texts = [f"document {i}: " + "words " * (i % 7) for i in range(50)]
+    table = pa.table({"id": list(range(50)), "body": texts})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=8)  # several row groups
+    assert _texts(documents([tmp_path / "d.parquet"], "strict", None, "text", "body")) == texts
+    with pytest.raises(ValueError, match=r"d.parquet has no column 'text' \(found \['id', 'body'\]\).*--text-column"):
+        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text"))
+    with pytest.raises(ValueError, match=r"d.parquet row 1 has 'id' of type int, not a string"):
+        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text", "id"))
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    (tmp_path / "t.txt.zst").write_bytes(zstandard.ZstdCompressor().compress("one\r\ntext file".encode()))
+    assert _texts(documents([tmp_path / "d.jsonl.zst", tmp_path / "t.txt.zst"], "strict", None, "text")) == [
+        *texts, "one\ntext file"]
+    assert is_single_document([tmp_path / "d.parquet"], None) is False
+    (tmp_path / "bad.txt.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
+    with pytest.raises(ValueError, match="bad.txt.zst is not a readable zstd file"):
+        _texts(documents([tmp_path / "bad.txt.zst"], "strict", None, "text"))
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # the extra is not installed
+    with pytest.raises(ValueError, match=r'needs zstandard; pip install "tokpack\[zstd\]"'):
+        _texts(documents([tmp_path / "t.txt.zst"], "strict", None, "text"))
+
+
+def test_truncated_zstd_is_refused_not_read_short(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    frames = b"".join(zstandard.ZstdCompressor().compress(f"frame {i} ".encode() * 300) for i in range(3))
+    (tmp_path / "whole.txt.zst").write_bytes(frames)
+    assert _texts(documents([tmp_path / "whole.txt.zst"], "strict", None, "text")) == [
+        "".join(f"frame {i} " * 300 for i in range(3))]
+    (tmp_path / "cut.txt.zst").write_bytes(frames[:-7])
+    with pytest.raises(ValueError, match="cut.txt.zst is not a readable zstd file .*truncated"):
+        _texts(documents([tmp_path / "cut.txt.zst"], "strict", None, "text"))

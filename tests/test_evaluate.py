@@ -233,3 +233,8 @@ def test_ranks_in_the_environment_without_a_group_are_one_line_from_the_clis(pre
                           env=env, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         line for line in done.stderr.strip().splitlines() if "WORLD_SIZE=2 is set but torch.distributed" in line]
+
+
+def test_every_public_name_is_exported_and_visible_to_static_analysis():
+    assert set(tokpack.__all__) == {"__version__", *tokpack._EXPORTS}
+    assert all(getattr(tokpack, name) is not None for name in tokpack._EXPORTS)

@@ -343,3 +343,22 @@ def test_the_prepare_command_never_loads_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "o")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_parquet_and_zstd_inputs_prepare_like_jsonl(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    zstandard = pytest.importorskip("zstandard")
+    docs = make_docs(40, words=80)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"content": docs}), tmp_path / "b" / "d.parquet", row_group_size=7)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        (tmp_path / "a" / "d.jsonl").read_bytes()))
+    outs = [_run(tmp_path, tmp_path / "a", out="oa", val_fraction=0.3),
+            _run(tmp_path, tmp_path / "b", out="ob", val_fraction=0.3, text_column="content"),
+            _run(tmp_path, tmp_path / "c", out="oc", val_fraction=0.3)]
+    assert len({(o / "train.bin").read_bytes() for o in outs}) == 1
+    assert len({(o / "val.bin").read_bytes() for o in outs}) == 1

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from tokpack.samplers import EpochSampler, RandomStartSampler, InOrderSampler
 
@@ -162,3 +162,29 @@ def test_torchdata_stateful_dataloader_resumes_in_o1_and_epochs_differ(prepared,
     assert rows(head) + rest == epochs[1]
     assert drawn[0] == 3 and len(drawn) == len(rest) // 4 + (len(rest) % 4 > 0) + 1  # no fast-forward
     assert rows(resumed) == epochs[2]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1000, 10_007])
+def test_computed_shuffles_are_permutations_that_change_every_epoch(n):
+    from tokpack.permutation import Shuffle
+
+    orders = [Shuffle(n, "epoch", 5, epoch)(np.arange(n, dtype=np.uint64)).tolist() for epoch in (0, 1)]
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    if n >= 7:
+        assert orders[0] != orders[1] and orders[0] != list(range(n))
+    assert Shuffle(n, "epoch", 5, 0)(np.arange(n, dtype=np.uint64)).tolist() == orders[0]
+
+
+def test_shuffled_epochs_of_billions_resume_in_constant_memory():
+    import resource
+
+    s = EpochSampler(9_000_000_000, 64, seed=0, world_size=3, rank=2)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s.set_position(4, 10**9 // 64)
+    first = next(iter(s))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert len(first) == 64 and len(set(first)) == 64 and max(first) < 9_000_000_000
+    assert grown_mb < 50  # a permutation of 9e9 int64 indices would take 72 GB
+    again = EpochSampler(9_000_000_000, 64, seed=0, world_size=3, rank=2)
+    again.set_position(4, 10**9 // 64)
+    assert next(iter(again)) == first

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import base64
 import hashlib
 import socket
 from pathlib import Path

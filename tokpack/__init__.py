@@ -64,7 +64,15 @@ if TYPE_CHECKING:
     from .tokenizer import load_encoding
     from .windows import TokenWindows, collate_windows
 
-__all__ = ["__version__", *_EXPORTS]
+# Spelled out, so that static analysis sees the public names; tests check it matches _EXPORTS.
+__all__ = [
+    "__version__",
+    "TokenWindows", "collate_windows", "build_loader", "TokenLoader", "seed_worker", "to_device", "rank_world",
+    "evaluate", "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler",
+    "WeightedSampler", "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset",
+    "pad_collate", "MixedWindows", "TokenStream", "build_stream_loader", "PrepareConfig", "prepare",
+    "load_encoding", "open_tokens", "read_meta",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -195,7 +195,8 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
                "workers2_vs_nanogpt": speed[names[3]]["vs nanoGPT"]}
     if len(names) > 4:
         figures["workers2_vs_litdata2"] = ratio(times, names[3], names[4])
-    del streams, with_workers
+    streams.clear()  # lets the persistent workers go before the next measurements
+    del with_workers
 
     small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
     loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")

@@ -1,6 +1,6 @@
 """Corpus input: resolve paths to files and stream their documents as bounded text pieces.
 
-    python -c "from tokpack.corpus import resolve_inputs; print(resolve_inputs(['corpus/']))"
+    python -c "from tokpack.corpus import documents; print(next(documents([...], 'strict', None, 'text')))"
 
 Every file is a document, every ``.jsonl`` record is a document, and ``doc_sep`` cuts text files
 into documents. Long documents come out as pieces cut only where the encoding's split pattern
@@ -12,17 +12,16 @@ from __future__ import annotations
 import codecs
 import contextlib
 import gzip
+import importlib
 import io
 import json
-import os
 import re
-import stat
 import warnings
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .tokenizer import safe_cut
 
@@ -41,100 +40,80 @@ class Piece:
     last: bool
 
 
+COMPRESSED = (".gz", ".zst")
+
+
 def is_jsonl(path: Path) -> bool:
-    return path.name.removesuffix(".gz").endswith(".jsonl")
+    name = path.name
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
+    return name.endswith(".jsonl")
+
+
+def is_parquet(path: Path) -> bool:
+    return path.suffix == ".parquet"
+
+
+def is_records(path: Path) -> bool:
+    """Whether each record of the file (jsonl line, parquet row) is a document."""
+    return is_jsonl(path) or is_parquet(path)
+
+
+def _extra(module: str, extra: str, path: Path) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"reading {path} needs {module}; pip install \"tokpack[{extra}]\"") from None
 
 
 def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if path.suffix == ".zst":
+        return io.BufferedReader(_ZstdReader(path, _extra("zstandard", "zstd", path)))
+    return open(path, "rb")
 
 
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False
+class _ZstdReader(io.RawIOBase):
+    """A .zst file's frames decompressed as they are read (memory stays flat), refusing a file
+    that ends inside a frame: zstandard's own readers return a truncated file's text silently."""
 
+    def __init__(self, path: Path, zstandard: Any):
+        self.path, self.zstandard, self.file = path, zstandard, open(path, "rb")
+        self.frame = zstandard.ZstdDecompressor().decompressobj()
+        self.fed = False  # whether the current frame has been given any input
+        self.pending = b""
 
-def _walk(folder: Path) -> list[Path]:
-    """Files below ``folder``, sorted, hidden ones skipped; directory links are never followed."""
-    found = []
-    for root, dirs, names in os.walk(folder):  # os.walk does not descend into linked directories
-        dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders: .git and kin
-        found += [Path(root, n) for n in names if not n.startswith(".")]
-    return sorted(found, key=lambda p: p.parts)
+    def readable(self) -> bool:
+        return True
 
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            chunk = self.file.read(1 << 20)
+            if not chunk:
+                if self.fed and not self.frame.eof:
+                    raise self.zstandard.ZstdError("the file ends inside a frame (truncated)")
+                return 0
+            while chunk:
+                self.fed = True
+                self.pending += self.frame.decompress(chunk)
+                if not self.frame.eof:
+                    break
+                chunk = self.frame.unused_data  # the next frame starts here
+                self.frame, self.fed = self.zstandard.ZstdDecompressor().decompressobj(), False
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
 
-def _glob(raw: str) -> list[Path]:
-    """Matches of a glob, sorted; ``**`` recurses without following directory links."""
-    parts = Path(raw).parts
-    first = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
-    root = Path(*parts[:first]) if first else Path(".")
-    pattern = "/".join(parts[first:])
-    if pattern.endswith("**"):
-        pattern += "/*"  # glob.glob's 'dir/**' means everything below dir
-
-    def reached_by_link(path: Path) -> bool:
-        rel = path.relative_to(root).parts
-        return any(root.joinpath(*rel[:k]).is_symlink() for k in range(1, len(rel)))
-
-    matches = [p for p in root.glob(pattern) if not any(part.startswith(".") for part in p.relative_to(root).parts)]
-    return sorted((p for p in matches if not p.is_dir() and not reached_by_link(p)), key=lambda p: p.parts)
-
-
-def resolve_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
-    """Each path as given with its files: a file, a folder (recursive, sorted) or a glob.
-
-    An existing path is taken literally before it is read as a glob (``data[1].txt``). Only
-    regular files are read: others found in folders or globs (FIFOs, sockets, devices) are skipped
-    with a warning, and refused when named directly. A file reached twice is read once.
-    """
-    if not paths:
-        raise ValueError("no corpus given; pass files, folders or globs")
-    groups: list[tuple[str, list[Path]]] = []
-    seen: set[tuple[int, int]] = set()
-    for raw in map(str, paths):
-        path = Path(raw)
-        if path.is_dir():
-            found = _walk(path)
-            if not found:
-                raise ValueError(f"folder {raw} holds no readable files; put .txt/.jsonl files in it")
-        elif path.exists():
-            if not _regular(path):
-                raise ValueError(f"corpus path {raw} is not a regular file (a pipe, socket or device); "
-                                 "pass files, folders or globs of regular files")
-            found = [path]
-        elif any(ch in raw for ch in "*?["):
-            found = _glob(raw)
-            if not found:
-                raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern and quote it")
-        else:
-            raise FileNotFoundError(f"corpus path {raw} does not exist; pass a file, a folder or a glob")
-        files = []
-        for f in found:
-            if not _regular(f):
-                warnings.warn(f"skipping {f}: not a regular file", stacklevel=2)
-                continue
-            info = f.stat()
-            if (info.st_dev, info.st_ino) in seen:
-                warnings.warn(f"{f} is reached twice; it is read once", stacklevel=2)
-                continue
-            seen.add((info.st_dev, info.st_ino))
-            files.append(f)
-        groups.append((raw, files))
-    if not any(files for _, files in groups):
-        raise ValueError(f"the inputs ({', '.join(map(str, paths))}) hold no regular files; pass text files")
-    return groups
-
-
-def resolve_inputs(paths: Sequence[str | Path]) -> list[Path]:
-    """Files from paths, folders (recursively, sorted) and globs, in the order given, each once."""
-    return [f for _, files in resolve_groups(paths) for f in files]
+    def close(self) -> None:
+        self.file.close()
+        super().close()
 
 
 def is_single_document(files: Sequence[Path], doc_sep: str | None) -> bool:
     """A lone text file with no separator is one document (nanoGPT's Shakespeare case)."""
-    return len(files) == 1 and not is_jsonl(files[0]) and not doc_sep
+    return len(files) == 1 and not is_records(files[0]) and not doc_sep
 
 
 @contextlib.contextmanager
@@ -145,6 +124,10 @@ def _readable(path: Path) -> Iterator[None]:
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         reason = str(exc) or type(exc).__name__
         raise ValueError(f"{path} is not a readable gzip file ({reason}); re-create it or leave it out") from None
+    except Exception as exc:
+        if type(exc).__name__ != "ZstdError":
+            raise
+        raise ValueError(f"{path} is not a readable zstd file ({exc}); re-create it or leave it out") from None
 
 
 def _decoded_blocks(path: Path, errors: str) -> Iterator[str]:
@@ -160,7 +143,7 @@ def _decoded_blocks(path: Path, errors: str) -> Iterator[str]:
                 text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as exc:
                 where = offset - pending + exc.start
-                unit = "uncompressed byte" if path.suffix == ".gz" else "byte"
+                unit = "uncompressed byte" if path.suffix in COMPRESSED else "byte"
                 raise ValueError(
                     f"{path} is not valid UTF-8 at {unit} {where} ({exc.reason}); "
                     "fix the file or pass --errors replace"
@@ -253,11 +236,38 @@ def _jsonl_documents(path: Path, errors: str, key: str) -> Iterator[Iterator[str
                 yield iter((_jsonl_text(path, number, line, start, errors, key),))
 
 
-def documents(files: Sequence[Path], errors: str, doc_sep: str | None, jsonl_key: str) -> Iterator[Iterator[str]]:
+def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterator[str]]:
+    """The ``column`` of every row, read a batch of a row group at a time."""
+    pq = _extra("pyarrow.parquet", "parquet", path)
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own types for a file that is not parquet
+        raise ValueError(f"{path} is not a readable parquet file ({exc}); re-create it or leave it out") from None
+    names = table.schema_arrow.names
+    if column not in names:
+        raise ValueError(f"{path} has no column {column!r} (found {names}); pass --text-column with the text column")
+    row = 0
+    for batch in table.iter_batches(batch_size=1024, columns=[column]):
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if not isinstance(value, str):
+                raise ValueError(f"{path} row {row} has {column!r} of type {type(value).__name__}, not a string; "
+                                 "fix the file or pass --text-column with the text column")
+            surrogate = _SURROGATE.search(value)
+            if surrogate and errors != "replace":
+                raise ValueError(f"{path} row {row} holds a lone surrogate in {column!r}; fix the file or pass "
+                                 "--errors replace")
+            yield iter((_SURROGATE.sub("\ufffd", value) if surrogate else value,))
+
+
+def documents(files: Sequence[Path], errors: str, doc_sep: str | None, jsonl_key: str,
+              text_column: str = "text") -> Iterator[Iterator[str]]:
     """Every document of every file, in order, each as an iterator of its text runs."""
     for path in files:
         if is_jsonl(path):
             yield from _jsonl_documents(path, errors, jsonl_key)
+        elif is_parquet(path):
+            yield from _parquet_documents(path, errors, text_column)
         else:
             yield from _text_documents(path, errors, doc_sep)
 

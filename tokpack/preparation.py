@@ -29,10 +29,11 @@ from tqdm import tqdm
 
 from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
-from .corpus import (Piece, count_chars, documents, is_jsonl, is_single_document, pieces, resolve_groups,
+from .corpus import (Piece, count_chars, documents, is_jsonl, is_parquet, is_records, is_single_document, pieces,
                      split_runs)
-from .format import FORMAT_VERSION, SPLITS
 from .folder import OutputFolder, check_out_dir, publish
+from .format import FORMAT_VERSION, SPLITS
+from .inputs import resolve_groups
 from .writers import DocumentBuffer, SplitWriter, in_val
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
@@ -55,6 +56,7 @@ class PrepareConfig:
     eot: str = "auto"
     doc_sep: str | None = None
     jsonl_key: str = "text"
+    text_column: str = "text"
     errors: str = "strict"
     workers: int = 0
     piece_chars: int = 1 << 18
@@ -81,8 +83,8 @@ class PrepareConfig:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2 (default {1 << 18})")
 
     def output_options(self) -> dict[str, Any]:
-        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "errors", "format",
-                "shard_tokens")
+        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
+                "format", "shard_tokens")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -166,11 +168,13 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
     files = [f for _, found in groups for f in found]
     single = is_single_document(files, config.doc_sep)
-    jsonl = [is_jsonl(f) for f in files]
-    if config.doc_sep and all(jsonl):
-        warnings.warn("--doc-sep has no effect: every input is .jsonl, whose records are the documents", stacklevel=2)
-    if config.jsonl_key != default_of(PrepareConfig, "jsonl_key") and not any(jsonl):
-        warnings.warn(f"--jsonl-key {config.jsonl_key!r} has no effect: no input is .jsonl", stacklevel=2)
+    if config.doc_sep and all(map(is_records, files)):
+        warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
+                      stacklevel=2)
+    for option, of_kind, kind in (("jsonl_key", is_jsonl, ".jsonl"), ("text_column", is_parquet, ".parquet")):
+        value = getattr(config, option)
+        if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
+            warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=2)
     llmc = config.format == "llmc"
     if config.shard_tokens != default_of(PrepareConfig, "shard_tokens") and not llmc:
         warnings.warn("--shard-tokens has no effect without --format llmc", stacklevel=2)
@@ -179,7 +183,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
 
-    docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key)
+    docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key,
+                                              config.text_column)
     if single:
         n = count_chars(files[0], config.errors)
         if n == 0:
@@ -290,8 +295,8 @@ def summary(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("prepare", __doc__)
     d = lambda name: default_of(PrepareConfig, name)  # noqa: E731
-    p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; .txt, .jsonl, and .gz of "
-                   "both (default: the built-in sample corpus, the Python docs topics)")
+    p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
+                   "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
     p.add_argument("--out-dir", help="output folder (default: data/sample for the sample, else data/<first input's stem>)")
     p.add_argument("--encoding", help=f"tiktoken encoding name or .tiktoken file (default: {d('encoding')})")
     p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "
@@ -303,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"{d('eot')}: append, prepend with --format llmc, none for a corpus of one document)")
     p.add_argument("--doc-sep", help="cut text files into documents at this string (default: none)")
     p.add_argument("--jsonl-key", help=f"text field of .jsonl records (default: {d('jsonl_key')})")
+    p.add_argument("--text-column", help=f"text column of .parquet files (default: {d('text_column')})")
     p.add_argument("--errors", choices=["strict", "replace"], help=f"invalid UTF-8 handling (default: {d('errors')})")
     p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
     p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")

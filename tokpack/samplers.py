@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .permutation import Shuffle
 from .runtime import generator, mix_seed, rank_world
 
 CHUNK = 8192  # random draws are made this many at a time, each chunk from its own seed
@@ -272,9 +273,10 @@ class MixtureSampler(DrawSampler):
 class EpochSampler(IndexSampler):
     """A seeded shuffle of all items, reshuffled every epoch without a set_epoch call.
 
-    Distributed, each rank takes every world-th item of the shuffle after trimming it to a
-    multiple of the world size: equal-length, disjoint shares (DistributedSampler's
-    drop_last=True), so no rank waits for another in an all-reduce.
+    The shuffle is computed position by position (``tokpack.permutation.Shuffle``), never built:
+    O(batch) memory and O(1) resume at any number of items. Distributed, each rank takes every
+    world-th item of the shuffle after trimming it to a multiple of the world size: equal-length,
+    disjoint shares (DistributedSampler's drop_last=True), so no rank waits for another.
     """
 
     kind = "epoch"
@@ -291,9 +293,10 @@ class EpochSampler(IndexSampler):
         return whole + (1 if rest and not self.drop_last else 0)
 
     def indices(self, epoch: int, start: int) -> Iterator[int]:
-        order = torch.randperm(self.num_items, generator=generator("epoch", self.seed, epoch))
-        share = order[: self.per_rank * self.world_size][self.rank::self.world_size]
-        return iter(share[start:].tolist())
+        shuffle = Shuffle(self.num_items, "epoch", self.seed, epoch)
+        for lo in range(start, self.per_rank, CHUNK):
+            mine = np.arange(lo, min(lo + CHUNK, self.per_rank), dtype=np.uint64) * self.world_size + self.rank
+            yield from shuffle(mine).tolist()
 
 
 class InOrderSampler(IndexSampler):

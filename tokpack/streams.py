@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .corpus import documents, resolve_inputs
+from .corpus import documents
+from .inputs import resolve_inputs
 from .format import open_tokens
 from .runtime import generator, mix_seed, rank_world, resolve_pin_memory, seed_worker, worker_context
 from .tokenizer import load_encoding
