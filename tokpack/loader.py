@@ -107,8 +107,9 @@ def build_loader(
     ``collate_fn`` defaults to the dataset's ``default_collate_fn``. ``pin_memory="auto"`` pins
     only with an accelerator. With workers, ``TokenWindows`` batches cross the process boundary as
     the stored uint16/uint32 tokens, once, and are widened to int64 x and y in the main process,
-    or with ``device`` on the device after the copy; ``device`` also moves every other batch. ``multiprocessing_context="default"`` is fork where the platform
-    has it, so workers start in any script, with or without a ``__main__`` guard.
+    or with ``device`` on the device after the copy; ``device`` also moves every other batch.
+    ``multiprocessing_context="default"`` is fork where the platform has it, so workers start in
+    any script, with or without a ``__main__`` guard.
     """
     if sampler is None:
         if batch_size is None:
