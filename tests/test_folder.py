@@ -30,6 +30,19 @@ def _wait_for(proc, event):
     return False
 
 
+def _paused_at(corpus, out, event, *extra):
+    """A prepare run stopped (SIGSTOP) at the moment ``event()`` is seen, retried if a run ends
+    first, so that what follows happens at that point however loaded the machine is."""
+    for _ in range(3):
+        proc = _start(corpus, out, *extra)
+        if _wait_for(proc, event):
+            os.kill(proc.pid, signal.SIGSTOP)
+            if proc.poll() is None:
+                return proc
+        proc.wait()
+    pytest.fail("the run never reached the awaited point")
+
+
 def _temporaries(out):
     return list(out.glob(".*.tokpack-tmp")) if out.exists() else []
 
@@ -37,14 +50,7 @@ def _temporaries(out):
 def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "out"
-    for attempt in range(3):
-        first = _start(corpus, out, "--force")
-        if _wait_for(first, lambda: bool(_temporaries(out))):
-            os.kill(first.pid, signal.SIGSTOP)  # hold it mid-run, whatever the machine's speed
-            break
-        first.wait()
-    else:
-        pytest.fail("the first run never showed its temporary files")
+    first = _paused_at(corpus, out, lambda: bool(_temporaries(out)), "--force")
     try:
         second = subprocess.run([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out),
                                  "--quiet", "--force"], capture_output=True, text=True, timeout=300)
@@ -61,8 +67,7 @@ def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_p
 def test_a_killed_runs_lock_and_temporaries_do_not_block_the_next_run(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "out"
-    proc = _start(corpus, out)
-    assert _wait_for(proc, lambda: len(_temporaries(out)) >= 2)
+    proc = _paused_at(corpus, out, lambda: len(_temporaries(out)) >= 2)
     proc.kill()
     proc.wait()
     assert (out / ".tokpack.lock").exists() and _temporaries(out)
@@ -75,9 +80,9 @@ def test_a_killed_runs_lock_and_temporaries_do_not_block_the_next_run(tmp_path):
 def test_sigterm_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "a" / "b" / "out"
-    proc = _start(corpus, out)
-    assert _wait_for(proc, lambda: bool(_temporaries(out)))
-    proc.send_signal(signal.SIGTERM)
+    proc = _paused_at(corpus, out, lambda: bool(_temporaries(out)))
+    proc.send_signal(signal.SIGTERM)  # delivered when it continues, mid-run
+    os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "tokpack: terminated"
     assert not (tmp_path / "a").exists()  # the folders it created, parents included, are gone
