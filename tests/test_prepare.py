@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import make_docs, run_module, write_docs, write_tiktoken_file
 from tokpack import writers
@@ -362,3 +363,33 @@ def test_parquet_and_zstd_inputs_prepare_like_jsonl(tmp_path):
             _run(tmp_path, tmp_path / "c", out="oc", val_fraction=0.3)]
     assert len({(o / "train.bin").read_bytes() for o in outs}) == 1
     assert len({(o / "val.bin").read_bytes() for o in outs}) == 1
+
+
+def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path):
+    from tokpack.documents import DocumentDataset
+    from tokpack.evaluation import sweep
+
+    corpus = write_docs(tmp_path / "c", make_docs(40, words=200))
+    flat = _run(tmp_path, corpus, out="flat", val_fraction=0.3)
+    sharded = _run(tmp_path, corpus, out="sharded", val_fraction=0.3, shard_tokens=700)
+    meta = read_meta(sharded)
+    for split in ("train", "val"):
+        shards = meta["splits"][split]["shards"]
+        assert [s["file"] for s in shards] == [f"{split}_{k:06d}.bin" for k in range(len(shards))]
+        assert all(s["tokens"] == 700 for s in shards[:-1]) and len(shards) > 1
+        joined = b"".join((sharded / s["file"]).read_bytes() for s in shards)
+        assert joined == (flat / f"{split}.bin").read_bytes()  # bare shards: the flat split, cut
+        assert (sharded / f"{split}.idx").read_bytes() == (flat / f"{split}.idx").read_bytes()
+    verify_folder(sharded)
+    assert "decoded:" in describe(sharded, "train", at=695, count=10)
+    # Documents run on across shard boundaries and are read across them, whole.
+    whole, cut = (DocumentDataset(f, 10**6, split="train") for f in (flat, sharded))
+    assert len(cut) == len(whole) and all(torch.equal(cut[i], whole[i]) for i in range(len(whole)))
+    spanning = [i for i in range(len(cut)) if cut.starts[i] // 700 != (cut.ends[i] - 1) // 700]
+    assert spanning
+    row = {r["model"]: r for r in sweep(sharded, baselines=["bigram"], block_size=16, quiet=True)}
+    assert row["bigram"]["tokens"] == sum(s["tokens"] for s in meta["splits"]["val"]["shards"]) - len(
+        meta["splits"]["val"]["shards"])  # windows never cross a shard: n - 1 targets a shard
+    (sharded / "train_000001.bin").write_bytes((sharded / "train_000001.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="meta.json records 700 uint16 tokens"):
+        TokenWindows(sharded, 8, split="train")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .format import INDEX_DTYPE, open_tokens
+from .format import INDEX_DTYPE, open_tokens, read_meta, token_files
 from .windows import IGNORE_INDEX
 
 
@@ -58,21 +58,30 @@ def padded_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) ->
 class DocumentDataset(Dataset):
     """The documents of a prepared split (from its ``.idx``), each truncated to ``max_length``.
 
-    ``labels`` (one int per document) makes items ``(ids, label)`` pairs, for classification and
-    for ``inverse_frequency_weights``.
+    ``path`` is a split's ``.bin``, or a prepared folder with ``split=``; in a sharded folder a
+    document may run on across shard files, and is read across them, whole. ``labels`` (one int
+    per document) makes items ``(ids, label)`` pairs, for classification and for
+    ``inverse_frequency_weights``.
     """
 
     default_collate_fn = staticmethod(pad_collate)
 
-    def __init__(self, path: str | Path, max_length: int, labels: Sequence[int] | None = None):
+    def __init__(self, path: str | Path, max_length: int, labels: Sequence[int] | None = None,
+                 split: str | None = None):
         self.path = Path(path)
         if max_length < 1:
             raise ValueError(f"max_length {max_length} must be at least 1")
-        index = self.path.with_suffix(".idx")
+        if self.path.is_dir():
+            self.files = token_files(self.path, split)
+            index = self.path / read_meta(self.path)["splits"][split]["idx"]["file"]
+        else:
+            self.files, index = [self.path], self.path.with_suffix(".idx")
         if not index.is_file():
             raise FileNotFoundError(f"{index} is missing: documents need the index that tokpack.prepare writes "
                                     "beside each .bin; rerun python -m tokpack.prepare")
-        n = len(open_tokens(self.path))
+        sizes = [len(open_tokens(f)) for f in self.files]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # of each file in the split
+        n = int(self.offsets[-1])
         starts = np.fromfile(index, dtype=INDEX_DTYPE).astype(np.int64)
         if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n:
             raise ValueError(f"{index} is not a strictly increasing list of document starts inside {self.path} "
@@ -83,17 +92,28 @@ class DocumentDataset(Dataset):
         if labels is not None and len(labels) != len(starts):
             raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.path}; give one per document")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self._tokens: np.memmap | None = None
+        self._tokens: list[np.memmap] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokens": None}  # workers reopen the memmap, never copy it
+        return {**self.__dict__, "_tokens": None}  # workers reopen the memmaps, never copy them
 
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, i: int) -> Any:
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the split, across file boundaries."""
         if self._tokens is None:
-            self._tokens = open_tokens(self.path)
+            self._tokens = [open_tokens(f) for f in self.files]
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            local = start - int(self.offsets[first])
+            take = min(stop, int(self.offsets[first + 1])) - start
+            parts.append(self._tokens[first][local:local + take])
+            start, first = start + take, first + 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def __getitem__(self, i: int) -> Any:
         start = int(self.starts[i])
-        ids = torch.from_numpy(self._tokens[start:start + int(self.lengths[i])].astype(np.int64))
+        ids = torch.from_numpy(self._span(start, start + int(self.lengths[i])).astype(np.int64))
         return ids if self.labels is None else (ids, int(self.labels[i]))

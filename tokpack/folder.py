@@ -21,7 +21,7 @@ from .verify import VerifyError, verify_folder
 from .writers import TMP_SUFFIX, SplitWriter, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.
-TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|.+_(train|val|test)_\d+\.bin")
+TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)_\d+\.bin")
 
 
 class OutputFolder:

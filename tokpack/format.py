@@ -104,9 +104,14 @@ def _is_count(value: Any) -> bool:
 
 
 def _recorded_tokens(meta: dict[str, Any], name: str) -> int | None:
-    """Tokens meta.json records for the flat file ``name`` (shards carry their own header count)."""
-    return next((info["tokens"] for info in meta["splits"].values()
-                 if "bin" in info and info["bin"]["file"] == name), None)
+    """Tokens meta.json records for the token file ``name``: a flat split's, or a shard's."""
+    for info in meta["splits"].values():
+        if "bin" in info and info["bin"]["file"] == name:
+            return info["tokens"]
+        for shard in info.get("shards", []):
+            if shard["file"] == name:
+                return shard["tokens"]
+    return None
 
 
 def _header_words(path: Path) -> np.ndarray | None:

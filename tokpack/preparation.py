@@ -34,11 +34,12 @@ from .corpus import (Piece, count_chars, documents, is_jsonl, is_parquet, is_rec
 from .folder import OutputFolder, check_out_dir, publish
 from .format import FORMAT_VERSION, SPLITS
 from .inputs import resolve_groups
-from .writers import DocumentBuffer, SplitWriter, in_val
+from .writers import DocumentBuffer, ShardLayout, SplitWriter, in_val
 from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc")
+LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
 SAMPLE_CORPUS = Path("data/sample-corpus")
 
@@ -61,7 +62,7 @@ class PrepareConfig:
     workers: int = 0
     piece_chars: int = 1 << 18
     format: str = "flat"
-    shard_tokens: int = 100_000_000
+    shard_tokens: int = 0
     force: bool = False
     quiet: bool = False
 
@@ -77,8 +78,8 @@ class PrepareConfig:
             raise ValueError(f"--workers {self.workers} is negative; use 0 for all cores")
         if self.format not in FORMATS:
             raise ValueError(f"--format {self.format!r} is not one of {', '.join(FORMATS)}")
-        if self.shard_tokens < 1:
-            raise ValueError(f"--shard-tokens {self.shard_tokens} must be at least 1; llm.c uses 100000000")
+        if self.shard_tokens < 0:
+            raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2 (default {1 << 18})")
 
@@ -176,8 +177,6 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
             warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=2)
     llmc = config.format == "llmc"
-    if config.shard_tokens != default_of(PrepareConfig, "shard_tokens") and not llmc:
-        warnings.warn("--shard-tokens has no effect without --format llmc", stacklevel=2)
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
@@ -206,8 +205,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     sizes = {p: p.stat().st_size for p in files}
     with OutputFolder(out):
         check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
-        writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, config.shard_tokens if llmc else None)
-                   for s in SPLITS}
+        writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, _layout(config, out, s)) for s in SPLITS}
         try:
             _tokenize(stream, writers, DocumentBuffer(out, config.seed), single, config, started, sum(sizes.values()))
             documents_seen = sum(w.documents for w in writers.values())
@@ -245,6 +243,17 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
                               "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
+
+
+def _layout(config: PrepareConfig, out: Path, split: str) -> ShardLayout | None:
+    """How a split's tokens are cut into files: llm.c shards, bare shards, or one flat file."""
+    if config.format == "llmc":
+        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...
+        return ShardLayout(f"{out.resolve().name}_{split}_", 0 if split == "val" else 1,
+                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True)
+    if config.shard_tokens:
+        return ShardLayout(f"{split}_", 0, config.shard_tokens, header=False)
+    return None
 
 
 def _tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
@@ -314,8 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
     p.add_argument("--format", choices=FORMATS, help=f"flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / "
                    f"modded-nanogpt shards NAME_train_000001.bin, ... (default: {d('format')})")
-    p.add_argument("--shard-tokens", type=int, help=f"tokens per llmc shard at most (default: {d('shard_tokens')}, "
-                   "llm.c's)")
+    p.add_argument("--shard-tokens", type=int, help=f"write each split as shards of at most N tokens (default: "
+                   f"{d('shard_tokens')}: llm.c's {LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
     p.add_argument("--force", action="store_true", default=None,
                    help="overwrite an existing prepared folder or another tool's token files (default: off)")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")

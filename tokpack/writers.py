@@ -67,16 +67,27 @@ class HashingWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-class ShardWriter:
-    """A split as llm.c shards of at most ``shard_tokens`` tokens: 256 int32 header words
-    (magic, version, token count), then the tokens. Documents run on across shard boundaries,
-    so the shards' tokens, concatenated, are the flat split."""
+@dataclass(frozen=True)
+class ShardLayout:
+    """How a split is cut into files: ``{prefix}{k:06d}.bin`` from k = ``first``, at most
+    ``max_tokens`` tokens each (None: no limit), with llm.c's header or with none."""
 
-    def __init__(self, folder: Path, name: str, split: str, dtype: np.dtype, shard_tokens: int):
-        self.folder, self.dtype, self.shard_tokens = folder, dtype, shard_tokens
+    prefix: str
+    first: int
+    max_tokens: int | None
+    header: bool
+
+
+class ShardWriter:
+    """A split as shard files (llm.c's: 256 int32 header words, magic, version, token count, then
+    the tokens; or bare tokens). Documents run on across shard boundaries, so the shards' tokens,
+    concatenated, are the flat split."""
+
+    def __init__(self, folder: Path, layout: ShardLayout, dtype: np.dtype):
+        self.folder, self.dtype, self.layout = folder, dtype, layout
+        self.shard_tokens = layout.max_tokens or np.iinfo(np.int64).max
         self.magic, self.version = SHARD_VERSIONS[dtype.name], SHARD_DTYPE_VERSION[dtype.name]
-        # llm.c's numbering: val shards from 000000, train shards from 000001.
-        self.prefix, self.next_index = f"{name}_{split}_", 0 if split == "val" else 1
+        self.prefix, self.next_index = layout.prefix, layout.first
         self.shards: list[dict[str, Any]] = []
         self.paths: list[Path] = []
         self._file: BinaryIO | None = None
@@ -87,7 +98,8 @@ class ShardWriter:
         self.next_index += 1
         self.paths.append(path)
         self._file = open(tmp_path(path), "w+b")
-        self._file.write(bytes(SHARD_HEADER_BYTES))  # the header is filled in when the count is known
+        if self.layout.header:
+            self._file.write(bytes(SHARD_HEADER_BYTES))  # filled in when the count is known
         self._count = 0
 
     def write(self, data: np.ndarray) -> None:
@@ -104,10 +116,11 @@ class ShardWriter:
     def _finish(self) -> None:
         f = self._file
         assert f is not None
-        header = np.zeros(SHARD_HEADER_BYTES // 4, dtype="<i4")
-        header[:3] = (self.magic, self.version, self._count)
-        f.seek(0)
-        f.write(header.tobytes())
+        if self.layout.header:
+            header = np.zeros(SHARD_HEADER_BYTES // 4, dtype="<i4")
+            header[:3] = (self.magic, self.version, self._count)
+            f.seek(0)
+            f.write(header.tobytes())
         f.flush()
         os.fsync(f.fileno())
         f.seek(0)
@@ -137,25 +150,26 @@ class ShardWriter:
 
 @dataclass
 class SplitWriter:
-    """One split's tokens (a flat .bin, or llm.c shards with ``shard_tokens``) and its .idx,
-    written to temporary names."""
+    """One split's tokens (one flat .bin, or shards by ``layout``) and its document index (at
+    ``idx_name``, default ``SPLIT.idx``), written to temporary names."""
 
     folder: Path
     split: str
     dtype: np.dtype
     eot: str
     eot_id: int
-    shard_tokens: int | None = None
+    layout: ShardLayout | None = None
+    idx_name: str = ""
     tokens: int = 0
     documents: int = 0
 
     def __post_init__(self) -> None:
         self.bin: HashingWriter | ShardWriter
-        if self.shard_tokens:
-            self.bin = ShardWriter(self.folder, self.folder.resolve().name, self.split, self.dtype, self.shard_tokens)
+        if self.layout is not None:
+            self.bin = ShardWriter(self.folder, self.layout, self.dtype)
         else:
             self.bin = HashingWriter(self.folder / f"{self.split}.bin")
-        self.idx = HashingWriter(self.folder / f"{self.split}.idx")
+        self.idx = HashingWriter(self.folder / (self.idx_name or f"{self.split}.idx"))
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
