@@ -198,42 +198,51 @@ def _text_documents(path: Path, errors: str, doc_sep: str | None) -> Iterator[It
             return
 
 
-def _jsonl_text(path: Path, number: int, line: bytes, start: int, errors: str, key: str) -> str:
-    """The text field of one jsonl record, or a ValueError naming the file and line."""
+def _jsonl_text(where: str, line: bytes, start: int, errors: str, key: str) -> str:
+    """The text field of one jsonl record, or a ValueError naming where it is (file and line)."""
     try:
         text = line.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not valid UTF-8 at byte {start + exc.start} (line {number}); "
+        raise ValueError(f"{where} is not valid UTF-8 at byte {start + exc.start} of the file; "
                          "fix the file or pass --errors replace") from None
     try:
         record = json.loads(text)
     except (ValueError, RecursionError) as exc:  # bad JSON, over-long integers, deep nesting
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).split(";")[0] or type(exc).__name__
-        raise ValueError(f"{path}:{number} is not a JSON record ({reason}); fix the line") from None
+        raise ValueError(f"{where} is not a JSON record ({reason}); fix the line") from None
     if not isinstance(record, dict) or key not in record:
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{path}:{number} has no field {key!r} (found {found}); "
+        raise ValueError(f"{where} has no field {key!r} (found {found}); "
                          "pass --jsonl-key with the text field's name")
     value = record[key]
     if not isinstance(value, str):
-        raise ValueError(f"{path}:{number} has {key!r} of type {type(value).__name__}, not a string; "
+        raise ValueError(f"{where} has {key!r} of type {type(value).__name__}, not a string; "
                          "fix the record or pass --jsonl-key with the text field's name")
     surrogate = _SURROGATE.search(value)
     if surrogate:
         if errors != "replace":
-            raise ValueError(f"{path}:{number} holds a lone surrogate ({surrogate.group()!a}) in {key!r}, which is "
+            raise ValueError(f"{where} holds a lone surrogate ({surrogate.group()!a}) in {key!r}, which is "
                              "not text; fix the record or pass --errors replace")
         value = _SURROGATE.sub("\ufffd", value)
     return value
 
 
-def _jsonl_documents(path: Path, errors: str, key: str) -> Iterator[Iterator[str]]:
-    offset = 0
+def _jsonl_documents(path: Path, errors: str, key: str, lo: int = 0, hi: int | None = None) -> Iterator[Iterator[str]]:
+    """The records of a jsonl file; with ``lo``/``hi``, those whose line starts in [lo, hi)."""
     with _readable(path), _open(path) as f:
+        offset = 0
+        if lo:  # a line that began before lo belongs to whoever reads the bytes before lo
+            f.seek(lo - 1)
+            offset = lo
+            if f.read(1) != b"\n":
+                offset += len(f.readline())
         for number, line in enumerate(f, 1):
             start, offset = offset, offset + len(line)
+            if hi is not None and start >= hi:
+                return
             if line.strip():
-                yield iter((_jsonl_text(path, number, line, start, errors, key),))
+                where = f"{path}:{number}" if not lo else f"{path} (the line at byte {start})"
+                yield iter((_jsonl_text(where, line, start, errors, key),))
 
 
 def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterator[str]]:
@@ -260,12 +269,14 @@ def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterato
             yield iter((_SURROGATE.sub("\ufffd", value) if surrogate else value,))
 
 
-def documents(files: Sequence[Path], errors: str, doc_sep: str | None, jsonl_key: str,
-              text_column: str = "text") -> Iterator[Iterator[str]]:
-    """Every document of every file, in order, each as an iterator of its text runs."""
-    for path in files:
+def documents(files: Sequence[Path | tuple[Path, int, int | None]], errors: str, doc_sep: str | None,
+              jsonl_key: str, text_column: str = "text") -> Iterator[Iterator[str]]:
+    """Every document of every file, in order, each as an iterator of its text runs. A file may
+    come as (path, lo, hi): of a jsonl file, the records whose line starts in [lo, hi)."""
+    for entry in files:
+        path, lo, hi = entry if isinstance(entry, tuple) else (entry, 0, None)
         if is_jsonl(path):
-            yield from _jsonl_documents(path, errors, jsonl_key)
+            yield from _jsonl_documents(path, errors, jsonl_key, lo, hi)
         elif is_parquet(path):
             yield from _parquet_documents(path, errors, text_column)
         else:

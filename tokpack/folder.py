@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .format import META_NAME, read_meta
+import numpy as np
+
+from .format import INDEX_DTYPE, META_NAME, SPLITS, read_meta
 from .verify import VerifyError, verify_folder
-from .writers import TMP_SUFFIX, SplitWriter, write_json_atomic
+from .writers import TMP_SUFFIX, HashingWriter, remove_temporaries, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.
-TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)_\d+\.bin")
+TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
 
 
 class OutputFolder:
@@ -90,6 +92,8 @@ class OutputFolder:
                 break
 
     def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        if kind is not None:
+            remove_temporaries(self.path)  # even those of writers a signal cut short in their making
         if self._lock is not None:
             (self.path / self.LOCK).unlink(missing_ok=True)
             self._lock.close()  # closing releases the lock
@@ -120,21 +124,21 @@ def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequen
                          "overwrite them or choose another --out-dir")
 
 
-def publish(out: Path, meta: dict[str, Any], writers: list[SplitWriter]) -> None:
-    """Rename the finished files into place, meta.json last, and verify the result.
+def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> None:
+    """Rename the finished files (temporary, final) into place, meta.json last, and verify.
 
     If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
     and none of this run's token files.
     """
-    new = {p.name for w in writers for p in w.outputs()}
+    new = {Path(final).name for _, final in renames}
     stale = _listed_files(out) - new
     # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
     (out / META_NAME).unlink(missing_ok=True)
     try:
         for name in stale:  # an earlier run's extra shards must not be read with this run's
             (out / name).unlink(missing_ok=True)
-        for writer in writers:
-            writer.publish()
+        for tmp, final in renames:
+            os.replace(tmp, final)
         write_json_atomic(out / META_NAME, meta)
         try:
             verify_folder(out)
@@ -154,3 +158,24 @@ def _listed_files(out: Path) -> set[str]:
     except (OSError, ValueError):
         return set()
     return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
+
+
+def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], world: int) -> None:
+    """The leader's publishing of every rank's part (per split: its meta.json entry, the renames of
+    its token files, its index's temporary file): the ranks' document indexes merged into one
+    (offsets shifted by the tokens of the ranks before), then ``publish``."""
+    renames = [pair for part in parts for split in SPLITS for pair in part[split][1]]
+    if world == 1:
+        renames += [(parts[0][split][2], str(out / f"{split}.idx")) for split in SPLITS]
+    else:
+        for split in SPLITS:
+            merged = HashingWriter(out / f"{split}.idx")
+            offset = 0
+            for part in parts:
+                info, _, idx_tmp = part[split]
+                merged.write(np.fromfile(idx_tmp, dtype=INDEX_DTYPE) + np.uint64(offset))
+                Path(idx_tmp).unlink()
+                offset += info["tokens"]
+            meta["splits"][split]["idx"] = merged.close()
+            renames += merged.renames()
+    publish(out, meta, renames)

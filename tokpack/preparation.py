@@ -12,6 +12,7 @@ complete, meta.json last.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import resource
@@ -19,7 +20,6 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,12 @@ from . import __version__
 from .config import add_config_option, build_config, default_of, parser, run_cli
 from .corpus import (Piece, count_chars, documents, is_jsonl, is_parquet, is_records, is_single_document, pieces,
                      split_runs)
-from .folder import OutputFolder, check_out_dir, publish
+from .cluster import Ranks
+from .folder import OutputFolder, check_out_dir, publish_parts
 from .format import FORMAT_VERSION, SPLITS
 from .inputs import resolve_groups
-from .writers import DocumentBuffer, ShardLayout, SplitWriter, in_val
-from .tokenizer import can_cut, load_encoding, ranks_sha256, token_dtype
+from .writers import DocumentBuffer, ShardLayout, SplitWriter, in_val, remove_temporaries
+from .tokenizer import can_cut, encode_in_order, load_encoding, ranks_sha256, token_dtype
 
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc")
@@ -115,35 +116,6 @@ def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
     return folder
 
 
-def encode_in_order(
-    stream: Iterator[Piece], encode: Any, workers: int, batch_chars: int
-) -> Iterator[tuple[Piece, np.ndarray]]:
-    """Each piece with its tokens, in input order, tokenized by ``workers`` threads."""
-
-    def run(batch: list[Piece]) -> list[np.ndarray]:
-        return [encode(piece.text) for piece in batch]
-
-    # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
-    # batches in flight keeps memory flat however large the corpus is.
-    pending: list[tuple[list[Piece], Future[list[np.ndarray]]]] = []
-    with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
-        batch: list[Piece] = []
-        size = 0
-        for piece in stream:
-            batch.append(piece)
-            size += len(piece.text)
-            if size >= batch_chars:
-                pending.append((batch, pool.submit(run, batch)))
-                batch, size = [], 0
-                if len(pending) > 2 * workers:
-                    done, future = pending.pop(0)
-                    yield from zip(done, future.result())
-        if batch:
-            pending.append((batch, pool.submit(run, batch)))
-        for done, future in pending:
-            yield from zip(done, future.result())
-
-
 def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> dict[str, Any]:
     """Each input as given, with its file count and bytes, and a hash of the whole file listing.
 
@@ -180,11 +152,46 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
+    check_out_dir(out, config.force, files, _input_folders(config))
+    sizes = {p: p.stat().st_size for p in files}
+    ranks = Ranks()
+    try:
+        meta, workers = _run(config, enc, dtype, eot, single, files, sizes, groups, out, ranks, started)
+    finally:
+        ranks.close()
+    for split, info in meta["splits"].items():
+        if info["tokens"] < SHORT_SPLIT:
+            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful "
+                          "windows; raise --val-fraction or add documents", stacklevel=2)
+    elapsed = time.perf_counter() - started
+    tokens = sum(s["tokens"] for s in meta["splits"].values())
+    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
+                              "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
 
-    docs: Iterator[Iterator[str]] = documents(files, config.errors, config.doc_sep, config.jsonl_key,
+
+def _layout(config: PrepareConfig, out: Path, split: str, ranks: Ranks) -> ShardLayout | None:
+    """How a split's tokens are cut into files: llm.c shards, bare shards, or one flat file.
+    Under torchrun every rank writes its own shards, named after it so they sort in rank order."""
+    rank = f"{ranks.rank:03d}_" if ranks.world > 1 else ""
+    if config.format == "llmc":
+        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...
+        return ShardLayout(f"{out.resolve().name}_{split}_{rank}", 0 if split == "val" or rank else 1,
+                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True)
+    if config.shard_tokens or rank:
+        return ShardLayout(f"{split}_{rank}", 0, config.shard_tokens or None, header=False)
+    return None
+
+
+def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: bool, files: list[Path],
+         sizes: dict[Path, int], groups: list[tuple[str, list[Path]]], out: Path, ranks: Ranks,
+         started: float) -> tuple[dict[str, Any], int]:
+    """Tokenize this rank's share into temporary files; the leader publishes them all, meta.json
+    last. On one process the share is everything; under torchrun the ranks' shares, in rank
+    order, are the input order, so the concatenated output is the one process's, byte for byte."""
+    share = ranks.share(files, sizes)
+    docs: Iterator[Iterator[str]] = documents(share, config.errors, config.doc_sep, config.jsonl_key,
                                               config.text_column)
-    if single:
+    if single and share:
         n = count_chars(files[0], config.errors)
         if n == 0:
             raise ValueError(f"the corpus {files[0]} holds no text; pass a non-empty file")
@@ -202,58 +209,69 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         workers,
         config.piece_chars,
     )
-    sizes = {p: p.stat().st_size for p in files}
-    with OutputFolder(out):
-        check_out_dir(out, config.force, files, [Path(i) for i in config.inputs if Path(i).is_dir()])
-        writers = {s: SplitWriter(out, s, dtype, eot, enc.eot_token, _layout(config, out, s)) for s in SPLITS}
+    with OutputFolder(out) if ranks.leader else contextlib.nullcontext():
+        # Every rank waits until the leader holds the folder and has checked and cleared it.
+        ranks.together(lambda: check_out_dir(out, config.force, files, _input_folders(config)), leader_only=True)
+        writers: dict[str, SplitWriter] = {}
         try:
-            _tokenize(stream, writers, DocumentBuffer(out, config.seed), single, config, started, sum(sizes.values()))
-            documents_seen = sum(w.documents for w in writers.values())
-            if not documents_seen:
-                raise ValueError(f"the corpus ({', '.join(map(str, files[:3]))}) holds no text; pass non-empty files")
-            for split, writer in writers.items():
-                if not writer.documents:
-                    raise ValueError(
-                        f"the {split} split would be empty: all {documents_seen} documents hashed to the other "
-                        f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
-                    )
-            meta = {
-                "format_version": FORMAT_VERSION,
-                "tokpack_version": __version__,
-                "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
-                             "eot_id": enc.eot_token},
-                "dtype": dtype.name,
-                "eot": eot,
-                "single_document": single,
-                "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
-                "splits": {split: writer.close() for split, writer in writers.items()},
-                "inputs": _describe_inputs(groups, sizes),
-                "options": config.output_options(),
-            }
-            publish(out, meta, list(writers.values()))
+            for s in SPLITS:
+                writers[s] = SplitWriter(out, s, dtype, eot, enc.eot_token, _layout(config, out, s, ranks),
+                                         f"{s}.idx" if ranks.world == 1 else f"{s}.idx.{ranks.rank:03d}")
+            shown = sum(sizes[f] for f, _, _ in share)
+            ranks.together(lambda: _tokenize(stream, writers, DocumentBuffer(out, config.seed), single, config,
+                                             started, shown))
+            parts = ranks.gather({s: (w.close(), w.bin.renames(), str(w.idx.tmp)) for s, w in writers.items()})
+            splits = _combined(parts, config)
+            meta = None
+            if ranks.leader:
+                meta = {
+                    "format_version": FORMAT_VERSION,
+                    "tokpack_version": __version__,
+                    "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
+                                 "eot_id": enc.eot_token},
+                    "dtype": dtype.name,
+                    "eot": eot,
+                    "single_document": single,
+                    "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
+                    "splits": splits,
+                    "inputs": _describe_inputs(groups, sizes),
+                    "options": config.output_options(),
+                }
+            ranks.together(lambda: publish_parts(out, meta, parts, ranks.world), leader_only=True)
+            meta = ranks.gather(meta)[0]
         except BaseException:
             for writer in writers.values():
                 writer.discard()
+            remove_temporaries(out)  # the leader's folder does it too; the other ranks' files are theirs
             raise
-    for split, info in meta["splits"].items():
-        if info["tokens"] < SHORT_SPLIT:
-            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful "
-                          "windows; raise --val-fraction or add documents", stacklevel=2)
-    elapsed = time.perf_counter() - started
-    tokens = sum(s["tokens"] for s in meta["splits"].values())
-    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed,
-                              "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
+    return meta, workers
 
 
-def _layout(config: PrepareConfig, out: Path, split: str) -> ShardLayout | None:
-    """How a split's tokens are cut into files: llm.c shards, bare shards, or one flat file."""
-    if config.format == "llmc":
-        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...
-        return ShardLayout(f"{out.resolve().name}_{split}_", 0 if split == "val" else 1,
-                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True)
-    if config.shard_tokens:
-        return ShardLayout(f"{split}_", 0, config.shard_tokens, header=False)
-    return None
+def _input_folders(config: PrepareConfig) -> list[Path]:
+    return [Path(i) for i in config.inputs if Path(i).is_dir()]
+
+
+def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, Any]:
+    """meta.json's splits from every rank's part, in rank order (the index comes at publishing)."""
+    splits = {}
+    for split in SPLITS:
+        infos = [part[split][0] for part in parts]
+        info = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
+        if len(parts) == 1:
+            info.update({k: v for k, v in infos[0].items() if k not in info})
+        else:
+            info["shards"] = [shard for i in infos for shard in i["shards"]]
+        splits[split] = info
+    seen = sum(info["documents"] for info in splits.values())
+    if not seen:
+        raise ValueError("the corpus holds no text; pass non-empty files")
+    for split, info in splits.items():
+        if not info["documents"]:
+            raise ValueError(
+                f"the {split} split would be empty: all {seen} documents hashed to the other "
+                f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
+            )
+    return splits
 
 
 def _tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,

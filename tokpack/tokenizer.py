@@ -14,7 +14,10 @@ import base64
 import hashlib
 import os
 import socket
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
+from typing import Any, TypeVar
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,7 @@ import tiktoken
 import tiktoken.load
 
 ENDOFTEXT = "<|endoftext|>"
+P = TypeVar("P")
 
 # The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -186,3 +190,30 @@ def token_dtype(enc: tiktoken.Encoding, requested: str = "auto") -> np.dtype:
         )
     return np.dtype(requested)
 
+
+def encode_in_order(stream: Iterator[P], encode: Any, workers: int, batch_chars: int) -> Iterator[tuple[P, np.ndarray]]:
+    """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
+    ``workers`` threads."""
+
+    def run(batch: list[P]) -> list[np.ndarray]:
+        return [encode(piece.text) for piece in batch]
+
+    # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
+    # batches in flight keeps memory flat however large the corpus is.
+    pending: list[tuple[list[P], Future[list[np.ndarray]]]] = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
+        batch: list[P] = []
+        size = 0
+        for piece in stream:
+            batch.append(piece)
+            size += len(piece.text)
+            if size >= batch_chars:
+                pending.append((batch, pool.submit(run, batch)))
+                batch, size = [], 0
+                if len(pending) > 2 * workers:
+                    done, future = pending.pop(0)
+                    yield from zip(done, future.result())
+        if batch:
+            pending.append((batch, pool.submit(run, batch)))
+        for done, future in pending:
+            yield from zip(done, future.result())

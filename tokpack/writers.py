@@ -36,6 +36,12 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
+def remove_temporaries(folder: Path) -> None:
+    """This process's temporary files in ``folder``, whatever state its writers were left in."""
+    for tmp in folder.glob(f".*.{os.getpid()}{TMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+
+
 class HashingWriter:
     """Appends bytes to a temporary file, hashing them on the way."""
 
@@ -59,8 +65,9 @@ class HashingWriter:
         self._file.close()
         return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
 
-    def publish(self) -> None:
-        os.replace(self.tmp, self.path)
+    def renames(self) -> list[tuple[str, str]]:
+        """(temporary, final) path of the file, for the publishing rename."""
+        return [(str(self.tmp), str(self.path))]
 
     def discard(self) -> None:
         self._file.close()
@@ -137,9 +144,8 @@ class ShardWriter:
             self._finish()
         return self.shards
 
-    def publish(self) -> None:
-        for path in self.paths:
-            os.replace(tmp_path(path), path)
+    def renames(self) -> list[tuple[str, str]]:
+        return [(str(tmp_path(path)), str(path)) for path in self.paths]
 
     def discard(self) -> None:
         if self._file is not None:
@@ -198,14 +204,9 @@ class SplitWriter:
         key = "shards" if isinstance(self.bin, ShardWriter) else "bin"
         return {"tokens": self.tokens, "documents": self.documents, key: self.bin.close(), "idx": self.idx.close()}
 
-    def outputs(self) -> list[Path]:
-        """The files this writer publishes."""
-        bins = self.bin.paths if isinstance(self.bin, ShardWriter) else [self.bin.path]
-        return [*bins, self.idx.path]
-
-    def publish(self) -> None:
-        self.bin.publish()
-        self.idx.publish()
+    def renames(self) -> list[tuple[str, str]]:
+        """(temporary, final) paths of the split's token files and index, once closed."""
+        return self.bin.renames() + self.idx.renames()
 
     def discard(self) -> None:
         self.bin.discard()

@@ -1,0 +1,111 @@
+"""prepare under real torchrun: shares by rank, one meta.json, the single-process bytes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_docs, write_docs
+from tokpack.format import read_meta
+from tokpack.preparation import PrepareConfig, prepare
+from tokpack.verify import verify_folder
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Text files, a large jsonl that ranks cut at line starts, and a gzip file that goes whole."""
+    import gzip
+
+    folder = write_docs(tmp_path / "corpus", make_docs(12, words=300))
+    docs = make_docs(120, seed=3, words=150)
+    (folder / "big.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    with gzip.open(folder / "more.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in make_docs(15, seed=4)))
+    return folder
+
+
+def _torchrun(*args, nproc, node=None, port=None):
+    launch = ["--standalone"] if node is None else ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
+                                                    f"--master-port={port}"]
+    return [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
+            "-m", "tokpack.prepare", *args, "--quiet", "--workers", "1"]
+
+
+def _split_bytes(folder, split):
+    info = read_meta(folder)["splits"][split]
+    files = info["shards"] if "shards" in info else [info["bin"]]
+    return b"".join((folder / f["file"]).read_bytes() for f in files)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
+    single = tmp_path / "single"
+    prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(single), quiet=True, val_fraction=0.2))
+    runs = {}
+    for world in (2, 3):
+        out = tmp_path / f"w{world}"
+        done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=world),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[world] = out
+    port = _free_port()
+    out = tmp_path / "nodes"
+    nodes = [subprocess.Popen(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=2,
+                                        node=node, port=port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    for proc in nodes:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    runs[4] = out
+    for world, folder in runs.items():
+        verify_folder(folder)
+        meta = read_meta(folder)
+        shards = meta["splits"]["train"]["shards"]
+        assert len({s["file"].split("_")[1] for s in shards}) > 1, world  # several ranks wrote train shards
+        for split in ("train", "val"):
+            assert _split_bytes(folder, split) == (single / f"{split}.bin").read_bytes(), (world, split)
+            assert (folder / f"{split}.idx").read_bytes() == (single / f"{split}.idx").read_bytes(), (world, split)
+            assert meta["splits"][split]["documents"] == read_meta(single)["splits"][split]["documents"]
+        assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
+    (corpus / "zz-bad.txt").write_bytes(b"fine text \xff broken")  # last in input order: the last rank's
+    out = tmp_path / "out"
+    done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), nproc=2), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tokpack:")]
+    assert lines and all("rank 1: " in line and "zz-bad.txt is not valid UTF-8" in line for line in lines), lines
+    assert not out.exists() or not (out / "meta.json").exists() and not list(out.glob("*.bin"))
+    assert not out.exists() or not [p for p in out.iterdir() if p.name.endswith("tokpack-tmp")]
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_shares_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, world):
+    from tokpack.cluster import Ranks
+    from tokpack.corpus import documents
+    from tokpack.inputs import resolve_inputs
+
+    files = resolve_inputs([corpus])
+    sizes = {f: f.stat().st_size for f in files}
+    whole = ["".join(d) for d in documents(files, "strict", None, "text")]
+    shares, texts = [], []
+    for rank in range(world):
+        ranks = Ranks()
+        ranks.rank, ranks.world = rank, world
+        share = ranks.share(files, sizes)
+        shares.append(share)
+        texts += ["".join(d) for d in documents(share, "strict", None, "text")]
+    assert texts == whole  # every document once, in input order
+    cut = [entry for share in shares for entry in share if entry[0].name == "big.jsonl"]
+    assert len(cut) > 1 and any(lo > 0 for _, lo, _ in cut)  # the large jsonl was cut inside

@@ -1,0 +1,94 @@
+"""The processes of a prepare run: one, or torchrun's, joined by a gloo process group.
+
+    torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0 --master-addr=HOST -m tokpack.prepare corpus/ --out-dir D
+
+Under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous share of the input in input
+order, balanced by bytes: files whole, and uncompressed ``.jsonl`` cut at line starts. What the
+ranks exchange is small (counts, hashes, file names, error lines), so gloo is enough.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .corpus import COMPRESSED, is_jsonl
+
+
+class Ranks:
+    """This process's rank among the run's processes, and the few collectives a run needs."""
+
+    def __init__(self) -> None:
+        self.rank, self.world, self._created = 0, int(os.environ.get("WORLD_SIZE", "1")), False
+        if self.world > 1:
+            import torch.distributed as dist  # only a distributed run pays for torch
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+                self._created = True
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` from every rank, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def together(self, fn: Callable[[], Any], leader_only: bool = False) -> None:
+        """Run ``fn`` (on the leader alone with ``leader_only``, the others waiting for it); a user
+        error on any rank is raised on every rank, so all fail together with its one line, or none.
+        On one process ``fn`` just runs."""
+        if self.world == 1:
+            fn()
+            return
+        error = None
+        if self.leader or not leader_only:
+            try:
+                fn()
+            except (ValueError, OSError) as exc:
+                where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+                error = f"rank {self.rank}: {exc}{where}"
+        failed = [e for e in self.gather(error) if e]
+        if failed:
+            raise ValueError(failed[0])
+
+    def close(self) -> None:
+        if self._created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+    def share(self, files: Sequence[Path], sizes: dict[Path, int]) -> list[tuple[Path, int, int | None]]:
+        """This rank's inputs as (file, lo, hi): the documents of the file whose first byte lies in
+        [lo, hi), hi None for the rest of it. Ranks own consecutive byte ranges of the inputs laid
+        end to end; a file that cannot be cut goes to the rank owning its first byte."""
+        total = sum(sizes[f] for f in files)
+        lo, hi = self.rank * total // self.world, (self.rank + 1) * total // self.world
+        last = self.rank == self.world - 1
+        out: list[tuple[Path, int, int | None]] = []
+        start = 0
+        for f in files:
+            end = start + sizes[f]
+            if self.world > 1 and splittable(f) and sizes[f]:
+                a, b = max(lo, start), min(hi, end)
+                if a < b:
+                    out.append((f, a - start, b - start))
+            elif lo <= start < hi or (last and start >= hi):
+                out.append((f, 0, None))
+            start = end
+        return out
+
+
+def splittable(path: Path) -> bool:
+    """Whether a file can be cut at a byte offset: uncompressed jsonl, at line starts."""
+    return is_jsonl(path) and path.suffix not in COMPRESSED
