@@ -51,7 +51,7 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     single = tmp_path / "single"
     prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(single), quiet=True, val_fraction=0.2))
     runs = {}
-    for world in (2, 3):
+    for world in (1, 2, 3):
         out = tmp_path / f"w{world}"
         done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=world),
                               capture_output=True, text=True, timeout=300)
@@ -69,8 +69,9 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     for world, folder in runs.items():
         verify_folder(folder)
         meta = read_meta(folder)
-        shards = meta["splits"]["train"]["shards"]
-        assert len({s["file"].split("_")[1] for s in shards}) > 1, world  # several ranks wrote train shards
+        if world > 1:
+            shards = meta["splits"]["train"]["shards"]
+            assert len({s["file"].split("_")[1] for s in shards}) > 1, world  # several ranks wrote train shards
         for split in ("train", "val"):
             assert _split_bytes(folder, split) == (single / f"{split}.bin").read_bytes(), (world, split)
             assert (folder / f"{split}.idx").read_bytes() == (single / f"{split}.idx").read_bytes(), (world, split)
