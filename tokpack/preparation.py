@@ -152,6 +152,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
+    # Fail fast, before the corpus is read; checked again once the folder is locked.
     check_out_dir(out, config.force, files, _input_folders(config))
     sizes = {p: p.stat().st_size for p in files}
     ranks = Ranks()
