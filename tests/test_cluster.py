@@ -91,9 +91,9 @@ def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
     assert not out.exists() or not [p for p in out.iterdir() if p.name.endswith("tokpack-tmp")]
 
 
-@pytest.mark.parametrize("world", [2, 3, 7])
-def test_shares_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, world):
-    from tokpack.cluster import Ranks
+@pytest.mark.parametrize("count", [2, 3, 7])
+def test_units_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, count):
+    from tokpack.cluster import share_of
     from tokpack.corpus import documents
     from tokpack.inputs import resolve_inputs
 
@@ -101,10 +101,8 @@ def test_shares_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, wor
     sizes = {f: f.stat().st_size for f in files}
     whole = ["".join(d) for d in documents(files, "strict", None, "text")]
     shares, texts = [], []
-    for rank in range(world):
-        ranks = Ranks()
-        ranks.rank, ranks.world = rank, world
-        share = ranks.share(files, sizes)
+    for unit in range(count):
+        share = share_of(files, sizes, unit, count)
         shares.append(share)
         texts += ["".join(d) for d in documents(share, "strict", None, "text")]
     assert texts == whole  # every document once, in input order

@@ -1,9 +1,11 @@
-"""The processes of a prepare run: one, or torchrun's, joined by a gloo process group.
+"""The processes of a prepare run, one or torchrun's, joined by a gloo process group, and the
+parts of the input they share out.
 
     torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0 --master-addr=HOST -m tokpack.prepare corpus/ --out-dir D
 
-Under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous share of the input in input
-order, balanced by bytes: files whole, and uncompressed ``.jsonl`` cut at line starts. What the
+The input is cut into units, consecutive byte ranges in input order (files whole, uncompressed
+``.jsonl`` cut at line starts); under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous
+range of them. What the
 ranks exchange is small (counts, hashes, file names, error lines), so gloo is enough.
 """
 
@@ -68,25 +70,30 @@ class Ranks:
 
             dist.destroy_process_group()
 
-    def share(self, files: Sequence[Path], sizes: dict[Path, int]) -> list[tuple[Path, int, int | None]]:
-        """This rank's inputs as (file, lo, hi): the documents of the file whose first byte lies in
-        [lo, hi), hi None for the rest of it. Ranks own consecutive byte ranges of the inputs laid
-        end to end; a file that cannot be cut goes to the rank owning its first byte."""
-        total = sum(sizes[f] for f in files)
-        lo, hi = self.rank * total // self.world, (self.rank + 1) * total // self.world
-        last = self.rank == self.world - 1
-        out: list[tuple[Path, int, int | None]] = []
-        start = 0
-        for f in files:
-            end = start + sizes[f]
-            if self.world > 1 and splittable(f) and sizes[f]:
-                a, b = max(lo, start), min(hi, end)
-                if a < b:
-                    out.append((f, a - start, b - start))
-            elif lo <= start < hi or (last and start >= hi):
-                out.append((f, 0, None))
-            start = end
-        return out
+    def units(self, count: int) -> range:
+        """This rank's contiguous range of ``count`` units of work."""
+        return range(self.rank * count // self.world, (self.rank + 1) * count // self.world)
+
+
+def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: int) -> list[tuple[Path, int, int | None]]:
+    """Part ``index`` of ``count`` of the inputs as (file, lo, hi): the documents of the file whose
+    first byte lies in [lo, hi), hi None for the rest of it. Parts are consecutive byte ranges of
+    the inputs laid end to end; a file that cannot be cut goes to the part owning its first byte."""
+    total = sum(sizes[f] for f in files)
+    lo, hi = index * total // count, (index + 1) * total // count
+    last = index == count - 1
+    out: list[tuple[Path, int, int | None]] = []
+    start = 0
+    for f in files:
+        end = start + sizes[f]
+        if count > 1 and splittable(f) and sizes[f]:
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                out.append((f, a - start, b - start))
+        elif lo <= start < hi or (last and start >= hi):
+            out.append((f, 0, None))
+        start = end
+    return out
 
 
 def splittable(path: Path) -> bool:

@@ -18,7 +18,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .format import INDEX_DTYPE, META_NAME, SPLITS, read_meta
+from . import units
+from .format import INDEX_DTYPE, META_NAME, SPLITS, read_meta, split_files
 from .verify import VerifyError, verify_folder
 from .writers import TMP_SUFFIX, HashingWriter, remove_temporaries, write_json_atomic
 
@@ -102,7 +103,11 @@ class OutputFolder:
             self._remove_created()
 
 
-def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path]) -> None:
+def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path],
+                  ours: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Refuse an output folder that would read its own output, overwrite an input, or overwrite a
+    prepared corpus or another tool's token files without ``force``; ``ours`` are token files an
+    unfinished earlier run of tokpack recorded (kept or replaced, never foreign)."""
     target = out.resolve()
     for folder in map(Path.resolve, folders):
         if target == folder or folder in target.parents:
@@ -117,7 +122,7 @@ def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequen
         return
     if (out / META_NAME).exists():
         raise ValueError(f"{out} already holds a prepared corpus; pass --force to overwrite it or choose another --out-dir")
-    theirs = sorted(p.name for p in out.iterdir() if TOKEN_FILE.fullmatch(p.name))
+    theirs = sorted(p.name for p in out.iterdir() if TOKEN_FILE.fullmatch(p.name) and p.name not in ours)
     if theirs:
         shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
         raise ValueError(f"{out} holds token files that tokpack did not write ({shown}); pass --force to "
@@ -130,7 +135,7 @@ def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> 
     If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
     and none of this run's token files.
     """
-    new = {Path(final).name for _, final in renames}
+    new = {f["file"] for info in meta["splits"].values() for f in (*split_files(info), info["idx"])}
     stale = _listed_files(out) - new
     # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
     (out / META_NAME).unlink(missing_ok=True)
@@ -151,6 +156,15 @@ def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> 
         raise
 
 
+def retire(out: Path, keep: set[str]) -> None:
+    """Before a run publishes files one by one: meta.json goes first (the folder is incomplete from
+    then on), then the token files it listed, but ``keep``, so none is read with the new ones."""
+    listed = _listed_files(out)
+    (out / META_NAME).unlink(missing_ok=True)
+    for name in listed - keep:
+        (out / name).unlink(missing_ok=True)
+
+
 def _listed_files(out: Path) -> set[str]:
     """The token files an earlier meta.json in ``out`` lists (none if it is absent or unreadable)."""
     try:
@@ -160,22 +174,29 @@ def _listed_files(out: Path) -> set[str]:
     return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
 
 
-def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], world: int) -> None:
-    """The leader's publishing of every rank's part (per split: its meta.json entry, the renames of
-    its token files, its index's temporary file): the ranks' document indexes merged into one
-    (offsets shifted by the tokens of the ranks before), then ``publish``."""
-    renames = [pair for part in parts for split in SPLITS for pair in part[split][1]]
-    if world == 1:
-        renames += [(parts[0][split][2], str(out / f"{split}.idx")) for split in SPLITS]
+def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], merge: bool) -> None:
+    """The leader's publishing of every unit's part, in input order, then ``publish``.
+
+    A flat run's one part leaves its files temporary for the renames here. Sharded units have
+    published their shards already and kept their document indexes as hidden parts: these are
+    merged into one index per split (offsets shifted by the tokens of the units before), and
+    removed, with the units' records, once meta.json stands.
+    """
+    renames = [pair for part in parts for split in SPLITS for pair in part["splits"][split].get("renames", [])]
+    if not merge:
+        renames += [(parts[0]["splits"][split]["idx_tmp"], str(out / f"{split}.idx")) for split in SPLITS]
+        for split in SPLITS:
+            meta["splits"][split]["idx"] = {**parts[0]["splits"][split]["idx"], "file": f"{split}.idx"}
     else:
         for split in SPLITS:
             merged = HashingWriter(out / f"{split}.idx")
             offset = 0
             for part in parts:
-                info, _, idx_tmp = part[split]
-                merged.write(np.fromfile(idx_tmp, dtype=INDEX_DTYPE) + np.uint64(offset))
-                Path(idx_tmp).unlink()
-                offset += info["tokens"]
+                entry = part["splits"][split]
+                merged.write(np.fromfile(out / entry["idx"]["file"], dtype=INDEX_DTYPE) + np.uint64(offset))
+                offset += entry["info"]["tokens"]
             meta["splits"][split]["idx"] = merged.close()
             renames += merged.renames()
     publish(out, meta, renames)
+    if merge:
+        units.clear(out)

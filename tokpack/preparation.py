@@ -14,33 +14,31 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import resource
-import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
-from . import __version__
-from .config import add_config_option, build_config, default_of, parser, run_cli
-from .corpus import (Piece, count_chars, documents, is_jsonl, is_parquet, is_records, is_single_document, pieces,
-                     split_runs)
+from . import __version__, units
 from .cluster import Ranks
-from .folder import OutputFolder, check_out_dir, publish_parts
+from .config import add_config_option, build_config, default_of, parser, run_cli
+from .corpus import is_jsonl, is_parquet, is_records, is_single_document
+from .folder import OutputFolder, check_out_dir, publish_parts, retire
 from .format import FORMAT_VERSION, SPLITS
 from .inputs import resolve_groups
-from .writers import DocumentBuffer, ShardLayout, SplitWriter, in_val, remove_temporaries
-from .tokenizer import can_cut, encode_in_order, load_encoding, ranks_sha256, token_dtype
+from .tokenizer import load_encoding, ranks_sha256, token_dtype
+from .units import LLMC_SHARD_TOKENS
+from .writers import remove_temporaries
 
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc")
-LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
 SAMPLE_CORPUS = Path("data/sample-corpus")
 
@@ -62,6 +60,7 @@ class PrepareConfig:
     errors: str = "strict"
     workers: int = 0
     piece_chars: int = 1 << 18
+    unit_mb: float = 1024.0
     format: str = "flat"
     shard_tokens: int = 0
     force: bool = False
@@ -81,12 +80,14 @@ class PrepareConfig:
             raise ValueError(f"--format {self.format!r} is not one of {', '.join(FORMATS)}")
         if self.shard_tokens < 0:
             raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
+        if not self.unit_mb > 0:
+            raise ValueError(f"--unit-mb {self.unit_mb} must be positive; try 1024")
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2 (default {1 << 18})")
 
     def output_options(self) -> dict[str, Any]:
         keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
-                "format", "shard_tokens")
+                "format", "shard_tokens", "unit_mb")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -153,7 +154,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     # Fail fast, before the corpus is read; checked again once the folder is locked.
-    check_out_dir(out, config.force, files, _input_folders(config))
+    check_out_dir(out, config.force, files, _input_folders(config),
+                  ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.stat().st_size for p in files}
     ranks = Ranks()
     try:
@@ -170,59 +172,45 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
                               "peak_rss_mb": peak_rss_mb(), "workers": workers, "out_dir": str(out)}}
 
 
-def _layout(config: PrepareConfig, out: Path, split: str, ranks: Ranks) -> ShardLayout | None:
-    """How a split's tokens are cut into files: llm.c shards, bare shards, or one flat file.
-    Under torchrun every rank writes its own shards, named after it so they sort in rank order."""
-    rank = f"{ranks.rank:03d}_" if ranks.world > 1 else ""
-    if config.format == "llmc":
-        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...
-        return ShardLayout(f"{out.resolve().name}_{split}_{rank}", 0 if split == "val" or rank else 1,
-                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True)
-    if config.shard_tokens or rank:
-        return ShardLayout(f"{split}_{rank}", 0, config.shard_tokens or None, header=False)
-    return None
-
-
 def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: bool, files: list[Path],
          sizes: dict[Path, int], groups: list[tuple[str, list[Path]]], out: Path, ranks: Ranks,
          started: float) -> tuple[dict[str, Any], int]:
-    """Tokenize this rank's share into temporary files; the leader publishes them all, meta.json
-    last. On one process the share is everything; under torchrun the ranks' shares, in rank
-    order, are the input order, so the concatenated output is the one process's, byte for byte."""
-    share = ranks.share(files, sizes)
-    docs: Iterator[Iterator[str]] = documents(share, config.errors, config.doc_sep, config.jsonl_key,
-                                              config.text_column)
-    if single and share:
-        n = count_chars(files[0], config.errors)
-        if n == 0:
-            raise ValueError(f"the corpus {files[0]} holds no text; pass a non-empty file")
-        cut = int(n * (1 - config.val_fraction))
-        if not 0 < cut < n:
-            raise ValueError(
-                f"{files[0]} has {n} characters: cutting at {cut} for --val-fraction "
-                f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
-            )
-        docs = iter(split_runs(next(docs), cut))
+    """Tokenize this rank's units; the leader then publishes every unit's files, meta.json last.
+
+    The input is cut into units in input order, so the units' outputs, concatenated, are the one
+    process's, byte for byte, for any number of units and ranks. A flat run is one unit written
+    straight to train.bin / val.bin. A sharded run (``--shard-tokens``, ``--format llmc`` or
+    torchrun) publishes each unit's shards as it finishes, with a record, so a rerun keeps them.
+    """
+    sharded = config.format == "llmc" or bool(config.shard_tokens) or ranks.world > 1
+    count = max(ranks.world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
+    expected = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
+                                  "inputs": _describe_inputs(groups, sizes)["listing_sha256"]})
     workers = config.workers or default_workers()
-    stream = encode_in_order(
-        pieces(docs, config.piece_chars, can_cut(enc)),
-        lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(dtype),
-        workers,
-        config.piece_chars,
-    )
+
+    def make_ready() -> None:
+        check_out_dir(out, config.force, files, _input_folders(config), ours=units.recorded_files(out))
+        if sharded:
+            units.drop_foreign(out, expected)
+            # Units publish their shards as they finish: from the first one on, the folder is
+            # being rewritten, so an older meta.json and its files must not describe it.
+            retire(out, keep=units.recorded_files(out))
+
     with OutputFolder(out) if ranks.leader else contextlib.nullcontext():
         # Every rank waits until the leader holds the folder and has checked and cleared it.
-        ranks.together(lambda: check_out_dir(out, config.force, files, _input_folders(config)), leader_only=True)
-        writers: dict[str, SplitWriter] = {}
+        ranks.together(make_ready, leader_only=True)
+        done: dict[int, dict[str, Any]] = {}
+
+        def work() -> None:
+            for unit in ranks.units(count):
+                kept = units.load(out, unit, expected) if sharded else None
+                done[unit] = kept or units.run_unit(config, enc, dtype, eot, single, files, sizes, out, unit, count,
+                                           expected if sharded else None, workers, started)
+
         try:
-            for s in SPLITS:
-                writers[s] = SplitWriter(out, s, dtype, eot, enc.eot_token, _layout(config, out, s, ranks),
-                                         f"{s}.idx" if ranks.world == 1 else f"{s}.idx.{ranks.rank:03d}")
-            shown = sum(sizes[f] for f, _, _ in share)
-            ranks.together(lambda: _tokenize(stream, writers, DocumentBuffer(out, config.seed), single, config,
-                                             started, shown))
-            parts = ranks.gather({s: (w.close(), w.bin.renames(), str(w.idx.tmp)) for s, w in writers.items()})
-            splits = _combined(parts, config)
+            ranks.together(work)
+            every = {unit: part for parts in ranks.gather(done) for unit, part in parts.items()}
+            parts = [every[unit] for unit in range(count)]
             meta = None
             if ranks.leader:
                 meta = {
@@ -234,15 +222,18 @@ def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: boo
                     "eot": eot,
                     "single_document": single,
                     "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
-                    "splits": splits,
+                    "splits": _combined(parts, config),
                     "inputs": _describe_inputs(groups, sizes),
                     "options": config.output_options(),
                 }
-            ranks.together(lambda: publish_parts(out, meta, parts, ranks.world), leader_only=True)
+            ranks.together(lambda: publish_parts(out, meta, parts, merge=sharded), leader_only=True)
             meta = ranks.gather(meta)[0]
+        except (ValueError, OSError):
+            remove_temporaries(out)
+            if sharded and ranks.leader:
+                units.drop_own(out, expected)  # a killed or terminated run keeps its units instead
+            raise
         except BaseException:
-            for writer in writers.values():
-                writer.discard()
             remove_temporaries(out)  # the leader's folder does it too; the other ranks' files are theirs
             raise
     return meta, workers
@@ -253,13 +244,13 @@ def _input_folders(config: PrepareConfig) -> list[Path]:
 
 
 def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, Any]:
-    """meta.json's splits from every rank's part, in rank order (the index comes at publishing)."""
+    """meta.json's splits from every unit's part, in input order (the index comes at publishing)."""
     splits = {}
     for split in SPLITS:
-        infos = [part[split][0] for part in parts]
+        infos = [part["splits"][split]["info"] for part in parts]
         info = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
-        if len(parts) == 1:
-            info.update({k: v for k, v in infos[0].items() if k not in info})
+        if "bin" in infos[0]:
+            info["bin"] = infos[0]["bin"]
         else:
             info["shards"] = [shard for i in infos for shard in i["shards"]]
         splits[split] = info
@@ -273,36 +264,6 @@ def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, A
                 f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
             )
     return splits
-
-
-def _tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
-              single: bool, config: PrepareConfig, started: float, total_bytes: int) -> None:
-    """Every piece into its split's writer: a lone document by its cut, others by their hash."""
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=config.quiet or None,
-               desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
-    try:
-        for count, (piece, tokens) in enumerate(stream):
-            raw = piece.text.encode("utf-8", "surrogatepass")
-            bar.update(len(raw))
-            if count % 64 == 0 and not bar.disable:
-                done = sum(w.tokens for w in writers.values()) + buffer.held + buffer.spilled
-                bar.set_postfix_str(f"{done / (time.perf_counter() - started):,.0f} tokens/s", refresh=False)
-            if single:
-                writer = writers[SPLITS[piece.doc]]
-                if not writer.documents:  # each split holds one part of the lone document
-                    writer.start_document()
-                writer.write(tokens)
-                if piece.last:
-                    writer.end_document()
-                continue
-            buffer.add(raw, tokens)
-            if piece.last:
-                split = "val" if in_val(buffer.hash.digest(), config.val_fraction) else "train"
-                buffer.drain_into(writers[split])
-                buffer.reset()
-    finally:
-        bar.close()
-        buffer.discard()
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -344,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"modded-nanogpt shards NAME_train_000001.bin, ... (default: {d('format')})")
     p.add_argument("--shard-tokens", type=int, help=f"write each split as shards of at most N tokens (default: "
                    f"{d('shard_tokens')}: llm.c's {LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
+    p.add_argument("--unit-mb", type=float, help=f"input MB per resumable unit of a sharded run: a rerun keeps "
+                   f"the units a killed run finished (default: {d('unit_mb')})")
     p.add_argument("--force", action="store_true", default=None,
                    help="overwrite an existing prepared folder or another tool's token files (default: off)")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")

@@ -1,0 +1,99 @@
+"""Resuming a killed sharded prepare: finished units are kept, verified by size and hash, the
+rest redone, and the result is the uninterrupted run's, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import make_docs, write_docs
+from tokpack.format import read_meta
+from tokpack.verify import verify_folder
+
+OPTIONS = ["--shard-tokens", "3000", "--unit-mb", "0.15", "--quiet", "--workers", "1"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = write_docs(tmp_path / "corpus", make_docs(20, words=300))
+    docs = make_docs(1500, seed=5, words=120)
+    (folder / "web.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return folder
+
+
+def _cmd(corpus, out, *extra):
+    return [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), *OPTIONS, *extra]
+
+
+def _kill_after_units(cmd, out, units):
+    """Run ``cmd`` and SIGKILL it once ``units`` unit records exist (paused first, so the kill lands
+    there whatever the machine's speed); True if it was still running then."""
+    for _ in range(3):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and len(list(out.glob(".tokpack-unit-*.json"))) < units:
+            time.sleep(0.001)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)
+            proc.kill()
+            proc.wait()
+            return True
+        proc.wait()
+    return False
+
+
+def _files(folder):
+    meta = read_meta(folder)
+    return {split: [s["file"] for s in info["shards"]] for split, info in meta["splits"].items()}
+
+
+def test_a_killed_run_resumes_keeping_finished_units(tmp_path, corpus):
+    reference = tmp_path / "reference"
+    assert subprocess.run(_cmd(corpus, reference), capture_output=True).returncode == 0
+    out = tmp_path / "out"
+    assert _kill_after_units(_cmd(corpus, out), out, 2)
+    assert not (out / "meta.json").exists()
+    kept = {}
+    for record in out.glob(".tokpack-unit-*.json"):
+        for part in json.loads(record.read_text())["splits"].values():
+            for shard in part["info"]["shards"]:
+                stat = (out / shard["file"]).stat()
+                kept[shard["file"]] = (stat.st_ino, stat.st_mtime_ns)
+    assert kept
+    done = subprocess.run(_cmd(corpus, out), capture_output=True, text=True)  # no --force needed
+    assert done.returncode == 0, done.stderr
+    verify_folder(out)
+    assert _files(out) == _files(reference) and len(_files(out)["train"]) > 3
+    for split, names in _files(reference).items():
+        for name in names:
+            assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+        assert (out / f"{split}.idx").read_bytes() == (reference / f"{split}.idx").read_bytes()
+    for name, (inode, mtime) in kept.items():  # the finished units were kept, not redone
+        stat = (out / name).stat()
+        assert (stat.st_ino, stat.st_mtime_ns) == (inode, mtime), name
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_other_options_drop_a_killed_runs_units_in_one_warning(tmp_path, corpus):
+    out = tmp_path / "out"
+    assert _kill_after_units(_cmd(corpus, out), out, 1)
+    done = subprocess.run(_cmd(corpus, out, "--seed", "7"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "unit records" in line]
+    assert len(warning) == 1 and "other inputs or options" in warning[0] and "starts over" in warning[0]
+    verify_folder(out)
+    assert read_meta(out)["options"]["seed"] == 7
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_user_error_leaves_no_units_behind(tmp_path, corpus):
+    (corpus / "zz.txt").write_bytes(b"broken \xff utf-8")  # last in input order: after finished units
+    out = tmp_path / "out"
+    done = subprocess.run(_cmd(corpus, out), capture_output=True, text=True)
+    assert done.returncode == 2 and "zz.txt is not valid UTF-8" in done.stderr
+    assert not out.exists()
