@@ -97,3 +97,12 @@ def test_a_user_error_leaves_no_units_behind(tmp_path, corpus):
     done = subprocess.run(_cmd(corpus, out), capture_output=True, text=True)
     assert done.returncode == 2 and "zz.txt is not valid UTF-8" in done.stderr
     assert not out.exists()
+
+
+def test_a_flat_run_after_a_killed_sharded_one_leaves_no_stray_shards(tmp_path, corpus):
+    out = tmp_path / "out"
+    assert _kill_after_units(_cmd(corpus, out), out, 1)
+    done = subprocess.run([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]

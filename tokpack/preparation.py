@@ -190,8 +190,8 @@ def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: boo
 
     def make_ready() -> None:
         check_out_dir(out, config.force, files, _input_folders(config), ours=units.recorded_files(out))
+        units.drop_foreign(out, expected)  # a killed run of other options: its shards must not stay
         if sharded:
-            units.drop_foreign(out, expected)
             # Units publish their shards as they finish: from the first one on, the folder is
             # being rewritten, so an older meta.json and its files must not describe it.
             retire(out, keep=units.recorded_files(out))
