@@ -382,6 +382,10 @@ def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path
         assert (sharded / f"{split}.idx").read_bytes() == (flat / f"{split}.idx").read_bytes()
     verify_folder(sharded)
     assert "decoded:" in describe(sharded, "train", at=695, count=10)
+    from tokpack.check import check_folder
+
+    checks = check_folder(sharded, batches=4, block_size=8, batch_size=2, workers=(0,))
+    assert all(v in ("same", "n/a") for row in checks for k, v in row.items() if k != "check")
     # Documents run on across shard boundaries and are read across them, whole.
     whole, cut = (DocumentDataset(f, 10**6, split="train") for f in (flat, sharded))
     assert len(cut) == len(whole) and all(torch.equal(cut[i], whole[i]) for i in range(len(whole)))

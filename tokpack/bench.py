@@ -16,6 +16,7 @@ without replacing torch:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -91,7 +92,7 @@ def ratio(times: dict[str, list[float]], ours: str, other: str) -> float:
 
 
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
-                  peers: bool) -> dict[str, Any]:
+                  peers: bool, torchrun: Sequence[int] = ()) -> dict[str, Any]:
     enc = load_encoding("gpt2")
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
@@ -110,6 +111,15 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                 count("batch", lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers)))),
             f"tokpack.prepare, {workers} workers": count("tokpack", lambda: _prepared_tokens(prepare(config))),
         }
+        for processes in torchrun:
+            # Whole commands, start-up included: what a user of torchrun waits for.
+            runs[f"python -m tokpack.prepare, 1 process x {workers} threads"] = _command(
+                ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(Path(tmp) / "cmd"), "--force", "--quiet"])
+            threads = max(1, workers // processes)
+            runs[f"torchrun, {processes} processes x {threads} threads"] = _command(
+                ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "tokpack.prepare",
+                 str(corpus), "--out-dir", str(Path(tmp) / f"torchrun{processes}"), "--force", "--quiet",
+                 "--workers", str(threads)])
         if peers:
             from . import bench_peers
 
@@ -150,6 +160,10 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
     }
 
 
+def _command(args: list[str]) -> Callable[[], None]:
+    return lambda: subprocess.run([sys.executable, *args], check=True, capture_output=True)
+
+
 def _prepared_tokens(result: dict[str, Any]) -> int:
     return sum(s["tokens"] - s["documents"] for s in result["splits"].values())  # less one eot a document
 
@@ -168,7 +182,7 @@ def _fresh(folder: Path) -> Path:
 
 
 def _key(name: str) -> str:
-    return "_".join(name.split(",")[0].split("(")[0].lower().split())
+    return "_".join(re.findall(r"[a-z0-9]+", name.split("(")[0].lower()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
     pp.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     pp.add_argument("--no-peers", action="store_true", help="skip the installed peers (default: run them)")
+    pp.add_argument("--torchrun", type=int, nargs="*", default=[],
+                    help="also time whole commands: one process, and torchrun with each of these process counts "
+                         "(default: none)")
     lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
     lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
     lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
@@ -202,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         if args.what == "prepare":
             figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
-                                    not args.no_peers)
+                                    not args.no_peers, args.torchrun)
         elif args.what == "loader":
             from .bench_loops import bench_loader
 
