@@ -18,6 +18,7 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
 def test_bench_loader_runs_on_tiny_sizes(tmp_path):
     done = run_module("tokpack.bench", "loader", "--tokens", "200000", "--block-size", "64", "--batch-size", "8",
                       "--batches", "5", "--memory-batches", "20", "--work", "1", "--rounds", "1", "--no-peers",
+                      "--start-methods", "fork",
                       cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])

@@ -208,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--work", type=int, default=300, help="per-sample work rounds for the workers table (default: 300)")
     lp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
     lp.add_argument("--no-peers", action="store_true", help="skip litdata even if installed (default: run it)")
+    lp.add_argument("--start-methods", nargs="+", default=["forkserver", "spawn", "fork"],
+                    help="worker start methods whose start-up is timed (default: forkserver spawn fork)")
     tp = sub.add_parser("train", help="the three loops on scripts/train_gpt.py's model")
     tp.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
     tp.add_argument("--config", type=Path, default=Path("configs/train_sample.toml"),
@@ -225,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
-                                       args.memory_batches, args.work, args.rounds, not args.no_peers)
+                                       args.memory_batches, args.work, args.rounds, not args.no_peers,
+                                       args.start_methods)
         else:
             from .bench_loops import bench_train
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -143,12 +144,13 @@ def _startup_seconds(path: Path, context: str) -> float:
 
 
 def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, batches: int,
-                 memory_batches: int, work: int, rounds: int = 5, peers: bool = True) -> dict[str, Any]:
+                 memory_batches: int, work: int, rounds: int = 5, peers: bool = True,
+                 start_methods: Sequence[str] = ("forkserver", "spawn", "fork")) -> dict[str, Any]:
     path = folder / "tokens.bin"
     np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
     # First, before anything in this process has started a forkserver.
     startup = {}
-    contexts = [c for c in ("forkserver", "spawn", "fork") if c in multiprocessing.get_all_start_methods()]
+    contexts = [c for c in start_methods if c in multiprocessing.get_all_start_methods()]
     for context in contexts:
         startup[f"{context}_first_s"] = _startup_seconds(path, context)
         startup[f"{context}_later_s"] = _startup_seconds(path, context)
