@@ -60,10 +60,12 @@ def test_a_killed_run_resumes_keeping_finished_units(tmp_path, corpus):
     assert not (out / "meta.json").exists()
     kept = {}
     for record in out.glob(".tokpack-unit-*.json"):
-        for part in json.loads(record.read_text())["splits"].values():
-            for shard in part["info"]["shards"]:
-                stat = (out / shard["file"]).stat()
-                kept[shard["file"]] = (stat.st_ino, stat.st_mtime_ns)
+        shards = [shard for part in json.loads(record.read_text())["splits"].values()
+                  for shard in part["info"]["shards"]]
+        # A unit is finished once its files stand as recorded (the kill may fall between the two).
+        if all((out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"] for s in shards):
+            kept.update({s["file"]: ((out / s["file"]).stat().st_ino, (out / s["file"]).stat().st_mtime_ns)
+                         for s in shards})
     assert kept
     done = subprocess.run(_cmd(corpus, out), capture_output=True, text=True)  # no --force needed
     assert done.returncode == 0, done.stderr

@@ -185,19 +185,25 @@ def run_unit(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single:
             info = writer.close()
             idx = info.pop("idx")
             if record:
-                for tmp, final in writer.bin.renames():
-                    os.replace(tmp, final)
                 idx["file"] = f".{idx['file']}"
-                os.replace(writer.idx.tmp, out / idx["file"])
                 splits[s] = {"info": info, "idx": idx}
             else:
                 splits[s] = {"info": info, "idx": idx, "renames": writer.bin.renames(),
                              "idx_tmp": str(writer.idx.tmp)}
+        if not record:
+            return {"splits": splits}
+        # The record first, then the renames: a run killed between them leaves a record whose files
+        # do not verify (the unit is redone) and no final name that no record claims.
+        saved = save(out, unit, record, splits)
+        for s, writer in writers.items():
+            for tmp, final in writer.bin.renames():
+                os.replace(tmp, final)
+            os.replace(writer.idx.tmp, out / splits[s]["idx"]["file"])
+        return saved
     except BaseException:
         for writer in writers.values():
             writer.discard()
         raise
-    return save(out, unit, record, splits) if record else {"splits": splits}
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
