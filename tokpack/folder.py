@@ -177,16 +177,15 @@ def _listed_files(out: Path) -> set[str]:
 def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], merge: bool) -> None:
     """The leader's publishing of every unit's part, in input order, then ``publish``.
 
-    A flat run's one part leaves its files temporary for the renames here. Sharded units have
+    A flat run's one part leaves its files (index included) temporary for the renames here. Sharded units have
     published their shards already and kept their document indexes as hidden parts: these are
     merged into one index per split (offsets shifted by the tokens of the units before), and
     removed, with the units' records, once meta.json stands.
     """
     renames = [pair for part in parts for split in SPLITS for pair in part["splits"][split].get("renames", [])]
     if not merge:
-        renames += [(parts[0]["splits"][split]["idx_tmp"], str(out / f"{split}.idx")) for split in SPLITS]
         for split in SPLITS:
-            meta["splits"][split]["idx"] = {**parts[0]["splits"][split]["idx"], "file": f"{split}.idx"}
+            meta["splits"][split]["idx"] = parts[0]["splits"][split]["idx"]
     else:
         for split in SPLITS:
             merged = HashingWriter(out / f"{split}.idx")

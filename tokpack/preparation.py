@@ -184,8 +184,9 @@ def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: boo
     """
     sharded = config.format == "llmc" or bool(config.shard_tokens) or ranks.world > 1
     count = max(ranks.world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
+    inputs = _describe_inputs(groups, sizes)
     expected = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
-                                  "inputs": _describe_inputs(groups, sizes)["listing_sha256"]})
+                                  "inputs": inputs["listing_sha256"]})
     workers = config.workers or default_workers()
 
     def make_ready() -> None:
@@ -223,7 +224,7 @@ def _run(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single: boo
                     "single_document": single,
                     "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
                     "splits": _combined(parts, config),
-                    "inputs": _describe_inputs(groups, sizes),
+                    "inputs": inputs,
                     "options": config.output_options(),
                 }
             ranks.together(lambda: publish_parts(out, meta, parts, merge=sharded), leader_only=True)

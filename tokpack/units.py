@@ -188,8 +188,7 @@ def run_unit(config: PrepareConfig, enc: Any, dtype: np.dtype, eot: str, single:
                 idx["file"] = f".{idx['file']}"
                 splits[s] = {"info": info, "idx": idx}
             else:
-                splits[s] = {"info": info, "idx": idx, "renames": writer.bin.renames(),
-                             "idx_tmp": str(writer.idx.tmp)}
+                splits[s] = {"info": info, "idx": idx, "renames": writer.renames()}
         if not record:
             return {"splits": splits}
         # The record first, then the renames: a run killed between them leaves a record whose files

@@ -136,10 +136,6 @@ class TokenWindows(Dataset):
             self._rng = np.random.default_rng(self._rng_seed)
         return self._rng
 
-    @rng.setter
-    def rng(self, value: np.random.Generator) -> None:
-        self._rng = value
-
     def default_sampler(self, batch_size: int, seed: int, *, shuffle: bool | None = None,
                         num_samples: int | None = None, drop_last: bool | None = None, rank: int | None = None,
                         world_size: int | None = None) -> ResumableBatchSampler:
