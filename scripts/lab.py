@@ -19,6 +19,7 @@ import json
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,17 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokpack import BucketBatchSampler, TokenWindows, build_loader
-from tokpack.documents import padded_fraction
-from tokpack.runtime import worker_context
-from tokpack.streams import shard_of
-from tokpack.windows import WindowBatch
+from tokpack.data.runtime import worker_context
+from tokpack.data.streams import shard_of
+from tokpack.data.windows import WindowBatch
+
+
+def padded_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of padding in the padded batches: 1 - real tokens / (rows x longest), summed over batches."""
+    lengths = np.asarray(lengths)
+    real = sum(int(lengths[b].sum()) for b in batches)
+    total = sum(len(b) * int(lengths[b].max()) for b in batches)
+    return 1.0 - real / total
 
 
 class Integers(IterableDataset):

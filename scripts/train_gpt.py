@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from tokpack import TokenWindows, build_loader, evaluate, read_meta, to_device
-from tokpack.config import build_config, default_of, parser, run_cli
-from tokpack.gpt import GPT, GPTConfig, gpt_checkpoint, load_gpt
+from tokpack import Split, TokenWindows, build_loader, evaluate, open_split, to_device
+from tokpack.cli import parser, run_cli
+from tokpack.config import build_config, default_of
+from tokpack.distributed import process_group
+from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
 
 @dataclass(frozen=True)
@@ -79,29 +81,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(c: TrainConfig, resume: bool) -> int:
-    """The training loop; returns the exit code."""
-    out, data = Path(c.out_dir), Path(c.data_dir)
+    """Check the inputs, join torchrun's group if launched by it, and train; returns the exit code."""
+    out = Path(c.out_dir)
     if resume and not (out / "ckpt.pt").is_file():
         raise FileNotFoundError(f"--resume needs {out / 'ckpt.pt'}, which does not exist; train without --resume first")
-    meta = read_meta(data)
-    device = c.device if c.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {c.device}: this torch has no CUDA device; use --device cpu (or auto)")
-    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
-    if ddp:
-        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-        if device == "cuda":
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-            torch.cuda.set_device(device)
-    rank = torch.distributed.get_rank() if ddp else 0
+    train_split, val_split = open_split(c.data_dir, "train"), open_split(c.data_dir, "val")
+    with process_group(c.device) as place:
+        return _train(c, resume, train_split, val_split, place.rank, place.world_size > 1, place.device)
+
+
+def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, rank: int, ddp: bool,
+           device: str) -> int:
+    """The training loop."""
+    out = Path(c.out_dir)
     master = rank == 0
     torch.manual_seed(c.seed + rank)  # dropout draws from the global RNG: seed it explicitly
     out.mkdir(parents=True, exist_ok=True)
 
-    model_args = replace(c.model, vocab_size=meta["encoding"]["n_vocab"])
+    model_args = replace(c.model, vocab_size=train_split.meta["encoding"]["n_vocab"])
     T = model_args.block_size
-    train = TokenWindows(data, T, split="train")
-    val = TokenWindows(data, T, stride=c.eval_stride or T, split="val")
+    train = TokenWindows(train_split, T)
+    val = TokenWindows(val_split, T, stride=c.eval_stride or T)
     # Endless random starts: the run's length is max_iters, so --resume --max-iters N can extend it.
     loader = build_loader(train, c.batch_size, seed=c.seed, num_workers=c.num_workers,
                           persistent_workers=c.num_workers > 0)
@@ -165,8 +165,6 @@ def train(c: TrainConfig, resume: bool) -> int:
         checkpoint()
         if master:
             print(f"train_gpt: stopped at step {step} as asked; continue with --resume")
-    if ddp:
-        torch.distributed.destroy_process_group()
     return 0
 
 

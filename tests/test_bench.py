@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_module
+from helpers import run_module
 
 
 def test_bench_prepare_runs_and_reports_ratios(tmp_path):

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from conftest import make_docs, write_docs
+from helpers import make_docs, write_docs
 from tokpack.format import read_meta
-from tokpack.preparation import PrepareConfig, prepare
+from tokpack.prepare import PrepareConfig, prepare
 from tokpack.verify import verify_folder
 
 
@@ -47,6 +47,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     single = tmp_path / "single"
     prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(single), quiet=True, val_fraction=0.2))
@@ -79,6 +80,7 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
         assert not [p for p in folder.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
     (corpus / "zz-bad.txt").write_bytes(b"fine text \xff broken")  # last in input order: the last rank's
     out = tmp_path / "out"
@@ -93,7 +95,7 @@ def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
 
 @pytest.mark.parametrize("count", [2, 3, 7])
 def test_units_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, count):
-    from tokpack.cluster import share_of
+    from tokpack.prepare.cluster import share_of
     from tokpack.corpus import documents
     from tokpack.inputs import resolve_inputs
 

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from tokpack.config import build_config, default_of, load_toml, table
-from tokpack.gpt import GPTConfig
-from tokpack.preparation import PrepareConfig
+from tokpack.cli import table
+from tokpack.config import build_config, default_of, load_toml
+from tokpack.models import GPTConfig
+from tokpack.prepare import PrepareConfig
 
 
 def test_file_then_overrides(tmp_path):

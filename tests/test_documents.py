@@ -5,17 +5,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import make_docs
+from helpers import make_docs, script
 from tokpack.check import resumed, take
-from tokpack.documents import DocumentDataset, pad_collate, padded_fraction
-from tokpack.samplers import BucketBatchSampler, WeightedSampler, inverse_frequency_weights
-from tokpack.loader import build_loader
+from tokpack.data.documents import DocumentDataset, pad_collate
+from tokpack.data.samplers import BucketBatchSampler, WeightedSampler, inverse_frequency_weights
+from tokpack.data.loader import build_loader
 from tokpack.tokenizer import load_encoding
 
 
 # -- padding ---------------------------------------------------------------------------------
 
-def test_ragged_stack_fails_and_pad_collate_pads():
+def test_pad_collate_right_pads_to_the_longest_with_the_keys_hf_models_take():
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(1, 50, (n,), generator=g) for n in (5, 2, 7, 3)]
     batch = next(iter(DataLoader(seqs, batch_size=4, collate_fn=pad_collate)))
@@ -64,6 +64,7 @@ def test_bucketing_cuts_padding_from_about_45_to_under_5_percent():
     random_batches = [order[i:i + 32] for i in range(0, 2000, 32)]
     bucketed = list(BucketBatchSampler(lengths, 32, seed=0))
     assert sorted(i for b in bucketed for i in b) == list(range(2000))
+    padded_fraction = script("lab").padded_fraction
     assert 0.40 < padded_fraction(lengths, random_batches) < 0.50
     assert padded_fraction(lengths, bucketed) < 0.05
 

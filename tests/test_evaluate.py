@@ -12,11 +12,11 @@ import torch
 
 import tokpack
 from tokpack.evaluation import main, sweep
-from tokpack.format import open_tokens
-from tokpack.gpt import GPT, GPTConfig, NGram, gpt_checkpoint
-from tokpack.loader import build_loader
+from tokpack.split import open_tokens
+from tokpack.models import GPT, GPTConfig, NGram, gpt_checkpoint
+from tokpack.data.loader import build_loader
 from tokpack.tokenizer import load_encoding
-from tokpack.windows import TokenWindows
+from tokpack.data.windows import TokenWindows
 
 V = 50257
 
@@ -62,34 +62,43 @@ def test_every_stride_scores_every_token_once(prepared):
     assert rows[0]["windows"] < rows[1]["windows"] < rows[2]["windows"]
 
 
-def test_gpt_checkpoint_sweep_and_bad_inputs(prepared, tmp_path, capsys):
+def test_gpt_checkpoint_sweep(prepared, tmp_path, capsys):
     model = GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16), seed=0)
     torch.save(gpt_checkpoint(model), tmp_path / "ckpt.pt")
     assert main([str(prepared), "--checkpoint", str(tmp_path / "ckpt.pt"), "--stride", "32", "16", "--quiet"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(out[-1])
     assert [r["stride"] for r in rows] == [32, 16] and abs(rows[0]["loss"] - math.log(V)) < 1.0
+
+
+BAD_SWEEPS = {  # the fragment of the one line -> the options ({tmp}: the test's folder, {data}: the prepared one)
+    "has vocab_size 1000 but": ["--checkpoint", "{tmp}/small.pt"],
+    "is longer than ckpt.pt's block size 32": ["--checkpoint", "{tmp}/ckpt.pt", "--block-size", "64"],
+    "split 'test' is not in": ["--model", "bigram", "--split", "test"],
+    "stride 0 must lie in 1..block_size": ["--model", "bigram", "--stride", "0"],
+    "stride 300 must lie in 1..block_size": ["--model", "bigram", "--block-size", "32", "--stride", "300"],
+    "is not a GPT checkpoint": ["--checkpoint", "{data}/meta.json"],
+    "--block-size 0 must be at least 1": ["--model", "bigram", "--block-size", "0"],
+    "block_size 100000000 is longer than the": ["--model", "bigram", "--block-size", str(10**8)],
+    "add_k nan must be positive": ["--model", "bigram", "--add-k", "nan"],
+    "argument --batch-size: invalid int value": ["--model", "bigram", "--batch-size", "x"],
+    "--device 'nonsense' is not a device": ["--model", "bigram", "--device", "nonsense"],
+}
+
+
+@pytest.mark.parametrize("fragment", list(BAD_SWEEPS))
+def test_bad_sweeps_are_one_line_and_exit_2(prepared, tmp_path, capsys, fragment):
+    torch.save(gpt_checkpoint(GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16))), tmp_path / "ckpt.pt")
     small = GPT(GPTConfig(vocab_size=1000, block_size=32, n_layer=1, n_head=2, n_embd=16))
     torch.save(gpt_checkpoint(small), tmp_path / "small.pt")
-    cases = {
-        "has vocab_size 1000 but": ["--checkpoint", str(tmp_path / "small.pt")],
-        "is longer than ckpt.pt's block size 32": ["--checkpoint", str(tmp_path / "ckpt.pt"), "--block-size", "64"],
-        "split 'test' is not in": ["--model", "bigram", "--split", "test"],
-        "stride 0 must lie in 1..block_size": ["--model", "bigram", "--stride", "0"],
-        "stride 300 must lie in 1..block_size": ["--model", "bigram", "--block-size", "32", "--stride", "300"],
-        "is not a GPT checkpoint": ["--checkpoint", str(prepared / "meta.json")],
-        "--block-size 0 must be at least 1": ["--model", "bigram", "--block-size", "0"],
-        "block_size 100000000 is longer than the": ["--model", "bigram", "--block-size", str(10**8)],
-        "add_k nan must be positive": ["--model", "bigram", "--add-k", "nan"],
-        "argument --batch-size: invalid int value": ["--model", "bigram", "--batch-size", "x"],
-    }
-    for fragment, argv in cases.items():
-        with pytest.raises(SystemExit) as exc:
-            main([str(prepared), *argv, "--quiet"])
-        err = capsys.readouterr().err.strip()
-        assert exc.value.code == 2 and fragment in err and "\n" not in err, (fragment, err)
+    argv = [arg.format(tmp=tmp_path, data=prepared) for arg in BAD_SWEEPS[fragment]]
+    with pytest.raises(SystemExit) as exc:
+        main([str(prepared), *argv, "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and fragment in err and "\n" not in err, err
 
 
+@pytest.mark.e2e
 def test_sums_over_ranks_equal_one_process(prepared):
     single = sweep(prepared, baselines=["bigram"], block_size=16, strides=[16], batch_size=2, quiet=True)[0]
     windows = single["windows"]
@@ -210,12 +219,16 @@ def test_models_returning_objects_with_logits_are_scored(prepared):
     assert tokpack.evaluate(hf, loader)["loss"] == pytest.approx(tokpack.evaluate(hf.inner, loader)["loss"], rel=1e-12)
 
 
-def test_evaluate_is_a_function_even_after_the_command_is_imported():
+def test_evaluate_stays_a_function_after_its_command_is_imported_and_prepare_is_the_write_wing():
     import tokpack.evaluate  # noqa: F401 - the `python -m tokpack.evaluate` package
-    from tokpack import evaluate, prepare
+    import tokpack.prepare
+    from tokpack import evaluate
+    from tokpack.prepare import PrepareConfig, prepare
 
-    assert callable(evaluate) and type(evaluate).__name__ == "function" and evaluate.__module__ == "tokpack.evaluation"
-    assert type(prepare).__name__ == "function" and prepare.__module__ == "tokpack.preparation"
+    assert type(evaluate).__name__ == "function" and evaluate.__module__ == "tokpack.evaluation"
+    assert tokpack.evaluate is evaluate
+    assert prepare.__module__ == "tokpack.prepare.run" and tokpack.prepare.prepare is prepare
+    assert tokpack.PrepareConfig is PrepareConfig
 
 
 def test_ids_a_model_cannot_index_are_refused_before_any_batch(prepared):

@@ -10,37 +10,11 @@ import time
 
 import pytest
 
-from conftest import make_docs, write_docs
-from tokpack import folder as folder_module
-from tokpack.preparation import PrepareConfig, main, prepare
+from helpers import kill, make_docs, paused_at, prepare_cmd, write_docs
+from tokpack.prepare import folder as folder_module
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare.__main__ import main
 from tokpack.verify import verify_folder
-
-
-def _start(corpus, out, *extra):
-    return subprocess.Popen([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(proc, event):
-    """Poll until ``event()`` holds while ``proc`` runs; True if it did (no time limit is assumed)."""
-    while proc.poll() is None:
-        if event():
-            return True
-        time.sleep(0.001)
-    return False
-
-
-def _paused_at(corpus, out, event, *extra):
-    """A prepare run stopped (SIGSTOP) at the moment ``event()`` is seen, retried if a run ends
-    first, so that what follows happens at that point however loaded the machine is."""
-    for _ in range(3):
-        proc = _start(corpus, out, *extra)
-        if _wait_for(proc, event):
-            os.kill(proc.pid, signal.SIGSTOP)
-            if proc.poll() is None:
-                return proc
-        proc.wait()
-    pytest.fail("the run never reached the awaited point")
 
 
 def _temporaries(out):
@@ -50,10 +24,9 @@ def _temporaries(out):
 def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "out"
-    first = _paused_at(corpus, out, lambda: bool(_temporaries(out)), "--force")
+    first = paused_at(prepare_cmd(corpus, out, "--force"), lambda: bool(_temporaries(out)))
     try:
-        second = subprocess.run([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out),
-                                 "--quiet", "--force"], capture_output=True, text=True, timeout=300)
+        second = subprocess.run(prepare_cmd(corpus, out, "--force"), capture_output=True, text=True, timeout=300)
     finally:
         os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2
@@ -67,9 +40,7 @@ def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_p
 def test_a_killed_runs_lock_and_temporaries_do_not_block_the_next_run(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "out"
-    proc = _paused_at(corpus, out, lambda: len(_temporaries(out)) >= 2)
-    proc.kill()
-    proc.wait()
+    kill(paused_at(prepare_cmd(corpus, out), lambda: len(_temporaries(out)) >= 2))
     assert (out / ".tokpack.lock").exists() and _temporaries(out)
     (out / ".spill999999.tokpack-tmp").write_bytes(b"\0" * 1000)  # a spill a killed run left
     assert main([str(corpus), "--out-dir", str(out), "--quiet"]) == 0
@@ -80,7 +51,7 @@ def test_a_killed_runs_lock_and_temporaries_do_not_block_the_next_run(tmp_path):
 def test_sigterm_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "a" / "b" / "out"
-    proc = _paused_at(corpus, out, lambda: bool(_temporaries(out)))
+    proc = paused_at(prepare_cmd(corpus, out), lambda: bool(_temporaries(out)))
     proc.send_signal(signal.SIGTERM)  # delivered when it continues, mid-run
     os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=300)

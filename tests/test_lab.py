@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_lab_shows_duplicates_sharding_reproducibility_and_bucketing(tmp_path):

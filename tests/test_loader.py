@@ -9,12 +9,12 @@ import warnings
 import pytest
 import torch
 
-from conftest import run_module
+from helpers import run_module
 from tokpack.check import check_folder, resumed, take
-from tokpack.loader import build_loader
-from tokpack.runtime import to_device
-from tokpack.samplers import RandomStartSampler
-from tokpack.windows import TokenWindows
+from tokpack.data.loader import build_loader
+from tokpack.data.runtime import to_device
+from tokpack.data.samplers import RandomStartSampler
+from tokpack.data.windows import TokenWindows
 
 SETUPS = {
     "random": lambda ds, **kw: build_loader(ds["train"], 4, 11, num_samples=4 * 6, **kw),
@@ -137,7 +137,7 @@ AUGMENT = textwrap.dedent('''
     import numpy as np
     import torch
     from tokpack import TokenWindows, build_loader
-    from tokpack.windows import WindowBatch
+    from tokpack.data.windows import WindowBatch
 
     class Masked(TokenWindows):
         """Masks tokens with the worker's own numpy Generator, and reports which worker it ran in."""
@@ -217,7 +217,7 @@ def test_a_start_method_that_would_rerun_the_script_fails_at_build_with_the_fix(
 
 
 def test_sampler_and_loader_arguments_never_contradict_silently(datasets):
-    from tokpack.samplers import RandomStartSampler as Random
+    from tokpack.data.samplers import RandomStartSampler as Random
 
     sampler = Random(len(datasets["train"]), 4, seed=3, num_samples=8)
     assert build_loader(datasets["train"], sampler=sampler).sampler is sampler
@@ -255,7 +255,7 @@ AUGMENT_PERSISTENT = textwrap.dedent('''
     import json, sys
     import torch
     from tokpack import TokenWindows, build_loader
-    from tokpack.windows import WindowBatch
+    from tokpack.data.windows import WindowBatch
 
     class Masked(TokenWindows):
         def __getitems__(self, indices):

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tokpack.check import resumed, take
-from tokpack.loader import build_loader
-from tokpack.mixing import MixedWindows
-from tokpack.windows import TokenWindows
+from tokpack.data.loader import build_loader
+from tokpack.data.mixing import MixedWindows
+from tokpack.data.windows import TokenWindows
 
 
 @pytest.fixture

@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_docs, run_module, write_docs, write_tiktoken_file
-from tokpack import writers
-from tokpack.format import INDEX_DTYPE, open_tokens, read_meta
+from helpers import kill, make_docs, paused_at, prepare_cmd, run_module, write_docs, write_tiktoken_file
+from tokpack.prepare import writers
+from tokpack.format import INDEX_DTYPE, read_meta
+from tokpack.split import open_tokens
 from tokpack.inspect import describe
-from tokpack.preparation import PrepareConfig, main, prepare
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare.__main__ import main
 from tokpack.tokenizer import load_encoding
 from tokpack.verify import VerifyError, verify_folder
-from tokpack.windows import TokenWindows
+from tokpack.data.windows import TokenWindows
 
 ENC = load_encoding("gpt2")
 
@@ -142,9 +144,29 @@ def _cli_error(capsys, argv) -> str:
     return err
 
 
-def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
+BAD_INPUTS = {  # the fragment of the one line -> the command line ({tmp}: the test's folder)
+    "does not exist": ["{tmp}/missing.txt"],
+    "holds no readable files": ["{tmp}/empty"],
+    "holds no text": ["{tmp}/blank"],
+    "not valid UTF-8 at byte 3": ["{tmp}/bad.txt"],
+    "leaves a split empty": ["{tmp}/tiny.txt"],
+    "val split would be empty": ["{tmp}/good", "--val-fraction", "0.0001"],
+    "strictly between 0 and 1": ["{tmp}/good", "--val-fraction", "1.5"],
+    "unknown encoding 'bogus'": ["{tmp}/good", "--encoding", "bogus"],
+    "uint16 cannot hold encoding 'cl100k_base'": ["{tmp}/good", "--encoding", "{tmp}/cl100k_base.tiktoken",
+                                                  "--dtype", "uint16"],
+    "cannot create output folder": ["{tmp}/good", "--out-dir", "{tmp}/afile/sub"],
+    "lies inside the corpus": ["{tmp}/good", "--out-dir", "{tmp}/good/prepared"],
+    "cut.txt.gz is not a readable gzip file": ["{tmp}/cut.txt.gz", "{tmp}/good"],
+    "r.jsonl:1 has 'text' of type int": ["{tmp}/good", "{tmp}/r.jsonl"],
+    "seed = 1180591620717411303424 in the command line is not int": ["{tmp}/good", "--seed", str(2**70)],
+    "would be overwritten by the output": ["{tmp}/ow/../ow/val.idx", "--out-dir", "{tmp}/ow"],
+}
 
-    good = write_docs(tmp_path / "good", make_docs(20))
+
+@pytest.mark.parametrize("fragment", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys, fragment):
+    write_docs(tmp_path / "good", make_docs(20))
     (tmp_path / "empty").mkdir()
     (tmp_path / "blank").mkdir()
     (tmp_path / "blank" / "a.txt").write_text("")
@@ -153,32 +175,15 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "ow").mkdir()
     (tmp_path / "ow" / "val.idx").write_text("not a corpus to overwrite")
-    big = write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    if "cl100k" in fragment:
+        write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
     (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(" ".join(map(str, range(5000))).encode())[:100])
     (tmp_path / "r.jsonl").write_text('{"text": 42}\n')
     out = tmp_path / "out"
-    cases = {
-        "does not exist": [str(tmp_path / "missing.txt")],
-        "holds no readable files": [str(tmp_path / "empty")],
-        "holds no text": [str(tmp_path / "blank")],
-        "not valid UTF-8 at byte 3": [str(tmp_path / "bad.txt")],
-        "leaves a split empty": [str(tmp_path / "tiny.txt")],
-        "val split would be empty": [str(good), "--val-fraction", "0.0001"],
-        "strictly between 0 and 1": [str(good), "--val-fraction", "1.5"],
-        "unknown encoding 'bogus'": [str(good), "--encoding", "bogus"],
-        "uint16 cannot hold encoding 'cl100k_base'": [str(good), "--encoding", str(big), "--dtype", "uint16"],
-        "cannot create output folder": [str(good), "--out-dir", str(tmp_path / "afile" / "sub")],
-        "lies inside the corpus": [str(good), "--out-dir", str(good / "prepared")],
-        "cut.txt.gz is not a readable gzip file": [str(tmp_path / "cut.txt.gz"), str(good)],
-        "r.jsonl:1 has 'text' of type int": [str(good), str(tmp_path / "r.jsonl")],
-        "seed = 1180591620717411303424 in the command line is not int": [str(good), "--seed", str(2**70)],
-        "would be overwritten by the output": [str(tmp_path / "ow" / ".." / "ow" / "val.idx"),
-                                               "--out-dir", str(tmp_path / "ow")],
-    }
-    for fragment, argv in cases.items():
-        err = _cli_error(capsys, [*argv, "--quiet", *([] if "--out-dir" in argv else ["--out-dir", str(out)])])
-        assert fragment in err, (fragment, err)
-        assert not out.exists(), fragment
+    argv = [arg.format(tmp=tmp_path) for arg in BAD_INPUTS[fragment]]
+    err = _cli_error(capsys, [*argv, "--quiet", *([] if "--out-dir" in argv else ["--out-dir", str(out)])])
+    assert fragment in err
+    assert not out.exists()
 
 
 def test_disk_full_while_writing_leaves_nothing(tmp_path, capsys, monkeypatch):
@@ -217,28 +222,10 @@ def test_sample_corpus_end_to_end_cli(tmp_path):
     assert peek.returncode == 0 and "decoded:" in peek.stdout
 
 
-def _kill_when(cmd: list[str], event) -> bool:
-    """Run ``cmd``, SIGKILL it the moment ``event()`` is observed; True if it was still running then.
-
-    The process is stopped (SIGSTOP) first and checked, so the kill lands at the observed point
-    however loaded the machine is; nothing here depends on how fast it runs.
-    """
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while proc.poll() is None and not event():
-        time.sleep(0.001)
-    running = proc.poll() is None
-    if running:
-        proc.send_signal(signal.SIGSTOP)
-        running = proc.poll() is None
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return running
-
-
 def test_killed_run_never_leaves_a_folder_verify_accepts(tmp_path):
     corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet", "--force"]
+    cmd = prepare_cmd(corpus, out, "--force")
 
     def size(name):  # of the running process's temporary file for ``name``, -1 while there is none
         found = list(out.glob(f".{name}.*.tokpack-tmp"))
@@ -255,8 +242,7 @@ def test_killed_run_never_leaves_a_folder_verify_accepts(tmp_path):
     # A first complete run, so that the kills also hit the overwrite path.
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     for name, event in events.items():
-        landed = any(_kill_when(cmd, event) for _ in range(3))
-        assert landed, name
+        kill(paused_at(cmd, event))
         try:
             verify_folder(out)
             whole = True
@@ -366,7 +352,7 @@ def test_parquet_and_zstd_inputs_prepare_like_jsonl(tmp_path):
 
 
 def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path):
-    from tokpack.documents import DocumentDataset
+    from tokpack.data.documents import DocumentDataset
     from tokpack.evaluation import sweep
 
     corpus = write_docs(tmp_path / "c", make_docs(40, words=200))

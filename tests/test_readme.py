@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def example(name: str) -> str:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_docs, shard_file, write_docs
-from tokpack.streams import TokenStream, build_stream_loader
+from helpers import make_docs, shard_file, write_docs
+from tokpack.data.streams import TokenStream, build_stream_loader
 from tokpack.tokenizer import load_encoding
 
 
@@ -41,7 +41,7 @@ def test_shards_over_ranks_and_workers_cover_every_window_once(tmp_path):
     for rank in range(2):
         for worker in range(2):
             info = mock.Mock(id=worker, num_workers=2)
-            with mock.patch("tokpack.streams.get_worker_info", return_value=info):
+            with mock.patch("tokpack.data.streams.get_worker_info", return_value=info):
                 union += _keys(TokenStream(corpus, 16, rank=rank, world_size=2))
     assert max(union.values()) == 1
     # Per-shard packing drops each shard's tail, so the union is a little smaller than the whole.
@@ -59,7 +59,7 @@ def test_bin_stream_shards_and_shuffle_buffer(prepared):
 DUPLICATES = textwrap.dedent("""
     import hashlib, json, sys
     from collections import Counter
-    from tokpack.streams import TokenStream, build_stream_loader
+    from tokpack.data.streams import TokenStream, build_stream_loader
 
     if __name__ == "__main__":
         out = {}
@@ -99,3 +99,10 @@ def test_stream_loader_reshuffles_each_epoch(prepared):
 
     first, second = rows(), rows()
     assert first != second and sorted(first) == sorted(second) and loader.epoch == 2
+
+
+def test_a_stream_loader_seed_that_contradicts_the_stream_is_refused(prepared):
+    stream = TokenStream(prepared / "train.bin", 16, seed=3)
+    with pytest.raises(ValueError, match="seed=4 contradicts the stream's seed=3"):
+        build_stream_loader(stream, 4, seed=4)
+    assert build_stream_loader(stream, 4, seed=3).seed == build_stream_loader(stream, 4).seed == 3

@@ -11,7 +11,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import write_tiktoken_file
+from helpers import write_tiktoken_file
 from tokpack import tokenizer
 from tokpack.corpus import pieces
 from tokpack.tokenizer import (

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 TINY = ["--block-size", "16", "--batch-size", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
         "--warmup-iters", "2", "--eval-interval", "3", "--eval-batch-size", "32", "--log-interval", "100"]
@@ -26,6 +26,7 @@ def losses(out, rank=0):
     return [json.loads(line) for line in (out / f"losses-rank{rank}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.e2e
 def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path):
     k = 4
     train(prepared, tmp_path / "straight", "--max-iters", str(2 * k))
@@ -59,6 +60,7 @@ def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fra
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_ddp_under_torchrun_each_rank_draws_its_own_reproducible_stream(prepared, tmp_path):
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     runs = []

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import make_docs, write_docs
+from helpers import kill, make_docs, paused_at, write_docs
 from tokpack.format import read_meta
 from tokpack.verify import verify_folder
 
@@ -32,19 +32,8 @@ def _cmd(corpus, out, *extra):
 
 
 def _kill_after_units(cmd, out, units):
-    """Run ``cmd`` and SIGKILL it once ``units`` unit records exist (paused first, so the kill lands
-    there whatever the machine's speed); True if it was still running then."""
-    for _ in range(3):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while proc.poll() is None and len(list(out.glob(".tokpack-unit-*.json"))) < units:
-            time.sleep(0.001)
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGSTOP)
-            proc.kill()
-            proc.wait()
-            return True
-        proc.wait()
-    return False
+    """Kill ``cmd`` once ``units`` unit records exist (paused there first)."""
+    kill(paused_at(cmd, lambda: len(list(out.glob(".tokpack-unit-*.json"))) >= units))
 
 
 def _files(folder):
@@ -56,14 +45,16 @@ def test_a_killed_run_resumes_keeping_finished_units(tmp_path, corpus):
     reference = tmp_path / "reference"
     assert subprocess.run(_cmd(corpus, reference), capture_output=True).returncode == 0
     out = tmp_path / "out"
-    assert _kill_after_units(_cmd(corpus, out), out, 2)
+    _kill_after_units(_cmd(corpus, out), out, 2)
     assert not (out / "meta.json").exists()
     kept = {}
     for record in out.glob(".tokpack-unit-*.json"):
-        shards = [shard for part in json.loads(record.read_text())["splits"].values()
-                  for shard in part["info"]["shards"]]
-        # A unit is finished once its files stand as recorded (the kill may fall between the two).
-        if all((out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"] for s in shards):
+        parts = json.loads(record.read_text())["splits"].values()
+        shards = [shard for part in parts for shard in part["info"]["shards"]]
+        # A unit is finished once its files, index part included, stand as recorded (the kill may
+        # fall between the record and its renames).
+        if all((out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"]
+               for s in (*shards, *(part["idx"] for part in parts))):
             kept.update({s["file"]: ((out / s["file"]).stat().st_ino, (out / s["file"]).stat().st_mtime_ns)
                          for s in shards})
     assert kept
@@ -83,7 +74,7 @@ def test_a_killed_run_resumes_keeping_finished_units(tmp_path, corpus):
 
 def test_other_options_drop_a_killed_runs_units_in_one_warning(tmp_path, corpus):
     out = tmp_path / "out"
-    assert _kill_after_units(_cmd(corpus, out), out, 1)
+    _kill_after_units(_cmd(corpus, out), out, 1)
     done = subprocess.run(_cmd(corpus, out, "--seed", "7"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     warning = [line for line in done.stderr.splitlines() if "unit records" in line]
@@ -103,8 +94,35 @@ def test_a_user_error_leaves_no_units_behind(tmp_path, corpus):
 
 def test_a_flat_run_after_a_killed_sharded_one_leaves_no_stray_shards(tmp_path, corpus):
     out = tmp_path / "out"
-    assert _kill_after_units(_cmd(corpus, out), out, 1)
+    _kill_after_units(_cmd(corpus, out), out, 1)
     done = subprocess.run([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_a_forged_unit_record_deletes_nothing_outside_the_folder_nor_another_tools_file(tmp_path, corpus, sharded):
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "notes.txt"
+    outside.write_text("keep me")
+    (out / "train.bin").write_bytes(b"\0" * 64)  # nanoGPT's, not tokpack's
+    (out / "val_000000.bin").symlink_to(outside)  # a unit's name, but a link out of the folder
+    names = [str(outside), "../notes.txt", "train.bin", "val_000000.bin"]
+    shard = {"file": names[0], "bytes": 1, "sha256": "0" * 64, "tokens": 1}
+    record = {"fingerprint": "forged", "unit": 0, "splits": {
+        "train": {"info": {"shards": [shard, *({**shard, "file": n} for n in names[1:])]},
+                  "idx": {**shard, "file": ".train.idx.u00000"}},
+        "val": {"info": {"shards": []}, "idx": {**shard, "file": ".val.idx.u00000"}}}}
+    (out / ".tokpack-unit-00000.json").write_text(json.dumps(record))
+    extra = [] if sharded else ["--shard-tokens", "0", "--unit-mb", "1024"]
+    done = subprocess.run(_cmd(corpus, out, *extra), capture_output=True, text=True)
+    assert done.returncode == 2 and "train.bin" in done.stderr and "--force" in done.stderr  # not tokpack's
+    assert outside.read_text() == "keep me" and (out / "train.bin").read_bytes() == b"\0" * 64
+    (out / "train.bin").unlink()  # the user moves the files the run named away
+    (out / "val_000000.bin").unlink()
+    done = subprocess.run(_cmd(corpus, out, *extra), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert outside.read_text() == "keep me" and not (out / ".tokpack-unit-00000.json").exists()
+    verify_folder(out)

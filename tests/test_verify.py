@@ -78,7 +78,7 @@ def test_inspect_decodes_a_peek(prepared):
     ("FORGED_SPLITS", "split 'train' needs tokens"),
 ])
 def test_malformed_meta_is_a_verdict_and_one_line_for_every_reader(prepared, capsys, content, reason):
-    from tokpack.windows import TokenWindows
+    from tokpack.data.windows import TokenWindows
 
     meta = json.loads((prepared / "meta.json").read_text())
     if content == "FORGED_DTYPE":
@@ -96,7 +96,7 @@ def test_malformed_meta_is_a_verdict_and_one_line_for_every_reader(prepared, cap
 
 
 def test_a_split_shorter_than_meta_json_says_is_refused_on_open(prepared):
-    from tokpack.windows import TokenWindows
+    from tokpack.data.windows import TokenWindows
 
     data = (prepared / "val.bin").read_bytes()
     (prepared / "val.bin").write_bytes(data[:-2])  # one token short
@@ -114,7 +114,7 @@ def test_verify_reports_ids_beyond_the_vocabulary(prepared, capsys):
 
 
 def test_non_increasing_document_index_is_refused(prepared):
-    from tokpack.documents import DocumentDataset
+    from tokpack.data.documents import DocumentDataset
 
     starts = np.fromfile(prepared / "train.idx", dtype="<u8")
     starts[[1, 2]] = starts[[2, 1]]

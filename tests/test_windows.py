@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import bare_file, shard_file
-from tokpack.format import SHARD_HEADER_BYTES
-from tokpack.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
+from helpers import bare_file, shard_file
+from tokpack.data.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
 
 
 def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
@@ -101,7 +100,6 @@ def test_llmc_shards_are_detected_and_windows_stay_inside_a_shard(tmp_path):
     (folder / "fineweb_train_000001.bin").write_bytes((folder / "fineweb_train_000001.bin").read_bytes()[:-2])
     with pytest.raises(ValueError, match="header promises 9 uint16 tokens.*truncated"):
         TokenWindows(folder, block_size=10)
-    assert SHARD_HEADER_BYTES == 1024
 
 
 def test_collate_passes_batches_through_and_stacks_samples():
@@ -173,7 +171,7 @@ def test_folders_never_mix_splits_and_globs_select(tmp_path, prepared):
 
 @pytest.mark.parametrize("stride", [None, 10, 6])
 def test_compact_batches_widen_to_the_same_windows_in_any_process(tmp_path, stride):
-    from tokpack.loader import build_loader
+    from tokpack.data.loader import build_loader
 
     folder = tmp_path / "shards"
     folder.mkdir()

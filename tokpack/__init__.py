@@ -2,6 +2,9 @@
 
     python -m tokpack.prepare corpus.txt      # train.bin, val.bin, meta.json
     python -m tokpack.verify data/corpus      # are the files whole and consistent?
+
+The write wing is ``tokpack.prepare`` (torch-free), the read wing ``tokpack.data``; every public
+name below is imported on first use, so that ``python -m tokpack.prepare`` never pays for torch.
 """
 
 from __future__ import annotations
@@ -9,69 +12,73 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from . import _compat
 
-# `python -m tokpack.prepare` and `python -m tokpack.evaluate` are command packages with nothing
-# in them to import. Importing them here, first, binds their names before any user import does;
-# Python binds a submodule to its package only on its first import, so once the names are freed
-# below, `tokpack.prepare` and `tokpack.evaluate` stay the functions whatever is imported later.
-importlib.import_module(".prepare", __name__)
+__version__ = "0.2.0"
+
+_compat.install()
+
+# ``python -m tokpack.evaluate`` needs a package of that name, while ``tokpack.evaluate`` is the
+# function. Python binds a submodule to its package on its first import only: importing the
+# command package here, first, and freeing the name keeps ``tokpack.evaluate`` the function.
 importlib.import_module(".evaluate", __name__)
-del prepare, evaluate  # noqa: F821 - bound by the two imports above
+del evaluate  # noqa: F821 - bound by the import above
 
-# Public name -> defining module. Imported on first use so that `python -m tokpack.prepare`
-# never pays for torch (about 200 MB and seconds of start-up).
+# Public name -> defining module.
 _EXPORTS = {
-    "TokenWindows": "windows",
-    "collate_windows": "windows",
-    "build_loader": "loader",
-    "TokenLoader": "loader",
-    "seed_worker": "runtime",
-    "to_device": "runtime",
-    "rank_world": "runtime",
+    "TokenWindows": "data.windows",
+    "collate_windows": "data.windows",
+    "build_loader": "data.loader",
+    "TokenLoader": "data.loader",
+    "seed_worker": "data.runtime",
+    "to_device": "data.runtime",
+    "rank_world": "data.runtime",
+    "ResumableBatchSampler": "data.samplers",
+    "RandomStartSampler": "data.samplers",
+    "EpochSampler": "data.samplers",
+    "InOrderSampler": "data.samplers",
+    "WeightedSampler": "data.samplers",
+    "BucketBatchSampler": "data.samplers",
+    "MixtureSampler": "data.samplers",
+    "inverse_frequency_weights": "data.samplers",
+    "DocumentDataset": "data.documents",
+    "pad_collate": "data.documents",
+    "MixedWindows": "data.mixing",
+    "TokenStream": "data.streams",
+    "build_stream_loader": "data.streams",
     "evaluate": "evaluation",
-    "ResumableBatchSampler": "samplers",
-    "RandomStartSampler": "samplers",
-    "EpochSampler": "samplers",
-    "InOrderSampler": "samplers",
-    "WeightedSampler": "samplers",
-    "BucketBatchSampler": "samplers",
-    "MixtureSampler": "samplers",
-    "inverse_frequency_weights": "samplers",
-    "DocumentDataset": "documents",
-    "pad_collate": "documents",
-    "MixedWindows": "mixing",
-    "TokenStream": "streams",
-    "build_stream_loader": "streams",
-    "PrepareConfig": "preparation",
-    "prepare": "preparation",
+    "PrepareConfig": "prepare",
     "load_encoding": "tokenizer",
-    "open_tokens": "format",
     "read_meta": "format",
+    "Split": "split",
+    "open_split": "split",
+    "open_tokens": "split",
 }
 
 if TYPE_CHECKING:
-    from .documents import DocumentDataset, pad_collate
+    from .data.documents import DocumentDataset, pad_collate
+    from .data.loader import TokenLoader, build_loader
+    from .data.mixing import MixedWindows
+    from .data.runtime import rank_world, seed_worker, to_device
+    from .data.samplers import (BucketBatchSampler, EpochSampler, InOrderSampler, MixtureSampler,
+                                RandomStartSampler, ResumableBatchSampler, WeightedSampler, inverse_frequency_weights)
+    from .data.streams import TokenStream, build_stream_loader
+    from .data.windows import TokenWindows, collate_windows
     from .evaluation import evaluate
-    from .format import open_tokens, read_meta
-    from .loader import TokenLoader, build_loader
-    from .mixing import MixedWindows
-    from .preparation import PrepareConfig, prepare
-    from .runtime import rank_world, seed_worker, to_device
-    from .samplers import (BucketBatchSampler, EpochSampler, InOrderSampler, MixtureSampler, RandomStartSampler,
-                           ResumableBatchSampler, WeightedSampler, inverse_frequency_weights)
-    from .streams import TokenStream, build_stream_loader
+    from .format import read_meta
+    from .prepare import PrepareConfig
+    from .split import Split, open_split, open_tokens
     from .tokenizer import load_encoding
-    from .windows import TokenWindows, collate_windows
 
 # Spelled out, so that static analysis sees the public names; tests check it matches _EXPORTS.
+# ``prepare`` is the write wing's package: ``from tokpack.prepare import prepare, PrepareConfig``.
 __all__ = [
     "__version__",
     "TokenWindows", "collate_windows", "build_loader", "TokenLoader", "seed_worker", "to_device", "rank_world",
-    "evaluate", "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler",
-    "WeightedSampler", "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset",
-    "pad_collate", "MixedWindows", "TokenStream", "build_stream_loader", "PrepareConfig", "prepare",
-    "load_encoding", "open_tokens", "read_meta",
+    "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler", "WeightedSampler",
+    "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset", "pad_collate",
+    "MixedWindows", "TokenStream", "build_stream_loader", "evaluate", "PrepareConfig", "load_encoding",
+    "read_meta", "Split", "open_split", "open_tokens",
 ]
 
 

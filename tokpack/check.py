@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import parser, run_cli, table
-from .loader import TokenLoader, build_loader
-from .windows import TokenWindows
+from .cli import parser, run_cli, table
+from .data.loader import TokenLoader, build_loader
+from .data.windows import TokenWindows
+from .split import open_splits
 
 
 def batch_hash(batch: Any) -> str:
@@ -55,10 +56,10 @@ def resumed(build: Callable[[], TokenLoader], n: int, at: int) -> list[str]:
 def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, batch_size: int = 8,
                  seed: int = 0, workers: Sequence[int] = (0, 2)) -> list[dict[str, Any]]:
     """One row per comparison, one column per loader: 'same' or 'DIFFERENT'."""
-    folder = Path(folder)
-    train = TokenWindows(folder, block_size, split="train")
-    train_epochs = TokenWindows(folder, block_size, stride=block_size, split="train")
-    val = TokenWindows(folder, block_size, stride=block_size, split="val")
+    splits = open_splits(folder)
+    train = TokenWindows(splits["train"], block_size)
+    train_epochs = TokenWindows(splits["train"], block_size, stride=block_size)
+    val = TokenWindows(splits["val"], block_size, stride=block_size)
     setups: dict[str, Callable[..., TokenLoader]] = {
         "train (random starts)": lambda **kw: build_loader(train, batch_size, seed, num_samples=batch_size * 5, **kw),
         "train (epochs)": lambda **kw: build_loader(train_epochs, batch_size, seed, shuffle=True, **kw),

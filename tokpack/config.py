@@ -1,4 +1,4 @@
-"""Configs and CLI plumbing shared by every ``python -m tokpack.<tool>``.
+"""Typed configs shared by every ``python -m tokpack.<tool>``.
 
 A config is a frozen dataclass per stage, possibly holding another (a ``[model]`` table).
 ``configs/NAME.toml`` sets any of its fields, the command line overrides the file, and an unknown
@@ -7,18 +7,12 @@ key, or a value of the wrong type, is an error naming the key, the file and what
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import signal
-import sys
-import threading
 import tomllib
 import types
 import typing
-import warnings
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 C = TypeVar("C")
 
@@ -107,75 +101,3 @@ def default_of(cls: type, name: str) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
     return field.default_factory()  # type: ignore[misc]
-
-
-def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
-    print(f"tokpack: warning: {message}", file=sys.stderr)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that a run cleans up as on Ctrl-C."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated
-
-
-def run_cli(body: Callable[[], int | None]) -> int:
-    """Run a CLI body; a user error becomes one ``tokpack: ...`` line and exit code 2.
-
-    Warnings print as one ``tokpack: warning: ...`` line, without the source line a library
-    user would want. SIGTERM cleans up like Ctrl-C and exits 143.
-    """
-    previous, warnings.showwarning = warnings.showwarning, _show_warning
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous_term = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        return body() or 0
-    except (ValueError, OSError) as exc:
-        message = str(exc)
-        if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in message:
-            message = f"{message}: {exc.filename}"
-        print(f"tokpack: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("tokpack: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    except Terminated:
-        print("tokpack: terminated", file=sys.stderr)
-        raise SystemExit(143) from None
-    finally:
-        warnings.showwarning = previous
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous_term)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, not the whole usage block: what is wrong, and where the options are listed.
-        self.exit(2, f"tokpack: {self.prog}: {message}; see {self.prog} --help\n")
-
-
-def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """An argparse parser whose description is the tool module's docstring; ``prog`` is a tool
-    name (``prepare``) or a whole command (``python scripts/train_gpt.py``)."""
-    return _Parser(
-        prog=prog if " " in prog else f"python -m tokpack.{prog}",
-        description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-def add_config_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="TOML", help="a configs/*.toml file; options given here override it")
-
-
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    def cell(value: Any) -> str:
-        return f"{value:,.3g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
-
-    cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    return "\n".join(lines)

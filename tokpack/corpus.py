@@ -1,8 +1,8 @@
-"""Corpus input: resolve paths to files and stream their documents as bounded text pieces.
+"""Corpus documents: the files ``tokpack.inputs`` resolved, read as documents and cut into pieces.
 
-    python -c "from tokpack.corpus import documents; print(next(documents([...], 'strict', None, 'text')))"
+    python -m tokpack.prepare notes.txt docs/ web.jsonl.gz     # reads its inputs through these
 
-Every file is a document, every ``.jsonl`` record is a document, and ``doc_sep`` cuts text files
+Text, jsonl, parquet, gzip and zstd are read as streams. Every file is a document, every ``.jsonl`` record is a document, and ``doc_sep`` cuts text files
 into documents. Long documents come out as pieces cut only where the encoding's split pattern
 cannot join the two sides, so memory stays bounded by the piece size, not the corpus.
 """

@@ -19,7 +19,6 @@ import functools
 import inspect
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -29,12 +28,13 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .config import parser, run_cli, table
-from .format import read_meta, token_files
-from .loader import build_loader
-from .runtime import rank_world, to_device
+from .cli import parser, run_cli, table
+from .data.loader import build_loader
+from .data.runtime import rank_world, to_device
+from .data.windows import IGNORE_INDEX, TokenWindows
+from .distributed import process_group
+from .split import Split, open_splits
 from .tokenizer import load_encoding
-from .windows import IGNORE_INDEX, TokenWindows
 
 
 @functools.cache
@@ -51,11 +51,9 @@ def token_byte_lengths(encoding: str) -> np.ndarray:
 
 
 def _byte_lengths_for(loader: Any) -> np.ndarray | None:
-    dataset = getattr(loader, "dataset", None)
-    paths = getattr(dataset, "paths", None)
-    if not paths or not (paths[0].parent / "meta.json").is_file():
-        return None
-    return token_byte_lengths(read_meta(paths[0].parent)["options"]["encoding"])
+    """The encoding's byte lengths, when the loader reads a prepared split (its meta.json names it)."""
+    meta = getattr(getattr(getattr(loader, "dataset", None), "split", None), "meta", None)
+    return None if meta is None else token_byte_lengths(meta["options"]["encoding"])
 
 
 def _model_vocab(model: torch.nn.Module) -> int | None:
@@ -164,22 +162,24 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     }
 
 
-def _models(folder: Path, meta: dict[str, Any], checkpoints: Sequence[str], baselines: Sequence[str],
+def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Sequence[str],
             add_k: float, device: str) -> list[tuple[str, torch.nn.Module, int | None]]:
     """(name, model, its block size or None) for every checkpoint and baseline asked for."""
-    from .gpt import NGram, load_gpt
+    from .models import NGram, load_gpt
 
+    meta = splits["train"].meta
+    assert meta is not None
     n_vocab = meta["encoding"]["n_vocab"]
     models: list[tuple[str, torch.nn.Module, int | None]] = []
     for path in checkpoints:
         model, _ = load_gpt(path, device)
         if model.config.vocab_size < n_vocab:
-            raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {folder} uses "
+            raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {splits['train'].folder} uses "
                              f"{meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its own encoding")
         models.append((Path(path).name, model, model.config.block_size))
     for name in baselines:
         order = {"unigram": 1, "bigram": 2}[name]
-        models.append((name, NGram(token_files(folder, "train"), n_vocab, order, add_k), None))
+        models.append((name, NGram(splits["train"], n_vocab, order, add_k), None))
     return models
 
 
@@ -187,18 +187,19 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
           block_size: int | None = None, strides: Sequence[int] | None = None, batch_size: int = 4,
           add_k: float = 0.01, device: str = "cpu", quiet: bool = False) -> list[dict[str, Any]]:
     """One result row per (model, stride)."""
-    folder = Path(folder)
-    meta = read_meta(folder)
-    if split not in meta["splits"]:
-        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(meta['splits'])}")
+    splits = open_splits(folder)
+    if split not in splits:
+        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
     if not checkpoints and not baselines:
         raise ValueError("nothing to evaluate; pass --checkpoint CKPT or --model bigram")
+    meta = splits[split].meta
+    assert meta is not None
     token_bytes = token_byte_lengths(meta["options"]["encoding"])
     rank = rank_world()[0]
     rows = []
     from tqdm import tqdm
 
-    for name, model, model_block in _models(folder, meta, checkpoints, baselines, add_k, device):
+    for name, model, model_block in _models(splits, checkpoints, baselines, add_k, device):
         T = block_size if block_size is not None else model_block or 256
         if T < 1:
             raise ValueError(f"--block-size {T} must be at least 1")
@@ -206,7 +207,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
             raise ValueError(f"--block-size {T} is longer than {name}'s block size {model_block}; "
                              f"use --block-size {model_block} or less")
         for S in strides or [T]:
-            windows = TokenWindows(folder, T, stride=S, split=split)
+            windows = TokenWindows(splits[split], T, stride=S)
             loader = build_loader(windows, batch_size)
             with tqdm(total=len(windows), unit="win", desc=f"{name} T={T} S={S}", disable=quiet or rank != 0,
                       file=sys.stderr, leave=False) as bar:
@@ -232,17 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> int:
-        device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-        distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1 and not torch.distributed.is_initialized()
-        if distributed:
-            torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-        try:
+        with process_group(args.device) as place:
             rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
-                         args.batch_size, args.add_k, device, args.quiet)
-        finally:
-            if distributed:
-                torch.distributed.destroy_process_group()
-        if int(os.environ.get("RANK", 0)) == 0:
+                         args.batch_size, args.add_k, place.device, args.quiet)
+        if place.leader:
             print(table(rows, ["model", "split", "block_size", "stride", "loss", "ppl", "bits_per_token",
                                "bits_per_byte", "tokens", "windows"]))
             print(json.dumps(rows))

@@ -10,10 +10,8 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
-import glob
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +21,16 @@ FORMAT_VERSION = 1
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
 INDEX_DTYPE = np.dtype("<u8")
+# A sharded run's record of each finished unit: while one stands without meta.json, the folder
+# is an unfinished run that a rerun resumes, not data to read.
+UNIT_RECORD = ".tokpack-unit-{:05d}.json"
+UNIT_RECORD_GLOB = ".tokpack-unit-*.json"
 
 # llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
 # magic 20240520 / version 1 for uint16 (GPT-2), 20240801 / version 7 for uint32 (llama-3).
 SHARD_HEADER_BYTES = 256 * 4
 SHARD_VERSIONS = {"uint16": 20240520, "uint32": 20240801}
 SHARD_DTYPE_VERSION = {"uint16": 1, "uint32": 7}
-SHARD_MAGIC = SHARD_VERSIONS["uint16"]
 
 # Megatron-LM's indexed datasets: a flat .bin beside an .idx that starts with this magic,
 # followed by a uint64 version and a one-byte dtype code.
@@ -103,17 +104,6 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
-def _recorded_tokens(meta: dict[str, Any], name: str) -> int | None:
-    """Tokens meta.json records for the token file ``name``: a flat split's, or a shard's."""
-    for info in meta["splits"].values():
-        if "bin" in info and info["bin"]["file"] == name:
-            return info["tokens"]
-        for shard in info.get("shards", []):
-            if shard["file"] == name:
-                return shard["tokens"]
-    return None
-
-
 def _header_words(path: Path) -> np.ndarray | None:
     with open(path, "rb") as f:
         head = f.read(SHARD_HEADER_BYTES)
@@ -133,7 +123,7 @@ def shard_header(path: Path) -> tuple[np.dtype, int] | None:
     return np.dtype(dtype), int(words[2])
 
 
-def _foreign_format(path: Path) -> str | None:
+def foreign_format(path: Path) -> str | None:
     """The name of a known non-tokpack format whose header would otherwise be read as tokens."""
     index = path.with_suffix(".idx")
     if index.is_file():
@@ -153,7 +143,7 @@ def _is_litdata_index(path: Path) -> bool:
     return isinstance(index, dict) and "chunks" in index and "config" in index
 
 
-def _megatron_dtype(path: Path) -> np.dtype:
+def megatron_dtype(path: Path) -> np.dtype:
     with open(path.with_suffix(".idx"), "rb") as f:
         head = f.read(len(MEGATRON_MAGIC) + 9)
     code = head[len(MEGATRON_MAGIC) + 8] if len(head) == len(MEGATRON_MAGIC) + 9 else -1
@@ -161,107 +151,3 @@ def _megatron_dtype(path: Path) -> np.dtype:
         raise ValueError(f"{path.with_suffix('.idx')} names dtype code {code}, which is not a token dtype; "
                          "re-create the Megatron dataset with an integer dtype")
     return np.dtype(MEGATRON_DTYPES[code])
-
-
-def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:
-    """Memory-map a token file: a prepared split, an llm.c shard, a Megatron ``.bin``, or a bare
-    file with ``dtype``.
-
-    The dtype comes from an llm.c header if the file has one, else from meta.json beside the
-    file, else from a Megatron ``.idx`` beside it, else from ``dtype``; a ``dtype`` that
-    contradicts any of these, a file whose size does not fit it, and litdata chunks are refused.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"token file {path} does not exist; run python -m tokpack.prepare first")
-    size = path.stat().st_size
-    offset = 0
-    header = shard_header(path)
-    foreign = None if header or (path.parent / META_NAME).is_file() else _foreign_format(path)
-    if header is not None:
-        found, count = header
-        offset = SHARD_HEADER_BYTES
-        expected = SHARD_HEADER_BYTES + found.itemsize * count
-        if size != expected:
-            raise ValueError(
-                f"{path} is {size} bytes but its llm.c header promises {count} {found} tokens "
-                f"({expected} bytes); the shard is truncated, re-create it"
-            )
-    elif (path.parent / META_NAME).is_file():
-        meta = read_meta(path.parent)
-        found = np.dtype(meta["dtype"])
-        expected_tokens = _recorded_tokens(meta, path.name)
-        if expected_tokens is not None and size != expected_tokens * found.itemsize:
-            raise ValueError(f"{path} is {size} bytes but meta.json records {expected_tokens} {found} tokens "
-                             f"({expected_tokens * found.itemsize} bytes); the file was changed or truncated, "
-                             "rerun python -m tokpack.prepare --force")
-    elif foreign and foreign.startswith("a Megatron"):
-        found = _megatron_dtype(path)
-    elif foreign:
-        raise ValueError(f"{path} is {foreign}, not a token file tokpack reads; pass a tokpack, llm.c or "
-                         "Megatron .bin")
-    elif dtype is not None:
-        found = np.dtype(dtype)
-    else:
-        raise ValueError(
-            f"cannot tell the dtype of {path}: no meta.json beside it and no llm.c header; "
-            "pass dtype='uint16' (or the dtype it was written with)"
-        )
-    if dtype is not None and np.dtype(dtype) != found:
-        raise ValueError(f"{path} holds {found} tokens, not the dtype={np.dtype(dtype)} asked for; drop dtype=")
-    if (size - offset) % found.itemsize:
-        raise ValueError(
-            f"{path} is {size} bytes, not a whole number of {found} tokens "
-            f"({found.itemsize} bytes each); the file is truncated, re-create it"
-        )
-    if size == offset:
-        raise ValueError(f"{path} holds no tokens; prepare a non-empty corpus")
-    return np.memmap(path, dtype=found, mode="r", offset=offset)
-
-
-def token_files(path: str | Path | Sequence[str | Path], split: str | None = None) -> list[Path]:
-    """The token files behind ``path``: a file, a list of files, a glob, a prepared folder (with
-    ``split``), or a folder of shards, never mixing splits silently.
-
-    A folder of llm.c-style shards named ``*_train_*.bin`` / ``*_val_*.bin`` is read per
-    ``split``; without ``split`` such a folder is refused with the glob to use.
-    """
-    if not isinstance(path, (str, Path)):
-        files = [Path(p) for p in path]
-        if not files:
-            raise ValueError("no token files given; pass a path, a list of paths, a glob or a folder")
-        return files
-    raw, path = str(path), Path(path)
-    if not path.exists() and any(ch in raw for ch in "*?["):
-        matches = sorted(Path(m) for m in glob.glob(raw) if Path(m).is_file())
-        if not matches:
-            raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern")
-        return matches
-    if not path.is_dir():
-        if split is not None:
-            raise ValueError(f"split={split!r} applies to folders, but {path} is a file; drop split=")
-        return [path]
-    if (path / META_NAME).is_file():
-        splits = read_meta(path)["splits"]
-        if split not in splits:
-            raise ValueError(f"{path} is a prepared folder with splits {', '.join(splits)}; "
-                             f"pass split= one of them (got {split!r})")
-        return [path / f["file"] for f in split_files(splits[split])]
-    shards = sorted(p for p in path.glob("*.bin") if p.is_file())
-    if not shards:
-        raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
-    by_split: dict[str, list[Path]] = {}
-    for shard in shards:
-        named = re.search(r"(?:^|[_.-])(train|val|test)(?=[_.-])", shard.name)
-        by_split.setdefault(named.group(1) if named else "", []).append(shard)
-    if split is not None:
-        if split not in by_split:
-            raise ValueError(f"{path} holds no *_{split}_*.bin shards; splits found: "
-                             f"{', '.join(sorted(k for k in by_split if k)) or 'none'}")
-        return by_split[split]
-    if len(by_split) > 1:
-        named = sorted(k for k in by_split if k)
-        example = re.sub(r"\d+", "*", by_split[named[0]][0].name)
-        raise ValueError(f"{path} holds token files of several splits ({', '.join(named)}); pass "
-                         f"split={named[0]!r} or a glob such as '{path / example}' so they are never mixed")
-    return shards

@@ -9,17 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import parser, run_cli
-from .format import open_tokens, read_meta, split_files
+from .cli import parser, run_cli
+from .split import open_splits
 from .tokenizer import load_encoding
 
 
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
     """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``."""
     folder = Path(folder)
-    meta = read_meta(folder)
-    if split not in meta["splits"]:
-        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(meta['splits'])}")
+    splits = open_splits(folder)
+    if split not in splits:
+        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
+    meta = splits[split].meta
+    assert meta is not None
     enc_info = meta["encoding"]
     lines = [
         f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "
@@ -28,10 +30,10 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     for name, info in meta["splits"].items():
         per_doc = info["tokens"] / max(info["documents"], 1)
         lines.append(f"  {name:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents "
-                     f"({per_doc:,.0f} tokens/document)  {len(split_files(info))} file(s)")
+                     f"({per_doc:,.0f} tokens/document)  {len(splits[name].files)} file(s)")
     if count < 1:
         raise ValueError(f"--count {count} must be at least 1")
-    files = [open_tokens(folder / f["file"]) for f in split_files(meta["splits"][split])]
+    files = splits[split].open()
     n = sum(map(len, files))
     if not 0 <= at < n:
         raise ValueError(f"--at {at} is outside {split} (0..{n - 1}); pick an offset inside it")

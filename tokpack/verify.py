@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import parser, run_cli
-from .format import INDEX_DTYPE, open_tokens, read_meta, split_files
+from .cli import parser, run_cli
+from .format import INDEX_DTYPE, read_meta, split_files
+from .split import open_splits
 
 CHUNK_BYTES = 1 << 24
 
@@ -48,36 +49,35 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
     n_vocab = meta["encoding"]["n_vocab"]
     if n_vocab > np.iinfo(dtype).max + 1:
         raise VerifyError(f"dtype {dtype} in meta.json cannot hold n_vocab {n_vocab}")
+    for info in meta["splits"].values():
+        for entry in (info["idx"], *split_files(info)):
+            _check_file(folder / entry["file"], entry)
+    try:
+        splits = open_splits(folder, meta)
+    except ValueError as exc:
+        raise VerifyError(str(exc)) from None
     counts = {}
-    for split, info in meta["splits"].items():
-        idx_path = folder / info["idx"]["file"]
-        _check_file(idx_path, info["idx"])
-        total = 0
-        for entry in split_files(info):
-            bin_path = folder / entry["file"]
-            _check_file(bin_path, entry)
-            try:
-                tokens = open_tokens(bin_path)
-            except ValueError as exc:
-                raise VerifyError(str(exc)) from None
-            if "tokens" in entry and len(tokens) != entry["tokens"]:
-                raise VerifyError(f"{bin_path} holds {len(tokens)} tokens, meta.json says {entry['tokens']}")
+    for name, info in meta["splits"].items():
+        split, idx_path = splits[name], folder / info["idx"]["file"]
+        for entry, file in zip(split_files(info), split.files):
+            if "tokens" in entry and file.tokens != entry["tokens"]:
+                raise VerifyError(f"{file.path} holds {file.tokens} tokens, meta.json says {entry['tokens']}")
+            tokens = file.memmap()
             step = CHUNK_BYTES // dtype.itemsize
             for start in range(0, len(tokens), step):
                 top = int(tokens[start:start + step].max())
                 if top >= n_vocab:
-                    raise VerifyError(f"{bin_path} holds id {top} near token {start}, n_vocab is {n_vocab}")
-            total += len(tokens)
+                    raise VerifyError(f"{file.path} holds id {top} near token {start}, n_vocab is {n_vocab}")
+        total = int(split.lengths.sum())
         if total != info["tokens"]:
-            raise VerifyError(f"{split} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
-        bin_path = folder / split_files(info)[0]["file"]
+            raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
         starts = np.fromfile(idx_path, dtype=INDEX_DTYPE)
         if len(starts) != info["documents"]:
             raise VerifyError(f"{idx_path} lists {len(starts)} documents, meta.json says {info['documents']}")
         if len(starts) and (starts[0] != 0 or (np.diff(starts.astype(np.int64)) <= 0).any()
                             or starts[-1] >= info["tokens"]):
-            raise VerifyError(f"{idx_path} is not a strictly increasing list of offsets inside {bin_path}")
-        counts[split] = info["tokens"]
+            raise VerifyError(f"{idx_path} is not a strictly increasing list of offsets inside {split.describe()}")
+        counts[name] = info["tokens"]
     return counts
 
 

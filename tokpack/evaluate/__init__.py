@@ -1,5 +1,3 @@
-"""``python -m tokpack.evaluate``: the evaluation sweep's command line (see ``__main__.py``).
-
-The library function is ``tokpack.evaluate`` (defined in ``tokpack.evaluation``); this package
-holds only the command, so importing it never shadows the function.
+"""``python -m tokpack.evaluate`` (see ``__main__``); the function ``tokpack.evaluate`` and the sweep
+live in ``tokpack.evaluation``. This package holds only the command, so it never shadows the function.
 """

@@ -1,5 +1,16 @@
-"""``python -m tokpack.prepare``: the command (see ``tokpack.preparation``).
+"""The write wing: a text corpus into a prepared folder, exact, streaming, parallel. Torch-free.
 
-The library function is ``tokpack.prepare`` (defined in ``tokpack.preparation``); this package
-holds only the command, so importing it never shadows the function.
+    python -m tokpack.prepare corpus.txt --out-dir data/corpus
+    python -c "from tokpack.prepare import prepare, PrepareConfig; prepare(PrepareConfig(inputs=('corpus.txt',)))"
+
+The tokens of every document are exactly ``encode_ordinary(document)``, whatever the thread
+count; pieces are tokenized on all cores and written in input order, so the output is
+byte-identical for any ``--workers``. Everything is written to temporary names and renamed when
+complete, meta.json last. Nothing here imports torch, except to join torchrun's process group
+when ``WORLD_SIZE`` > 1.
 """
+
+from .config import PrepareConfig
+from .run import prepare
+
+__all__ = ["PrepareConfig", "prepare"]

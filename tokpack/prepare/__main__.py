@@ -1,3 +1,82 @@
-from tokpack.preparation import main
+"""``python -m tokpack.prepare``: tokenize a corpus into a prepared folder (see ``tokpack.prepare``).
 
-raise SystemExit(main())
+    python -m tokpack.prepare corpus.txt                # one document: nanoGPT's Shakespeare split
+    python -m tokpack.prepare docs/ --out-dir data/web  # many documents: a seeded per-document split
+    python -m tokpack.prepare                           # the built-in sample corpus -> data/sample
+    torchrun --nproc-per-node=8 -m tokpack.prepare docs/ --out-dir data/web   # every rank a share
+
+Options may come from ``--config configs/NAME.toml``; the command line overrides the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..cli import add_config_option, parser, run_cli
+from ..config import build_config, default_of
+from .config import EOT_MODES, FORMATS, LLMC_SHARD_TOKENS, PrepareConfig
+from .run import prepare
+
+
+def summary(result: dict[str, Any]) -> str:
+    stats = result["stats"]
+    lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']}, "
+             f"{result['options']['format']})"]
+    for split, info in result["splits"].items():
+        shards = f"  {len(info['shards'])} shards" if "shards" in info else ""
+        lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
+    lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
+                 f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
+    if result["dtype"] == "uint32" and result["options"]["format"] == "flat":
+        lines.append("  note: uint32 tokens; nanoGPT's train.py reads uint16 and would misread them. Readers that "
+                     "work: tokpack's TokenWindows, or llm.c's v7 shards via --format llmc")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("prepare", __doc__)
+    d = lambda name: default_of(PrepareConfig, name)  # noqa: E731
+    p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
+                   "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
+    p.add_argument("--out-dir", help="output folder (default: data/sample for the sample, else data/<first input's stem>)")
+    p.add_argument("--encoding", help=f"tiktoken encoding name or .tiktoken file (default: {d('encoding')})")
+    p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "
+                   "the narrowest that holds every id)")
+    p.add_argument("--val-fraction", type=float, help=f"share of documents (or of a lone document's tail) "
+                   f"that goes to val (default: {d('val_fraction')})")
+    p.add_argument("--seed", type=int, help=f"seed of the per-document split hash (default: {d('seed')})")
+    p.add_argument("--eot", choices=EOT_MODES, help=f"where <|endoftext|> goes around each document (default: "
+                   f"{d('eot')}: append, prepend with --format llmc, none for a corpus of one document)")
+    p.add_argument("--doc-sep", help="cut text files into documents at this string (default: none)")
+    p.add_argument("--jsonl-key", help=f"text field of .jsonl records (default: {d('jsonl_key')})")
+    p.add_argument("--text-column", help=f"text column of .parquet files (default: {d('text_column')})")
+    p.add_argument("--errors", choices=["strict", "replace"], help=f"invalid UTF-8 handling (default: {d('errors')})")
+    p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
+    p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
+    p.add_argument("--format", choices=FORMATS, help=f"flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / "
+                   f"modded-nanogpt shards NAME_train_000001.bin, ... (default: {d('format')})")
+    p.add_argument("--shard-tokens", type=int, help=f"write each split as shards of at most N tokens (default: "
+                   f"{d('shard_tokens')}: llm.c's {LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
+    p.add_argument("--unit-mb", type=float, help=f"input MB per resumable unit of a sharded run: a rerun keeps "
+                   f"the units a killed run finished (default: {d('unit_mb')})")
+    p.add_argument("--force", action="store_true", default=None,
+                   help="overwrite an existing prepared folder or another tool's token files (default: off)")
+    p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")
+    add_config_option(p)
+    args = vars(p.parse_args(argv))
+
+    def body() -> int:
+        config_path = args.pop("config")
+        args["inputs"] = tuple(args["inputs"]) or None
+        config = build_config(PrepareConfig, config_path, args)
+        result = prepare(config)
+        if not config.quiet and result["stats"]["leader"]:
+            print(summary(result))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

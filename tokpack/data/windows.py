@@ -17,6 +17,7 @@ own, so a shard boundary is never read across.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .format import META_NAME, open_tokens, read_meta, split_files, token_files
+from ..split import Split, open_split
 from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
 
 IGNORE_INDEX = -100
@@ -74,6 +75,13 @@ class CompactWindows(NamedTuple):
         return CompactWindows(move(self.tokens), move(self.valid), move(self.later), self.overlap)
 
 
+def _whole(name: str, value: Any) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} is not an int; pass a whole number of tokens") from None
+
+
 def collate_windows(batch: Any) -> Any:
     """The loader's collate step: batches from ``__getitems__`` pass through, samples stack."""
     if isinstance(batch, (WindowBatch, CompactWindows)):
@@ -86,23 +94,29 @@ class TokenWindows(Dataset):
 
     def __init__(
         self,
-        path: str | Path | Sequence[str | Path],
+        path: str | Path | Sequence[str | Path] | Split,
         block_size: int,
         stride: int | None = None,
         dtype: str | np.dtype | None = None,
         split: str | None = None,
     ):
-        self.paths = token_files(path, split)
+        """Args:
+            path: token files (see ``tokpack.split.open_split``), or a ``Split`` already opened.
+            block_size: T, the tokens of x (and of y) in a window.
+            stride: None for training windows at every start; S <= T for evaluation windows.
+            dtype: the dtype of bare token files that say nothing of theirs.
+            split: the split of a folder.
+        """
+        block_size = _whole("block_size", block_size)
+        stride = None if stride is None else _whole("stride", stride)
         if block_size < 1:
             raise ValueError(f"block_size {block_size} must be at least 1")
         if stride is not None and not 1 <= stride <= block_size:
             raise ValueError(f"stride {stride} must lie in 1..block_size ({block_size}); "
                              "use stride=block_size for non-overlapping windows")
-        self.block_size, self.stride, self.dtype_arg = block_size, stride, dtype
-        maps = [open_tokens(p, dtype) for p in self.paths]  # validates size and dtype now, not in a worker
-        self.dtype = maps[0].dtype
-        self.lengths = np.array([len(m) for m in maps], dtype=np.int64)
-        del maps
+        self.split = open_split(path, split, dtype)  # validated now, in this process, not in a worker
+        self.block_size, self.stride = block_size, stride
+        self.dtype, self.lengths = self.split.dtype, self.split.lengths
         T = block_size
         if stride is None:
             counts = np.maximum(self.lengths - T, 0)
@@ -110,12 +124,12 @@ class TokenWindows(Dataset):
             counts = np.where(self.lengths >= 2, -(-np.maximum(self.lengths - 1 - T, 0) // stride) + 1, 0)
         if stride is not None and T >= self.lengths.max():
             raise ValueError(
-                f"block_size {T} is longer than the {int(self.lengths.max()) - 1} targets of {self._names()}, so "
+                f"block_size {T} is longer than the {int(self.lengths.max()) - 1} targets of {self.split.describe()}, so "
                 f"every window would be mostly padding; use a block_size below {int(self.lengths.max())}"
             )
         if counts.sum() == 0:
             raise ValueError(
-                f"block_size {T} needs more than {T} tokens, but {self._names()} holds "
+                f"block_size {T} needs more than {T} tokens, but {self.split.describe()} holds "
                 f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -156,20 +170,14 @@ class TokenWindows(Dataset):
             self._max_id = max(int(t.max()) for t in self.tokens())
         return self._max_id
 
-    def fingerprint(self) -> list[Any]:
-        """Each file's name, size and (for prepared files) sha256 from meta.json, so that a resume
-        state taken on other data with the same window count is refused."""
-        out = []
-        for p in self.paths:
-            recorded = None
-            if (p.parent / META_NAME).is_file():
-                files = [f for info in read_meta(p.parent)["splits"].values() for f in split_files(info)]
-                recorded = next((f["sha256"] for f in files if f["file"] == p.name), None)
-            out.append([p.name, p.stat().st_size, recorded])
-        return out
+    @property
+    def paths(self) -> list[Path]:
+        return self.split.paths
 
-    def _names(self) -> str:
-        return str(self.paths[0]) if len(self.paths) == 1 else f"{len(self.paths)} files in {self.paths[0].parent}"
+    def fingerprint(self) -> str:
+        """The split's fingerprint (each file's name, size and recorded sha256, hashed when it was
+        opened), so that a resume state taken on other data with the same window count is refused."""
+        return self.split.fingerprint
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling an open memmap copies the corpus into the pickle; workers reopen it instead.
@@ -178,8 +186,7 @@ class TokenWindows(Dataset):
     def tokens(self) -> list[np.ndarray]:
         """The memory-mapped files, opened on first use in this process."""
         if self._tokens is None:
-            # Plain ndarray views of the maps: np.memmap's own __getitem__ costs more than the gather.
-            self._tokens = [np.asarray(open_tokens(p, self.dtype_arg)) for p in self.paths]
+            self._tokens = self.split.open()
             width = self.block_size + 1
             self._windows = [np.lib.stride_tricks.sliding_window_view(t, width) if len(t) >= width else None
                              for t in self._tokens]
@@ -233,7 +240,7 @@ class TokenWindows(Dataset):
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.first[-1]):
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
-        if len(self.paths) == 1:  # the usual case: one file, one gather, no per-file copy
+        if len(self.split.files) == 1:  # the usual case: one file, one gather, no per-file copy
             local = idx
             gathered, valid = self._read(0, idx * (self.stride or 1))
             return self._compact(gathered, valid, local)
@@ -260,5 +267,5 @@ class TokenWindows(Dataset):
 
     def __repr__(self) -> str:
         mode = f"stride={self.stride}" if self.stride else "every start"
-        return f"TokenWindows({self._names()}, block_size={self.block_size}, {mode}, {len(self):,} windows)"
+        return f"TokenWindows({self.split.describe()}, block_size={self.block_size}, {mode}, {len(self):,} windows)"
 

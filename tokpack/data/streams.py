@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .corpus import documents
-from .inputs import resolve_inputs
-from .format import open_tokens
+from ..corpus import documents
+from ..inputs import resolve_inputs
+from ..split import open_tokens
+from ..tokenizer import load_encoding
 from .runtime import generator, mix_seed, rank_world, resolve_pin_memory, seed_worker, worker_context
-from .tokenizer import load_encoding
 
 
 def shard_of(rank: int, world_size: int) -> tuple[int, int]:
@@ -117,8 +117,14 @@ class StreamLoader:
 def build_stream_loader(stream: TokenStream, batch_size: int, *, num_workers: int = 0, seed: int | None = None,
                         pin_memory: bool | str = "auto", multiprocessing_context: str | None = "default",
                         drop_last: bool = False) -> StreamLoader:
-    """Batches of a TokenStream with the same seeding, workers and pinning as build_loader."""
-    seed = stream.seed if seed is None else seed
+    """Batches of a TokenStream with the same seeding, workers and pinning as build_loader.
+
+    ``seed`` is the stream's; another one is refused, since the stream's shuffling would not follow it.
+    """
+    if seed is not None and seed != stream.seed:
+        raise ValueError(f"seed={seed} contradicts the stream's seed={stream.seed}; drop seed= or build "
+                         f"the TokenStream with seed={seed}")
+    seed = stream.seed
     loader = DataLoader(stream, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last,
                         pin_memory=resolve_pin_memory(pin_memory),
                         worker_init_fn=seed_worker if num_workers else None,

@@ -45,6 +45,10 @@ class MixedWindows(Dataset):
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def fingerprint(self) -> list[Any]:
+        """Each corpus's name, weight and data fingerprint: a resume state of another mixture is refused."""
+        return [[n, float(w), p.fingerprint()] for n, w, p in zip(self.names, self.weights, self.parts)]
+
     def source_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, np.asarray(indices), side="right") - 1
 

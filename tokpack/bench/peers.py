@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .tokenizer import load_encoding
+from ..tokenizer import load_encoding
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .format import INDEX_DTYPE, open_tokens, read_meta, token_files
+from ..split import Split, open_split, read_index
 from .windows import IGNORE_INDEX
 
 
@@ -47,14 +47,6 @@ def pad_collate(samples: Sequence[Any], pad_id: int = 0) -> dict[str, torch.Tens
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def padded_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
-    """Share of padding in the padded batches: 1 - real tokens / (rows x longest), summed over batches."""
-    lengths = np.asarray(lengths)
-    real = sum(int(lengths[b].sum()) for b in batches)
-    total = sum(len(b) * int(lengths[b].max()) for b in batches)
-    return 1.0 - real / total
-
-
 class DocumentDataset(Dataset):
     """The documents of a prepared split (from its ``.idx``), each truncated to ``max_length``.
 
@@ -66,33 +58,32 @@ class DocumentDataset(Dataset):
 
     default_collate_fn = staticmethod(pad_collate)
 
-    def __init__(self, path: str | Path, max_length: int, labels: Sequence[int] | None = None,
+    def __init__(self, path: str | Path | Split, max_length: int, labels: Sequence[int] | None = None,
                  split: str | None = None):
-        self.path = Path(path)
+        """Args:
+            path: a split's ``.bin``, a prepared folder (with ``split``), or a ``Split`` already opened.
+            max_length: the longest a document is served; longer ones are truncated.
+            labels: one class id per document, for classification.
+            split: the split of a prepared folder.
+        """
         if max_length < 1:
             raise ValueError(f"max_length {max_length} must be at least 1")
-        if self.path.is_dir():
-            self.files = token_files(self.path, split)
-            index = self.path / read_meta(self.path)["splits"][split]["idx"]["file"]
-        else:
-            self.files, index = [self.path], self.path.with_suffix(".idx")
-        if not index.is_file():
-            raise FileNotFoundError(f"{index} is missing: documents need the index that tokpack.prepare writes "
-                                    "beside each .bin; rerun python -m tokpack.prepare")
-        sizes = [len(open_tokens(f)) for f in self.files]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # of each file in the split
+        self.split = open_split(path, split)
+        self.offsets = np.concatenate([[0], np.cumsum(self.split.lengths)])  # of each file in the split
         n = int(self.offsets[-1])
-        starts = np.fromfile(index, dtype=INDEX_DTYPE).astype(np.int64)
-        if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n:
-            raise ValueError(f"{index} is not a strictly increasing list of document starts inside {self.path} "
-                             f"({n} tokens); rerun python -m tokpack.prepare --force")
+        starts = read_index(self.split)
         self.starts, self.ends = starts, np.append(starts[1:], n)
         self.max_length = max_length
         self.lengths = np.minimum(self.ends - self.starts, max_length)
         if labels is not None and len(labels) != len(starts):
-            raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.path}; give one per document")
+            raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.split.describe()}; "
+                             "give one per document")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self._tokens: list[np.memmap] | None = None
+        self._tokens: list[np.ndarray] | None = None
+
+    def fingerprint(self) -> str:
+        """The split's fingerprint: resume states taken on other data are refused."""
+        return self.split.fingerprint
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tokens": None}  # workers reopen the memmaps, never copy them
@@ -103,7 +94,7 @@ class DocumentDataset(Dataset):
     def _span(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the split, across file boundaries."""
         if self._tokens is None:
-            self._tokens = [open_tokens(f) for f in self.files]
+            self._tokens = self.split.open()
         first = int(np.searchsorted(self.offsets, start, side="right")) - 1
         parts = []
         while start < stop:

@@ -1,6 +1,6 @@
 """Process facts every stage shares: ranks, accelerators, worker start methods, seeds, devices.
 
-    python -c "from tokpack.runtime import rank_world; print(rank_world())"
+    python -c "from tokpack.data.runtime import rank_world; print(rank_world())"
 
 One home for what a process needs to know about where it runs, so samplers, streams, the loader,
 evaluation and the training script agree on them.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import multiprocessing
-import os
 import random
 import sys
 from pathlib import Path
@@ -20,25 +19,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..distributed import probe
+
+# What the forkserver imports once, so that worker pools fork from a warm interpreter. It skips a
+# name that fails to import without a word, so a test imports each of these.
+FORKSERVER_PRELOAD = ("torch", "numpy", "tokpack.data.windows", "tokpack.data.loader")
+
 
 def rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """(rank, world size): the arguments where given, else torch.distributed's.
-
-    Environment variables alone (``RANK``/``WORLD_SIZE`` with no process group) are refused when
-    they claim several ranks: a silent half of the data is worse than an error.
-    """
+    """(rank, world size): the arguments where given, else the running process group's
+    (``tokpack.distributed.probe``, which refuses ranks in the environment without a group)."""
     if rank is None or world_size is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            found = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        else:
-            env_world = int(os.environ.get("WORLD_SIZE", 1))
-            if env_world > 1:
-                raise ValueError(
-                    f"WORLD_SIZE={env_world} is set but torch.distributed is not initialised; call "
-                    "torch.distributed.init_process_group() first, pass rank= and world_size=, "
-                    "or unset RANK and WORLD_SIZE"
-                )
-            found = 0, 1
+        found = probe()
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
     if not 0 <= rank < world_size:
@@ -125,8 +117,7 @@ def worker_context(name: str | None) -> Any:
         )
     ctx = multiprocessing.get_context(name)
     if name == "forkserver":
-        # Later worker pools fork from a server that already imported these, not a fresh interpreter.
-        ctx.set_forkserver_preload(["torch", "numpy", "tokpack.windows", "tokpack.loader"])
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return ctx
 
 

@@ -27,7 +27,7 @@ from .permutation import Shuffle
 from .runtime import generator, mix_seed, rank_world
 
 CHUNK = 8192  # random draws are made this many at a time, each chunk from its own seed
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class Batch(list):

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .format import open_tokens
+from .split import Split, open_split
 
 
 @dataclass(frozen=True)
@@ -164,16 +164,21 @@ class NGram(nn.Module):
     targets alone, so the evaluation is exact and never builds (B, T, V) logits.
     """
 
-    def __init__(self, train_path: str | Path | Sequence[str | Path], vocab_size: int, order: int = 2,
+    def __init__(self, train_path: str | Path | Sequence[str | Path] | Split, vocab_size: int, order: int = 2,
                  add_k: float = 0.01):
+        """Args:
+            train_path: the token files it is estimated from (see ``tokpack.split.open_split``).
+            vocab_size: the encoding's n_vocab.
+            order: 1 for unigram, 2 for bigram.
+            add_k: the smoothing constant added to every count.
+        """
         super().__init__()
         if order not in (1, 2):
             raise ValueError(f"order {order} is not 1 (unigram) or 2 (bigram)")
         if not add_k > 0:
             raise ValueError(f"add_k {add_k} must be positive so that no token has probability 0")
-        paths = [train_path] if isinstance(train_path, (str, Path)) else list(train_path)
         # Shards are counted apart: a pair never spans two files, as windows never do.
-        files = [np.asarray(open_tokens(p), dtype=np.int64) for p in paths]
+        files = [t.astype(np.int64) for t in open_split(train_path).open()]
         self.order, self.vocab_size, self.add_k = order, vocab_size, add_k
         unigram = sum(np.bincount(t, minlength=vocab_size) for t in files).astype(np.float64)
         self.unigram_logp = np.log((unigram + add_k) / (unigram.sum() + add_k * vocab_size))

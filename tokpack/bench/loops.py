@@ -1,4 +1,4 @@
-"""Loader benchmarks, run by ``python -m tokpack.bench loader``.
+"""``python -m tokpack.bench loader | train | open``: the read wing against its baselines.
 
 Baselines run in the same process on the same memmap: nanoGPT's get_batch (memmap reopened per
 batch, a Python slice per row, torch.stack) and the raw limit (one numpy fancy-index gather plus
@@ -7,6 +7,8 @@ the int64 widening, no DataLoader).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import statistics
 import time
@@ -19,11 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import table
-from .format import read_meta
-from .gpt import GPT, GPTConfig
-from .loader import build_loader
-from .windows import TokenWindows, WindowBatch
+from ..cli import table
+from ..config import from_dict, load_toml
+from ..data.loader import build_loader
+from ..data.windows import TokenWindows, WindowBatch
+from ..format import FORMAT_VERSION, INDEX_DTYPE, META_NAME, read_meta
+from ..models import GPT, GPTConfig
+from . import peers as peer_tools
+from .timing import interleaved, per_second, ratio, timed
 
 
 class BusyWindows(TokenWindows):
@@ -70,9 +75,9 @@ def three_loops(model: nn.Module, loader: Any, label: str) -> dict[str, Any]:
     steps = len(loader)
     cached = next(iter(loader))
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
-    t_loader = steps / _per_second(lambda: [None for _ in loader], steps, 1)
-    t_step = steps / _per_second(lambda: [step(*cached) for _ in range(steps)], steps, 1)
-    t_real = steps / _per_second(lambda: [step(x, y) for x, y in loader], steps, 1)
+    t_loader = timed(lambda: [None for _ in loader])[1]
+    t_step = timed(lambda: [step(*cached) for _ in range(steps)])[1]
+    t_real = timed(lambda: [step(x, y) for x, y in loader])[1]
     hidden = t_real <= t_step + 0.5 * t_loader
     print(f"three loops, {steps} steps of {label}: loader alone {t_loader:.3f} s, step alone {t_step:.3f} s, "
           f"real loop {t_real:.3f} s -> the loader is {'hidden' if hidden else 'NOT hidden'} "
@@ -83,8 +88,6 @@ def three_loops(model: nn.Module, loader: Any, label: str) -> dict[str, Any]:
 def bench_train(folder: Path, config: Path, steps: int, num_workers: int) -> dict[str, Any]:
     """The three loops on scripts/train_gpt.py's model and loader, from a training config's
     ``batch_size`` and ``[model]`` table."""
-    from .config import from_dict, load_toml
-
     vocab = read_meta(folder)["encoding"]["n_vocab"]
     settings = load_toml(config)
     shape = from_dict(GPTConfig, settings.get("model", {}), str(config), prefix="model.")
@@ -98,15 +101,6 @@ def bench_train(folder: Path, config: Path, steps: int, num_workers: int) -> dic
     label = f"GPT {model.num_params() / 1e6:.1f}M params, B={B}, T={T}, {num_workers} workers"
     return {"bench": "train", "config": str(config), "steps": steps, "num_workers": num_workers,
             **three_loops(model, loader, label)}
-
-
-def _per_second(fn: Any, count: int, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return count / best
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -143,22 +137,22 @@ def _startup_seconds(path: Path, context: str) -> float:
     return time.perf_counter() - start
 
 
-def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, batches: int,
-                 memory_batches: int, work: int, rounds: int = 5, peers: bool = True,
-                 start_methods: Sequence[str] = ("forkserver", "spawn", "fork")) -> dict[str, Any]:
-    path = folder / "tokens.bin"
-    np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
-    # First, before anything in this process has started a forkserver.
+def startup_table(path: Path, start_methods: Sequence[str]) -> dict[str, float]:
+    """Seconds from iter() to the first batch with 2 workers, per start method, the first time and
+    once more (a forkserver starts once). Run first, before anything here has started a forkserver."""
     startup = {}
-    contexts = [c for c in start_methods if c in multiprocessing.get_all_start_methods()]
-    for context in contexts:
+    for context in [c for c in start_methods if c in multiprocessing.get_all_start_methods()]:
         startup[f"{context}_first_s"] = _startup_seconds(path, context)
         startup[f"{context}_later_s"] = _startup_seconds(path, context)
     print("loader start-up to first batch, 2 workers: " +
           ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in startup.items()))
+    return startup
 
+
+def throughput_table(path: Path, T: int, B: int, batches: int, rounds: int, peers: bool) -> dict[str, float]:
+    """tokpack's loader with 0 and 2 workers against nanoGPT's get_batch, the raw gather and litdata,
+    in interleaved rounds."""
     data = np.memmap(path, dtype=np.uint16, mode="r")
-    T, B = block_size, batch_size
     g, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
     ds = TokenWindows(path, T, dtype="uint16")
     in_process = build_loader(ds, B, seed=0)  # endless: each round reads on
@@ -171,39 +165,33 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
         "tokpack build_loader, 0 workers": lambda: [next(streams["0"]) for _ in range(batches)],
         "tokpack build_loader, 2 workers": lambda: [next(streams["2"]) for _ in range(batches)],
     }
-    if peers:
-        from . import bench_peers
-
-        skip = bench_peers.missing("litdata")
-        if skip:
-            print(f"litdata StreamingDataLoader: {skip}")
-        else:
-            with bench_peers.quiet():
-                read = bench_peers.litdata_loader(path, T, B, 2)
-                read(1)  # its workers start outside the timing
-            runs["litdata StreamingDataLoader, 2 workers"] = lambda: read(batches)
-    from .bench import interleaved, ratio
-
+    skip = peer_tools.missing("litdata") if peers else "skipped (--no-peers)"
+    if skip:
+        print(f"litdata StreamingDataLoader: {skip}")
+    else:
+        with peer_tools.quiet():
+            read = peer_tools.litdata_loader(path, T, B, 2)
+            read(1)  # its workers start outside the timing
+        runs["litdata StreamingDataLoader, 2 workers"] = lambda: read(batches)
     times = interleaved(runs, rounds)
     names = list(times)
     rows = [{"run": name, "tokens/s": batches * B * T / statistics.median(t),
              "vs nanoGPT": ratio(times, names[0], name) ** -1, "vs raw": ratio(times, names[1], name) ** -1}
             for name, t in times.items()]
-    print(f"B={B}, T={T}, {tokens:,}-token uint16 memmap in the page cache, {batches} batches a run, "
+    print(f"B={B}, T={T}, {len(data):,}-token uint16 memmap in the page cache, {batches} batches a run, "
           f"medians of {rounds} interleaved rounds")
     print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw"]))
-    speed = {row["run"]: row for row in rows}
-    figures = {"loader_vs_nanogpt": speed[names[2]]["vs nanoGPT"], "loader_vs_raw": speed[names[2]]["vs raw"],
-               "workers2_vs_nanogpt": speed[names[3]]["vs nanoGPT"]}
+    figures = {"loader_vs_nanogpt": rows[2]["vs nanoGPT"], "loader_vs_raw": rows[2]["vs raw"],
+               "workers2_vs_nanogpt": rows[3]["vs nanoGPT"]}
     if len(names) > 4:
         figures["workers2_vs_litdata2"] = ratio(times, names[3], names[4])
     streams.clear()  # lets the persistent workers go before the next measurements
-    del with_workers
+    return figures
 
-    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
-    loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")
 
-    worker_rows = []
+def workers_table(path: Path, work: int) -> list[dict[str, Any]]:
+    """Samples/s with 0, 1 and 2 workers, without and with per-sample work."""
+    rows = []
     for workers in (0, 1, 2):
         row: dict[str, Any] = {"workers": workers}
         for rounds in (0, work):
@@ -211,15 +199,93 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
             wl = build_loader(busy, 16, seed=0, num_samples=16 * 40, num_workers=workers,
                               persistent_workers=workers > 0)
             next(iter(wl))  # start the workers outside the timing
-            row[f"work={rounds}"] = _per_second(lambda: [None for _ in wl], 16 * 39, 1)
-        worker_rows.append(row)
+            row[f"work={rounds}"] = per_second(lambda: [None for _ in wl], 16 * 39)
+        rows.append(row)
     print("samples/s by workers and rounds of per-sample work (B=16, T=256)")
-    print(table(worker_rows, ["workers", "work=0", f"work={work}"]))
+    print(table(rows, ["workers", "work=0", f"work={work}"]))
+    return rows
 
-    memory = _worker_memory(path, memory_batches, T, B)
-    print(f"worker memory after {memory_batches:,} batches of B={B}, T={T}")
-    print(table(memory, ["worker", "anon_growth_mb", "file_backed_growth_mb", "anon_mb"]))
-    return {"bench": "loader", "B": B, "T": T, "tokens": tokens, **figures, **loops,
+
+def memory_table(path: Path, batches: int, T: int, B: int) -> list[dict[str, Any]]:
+    rows = _worker_memory(path, batches, T, B)
+    print(f"worker memory after {batches:,} batches of B={B}, T={T}")
+    print(table(rows, ["worker", "anon_growth_mb", "file_backed_growth_mb", "anon_mb"]))
+    return rows
+
+
+def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, batches: int,
+                 memory_batches: int, work: int, rounds: int = 5, peers: bool = True,
+                 start_methods: Sequence[str] = ("forkserver", "spawn", "fork")) -> dict[str, Any]:
+    """Every loader table on one random uint16 memmap of ``tokens`` tokens."""
+    path = folder / "tokens.bin"
+    np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
+    startup = startup_table(path, start_methods)
+    figures = throughput_table(path, block_size, batch_size, batches, rounds, peers)
+    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
+    loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")
+    worker_rows = workers_table(path, work)
+    memory = memory_table(path, memory_batches, block_size, batch_size)
+    return {"bench": "loader", "B": batch_size, "T": block_size, "tokens": tokens, **figures, **loops,
             "samples_per_s": worker_rows, "work": work,
             **startup, "worker_anon_growth_mb": max(r["anon_growth_mb"] for r in memory),
             "memory_batches": memory_batches}
+
+
+def bench_open(folder: Path, shard_counts: Sequence[int], tokens_per_shard: int, rounds: int) -> dict[str, Any]:
+    """Opening a split of N shards and taking a loader state, at each N: cost per shard.
+
+    A prepared folder of N bare shards (meta.json and all) is written for each N; then, in
+    interleaved rounds, ``TokenWindows(folder, T, split="train")`` is built and a loader over it
+    takes ``state_dict()``. Opening is O(shards) (meta.json read once, each file looked at once)
+    and a state O(1) in shards (the fingerprint is taken at open), so the time per shard to open
+    stays flat as N grows and the state's time does not grow at all.
+    """
+    folders = {n: write_shard_folder(folder / f"shards{n}", n, tokens_per_shard) for n in shard_counts}
+    loaders: dict[int, Any] = {}
+
+    def open_one(n: int) -> None:
+        loaders[n] = build_loader(TokenWindows(folders[n], 8, split="train"), 4, seed=0)
+
+    runs: dict[str, Any] = {}
+    for n in shard_counts:
+        runs[f"open {n}"] = lambda n=n: open_one(n)
+        runs[f"state {n}"] = lambda n=n: [loaders[n].state_dict() for _ in range(100)]
+    for n in shard_counts:  # each opened once before the timing, so every state run has a loader
+        open_one(n)
+    times = interleaved(runs, rounds)
+    rows = [{"shards": n, "open_s": statistics.median(times[f"open {n}"]),
+             "open_ms_per_shard": 1e3 * statistics.median(times[f"open {n}"]) / n,
+             "state_dict_ms": 10 * statistics.median(times[f"state {n}"])} for n in shard_counts]
+    print(f"TokenWindows over a prepared split of N shards of {tokens_per_shard} tokens, then state_dict(); "
+          f"medians of {rounds} interleaved rounds")
+    print(table(rows, ["shards", "open_s", "open_ms_per_shard", "state_dict_ms"]))
+    first, last = rows[0], rows[-1]
+    return {"bench": "open", "rows": rows,
+            "open_per_shard_growth": last["open_ms_per_shard"] / first["open_ms_per_shard"],
+            "state_dict_growth": last["state_dict_ms"] / first["state_dict_ms"]}
+
+
+def write_shard_folder(folder: Path, shards: int, tokens_per_shard: int) -> Path:
+    """A prepared folder whose train split is ``shards`` bare uint16 shards (val one), with its
+    meta.json, as ``prepare --shard-tokens`` writes one, but made directly: writing the corpus
+    through prepare would time prepare, not the reader."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    def entry(name: str, data: bytes, **extra: int) -> dict[str, Any]:
+        (folder / name).write_bytes(data)
+        return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), **extra}
+
+    splits = {}
+    for split, count in (("train", shards), ("val", 1)):
+        files = [entry(f"{split}_{k:06d}.bin", rng.integers(0, 50257, tokens_per_shard, dtype=np.uint16).tobytes(),
+                       tokens=tokens_per_shard) for k in range(count)]
+        total = tokens_per_shard * count
+        starts = np.arange(0, total, tokens_per_shard, dtype=INDEX_DTYPE)
+        splits[split] = {"tokens": total, "documents": len(starts), "shards": files,
+                         "idx": entry(f"{split}.idx", starts.tobytes())}
+    meta = {"format_version": FORMAT_VERSION, "tokpack_version": "bench", "dtype": "uint16", "eot": "append",
+            "encoding": {"name": "gpt2", "n_vocab": 50257, "eot_id": 50256, "ranks_sha256": ""},
+            "options": {"encoding": "gpt2", "format": "flat"}, "splits": splits}
+    (folder / META_NAME).write_text(json.dumps(meta))
+    return folder

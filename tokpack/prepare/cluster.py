@@ -5,32 +5,26 @@ parts of the input they share out.
 
 The input is cut into units, consecutive byte ranges in input order (files whole, uncompressed
 ``.jsonl`` cut at line starts); under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous
-range of them. What the
-ranks exchange is small (counts, hashes, file names, error lines), so gloo is enough.
+range of them. What the ranks exchange is small (counts, hashes, file names, error lines), so
+gloo is enough.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .corpus import COMPRESSED, is_jsonl
+from ..cli import USER_ERRORS, error_line
+from ..corpus import COMPRESSED, is_jsonl
+from ..distributed import Distributed
 
 
 class Ranks:
-    """This process's rank among the run's processes, and the few collectives a run needs."""
+    """This process's place among the run's processes, and the few collectives a run needs."""
 
-    def __init__(self) -> None:
-        self.rank, self.world, self._created = 0, int(os.environ.get("WORLD_SIZE", "1")), False
-        if self.world > 1:
-            import torch.distributed as dist  # only a distributed run pays for torch
-
-            if not dist.is_initialized():
-                dist.init_process_group("gloo")
-                self._created = True
-            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    def __init__(self, place: Distributed) -> None:
+        self.place, self.rank, self.world = place, place.rank, place.world_size
 
     @property
     def leader(self) -> bool:
@@ -38,13 +32,7 @@ class Ranks:
 
     def gather(self, obj: Any) -> list[Any]:
         """``obj`` from every rank, in rank order, on every rank."""
-        if self.world == 1:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
+        return self.place.all_gather(obj)
 
     def together(self, fn: Callable[[], Any], leader_only: bool = False) -> None:
         """Run ``fn`` (on the leader alone with ``leader_only``, the others waiting for it); a user
@@ -57,18 +45,11 @@ class Ranks:
         if self.leader or not leader_only:
             try:
                 fn()
-            except (ValueError, OSError) as exc:
-                where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
-                error = f"rank {self.rank}: {exc}{where}"
+            except USER_ERRORS as exc:
+                error = f"rank {self.rank}: {error_line(exc)}"
         failed = [e for e in self.gather(error) if e]
         if failed:
             raise ValueError(failed[0])
-
-    def close(self) -> None:
-        if self._created:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
 
     def units(self, count: int) -> range:
         """This rank's contiguous range of ``count`` units of work."""

@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..format import INDEX_DTYPE, META_NAME, SPLITS, read_meta, split_files
+from ..verify import VerifyError, verify_folder
 from . import units
-from .format import INDEX_DTYPE, META_NAME, SPLITS, read_meta, split_files
-from .verify import VerifyError, verify_folder
 from .writers import TMP_SUFFIX, HashingWriter, remove_temporaries, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS
+from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS
 
 TMP_SUFFIX = ".tokpack-tmp"
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known

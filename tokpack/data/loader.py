@@ -150,7 +150,6 @@ def build_loader(
         multiprocessing_context=worker_context(multiprocessing_context) if num_workers else None,
         persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor,
-        generator=torch.Generator().manual_seed(sampler.seed),
     )
     return TokenLoader(loader, sampler, sampler.seed, device, dataset)
 

@@ -1,0 +1,115 @@
+"""What the tests share: tiny corpora, client-format files, commands run as a user runs them,
+and runs paused at an observed event."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokpack.prepare import PrepareConfig, prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORDS = ("the quick brown fox jumps over the lazy dog while 42 cats don't sleep; "
+         "naïve café — 東京 ünïcode! (tabs)\tand\nnewlines\n\n  spaces   ").split(" ")
+
+
+def make_docs(n: int, seed: int = 0, words: int = 60) -> list[str]:
+    """Deterministic small documents of varied length and content."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, words))) + f" doc{i}" for i in range(n)]
+
+
+def write_docs(folder: Path, docs: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, doc in enumerate(docs):
+        (folder / f"doc{i:04d}.txt").write_text(doc, "utf-8")
+    return folder
+
+
+def run_module(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m tokpack.<tool> ...`` in a fresh interpreter, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=None)
+
+
+def bare_file(path: Path, n: int, dtype=np.uint16, seed: int = 0) -> np.ndarray:
+    """``n`` random ids written as a bare token file (no header), as nanoGPT's prepare writes them."""
+    tokens = np.random.default_rng(seed).integers(0, 50000, n).astype(dtype)
+    tokens.tofile(path)
+    return tokens
+
+
+def shard_file(path: Path, tokens, version: int = 1) -> Path:
+    """A shard in llm.c's published layout: 256 little-endian int32 header words (magic, version,
+    token count), then the tokens: magic 20240520 / version 1 with uint16, 20240801 / 7 with uint32."""
+    magic, dtype = {1: (20240520, "<u2"), 7: (20240801, "<u4")}[version]
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (magic, version, len(tokens))
+    path.write_bytes(header.tobytes() + np.asarray(tokens).astype(dtype).tobytes())
+    return path
+
+
+def write_tiktoken_file(path: Path) -> Path:
+    """gpt2's ranks as a .tiktoken file (base64 token, rank per line) named ``path``."""
+    from tokpack.tokenizer import load_encoding
+
+    enc = load_encoding("gpt2")
+    lines = [base64.b64encode(enc.decode_single_token_bytes(rank)) + b" %d" % rank for rank in range(50256)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def prepare_docs(folder: Path, docs: list[str], **options) -> Path:
+    """``docs`` written as files under ``folder/corpus`` and prepared into ``folder/prepared``."""
+    corpus = write_docs(folder / "corpus", docs)
+    out = folder / "prepared"
+    prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(out), quiet=True, **options))
+    return out
+
+
+def prepare_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """``python -m tokpack.prepare corpus --out-dir out --quiet ...`` as a user types it."""
+    return [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet", *extra]
+
+
+def paused_at(cmd: list[str], event: Callable[[], bool]) -> subprocess.Popen:
+    """``cmd`` stopped (SIGSTOP) the moment ``event()`` is seen, so that what the test does next
+    happens at that point however loaded the machine is; a run that ends first is started again,
+    three times at most. The caller continues (SIGCONT) or kills it."""
+    for _ in range(3):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None and not event():
+            time.sleep(0.001)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)
+            if proc.poll() is None:
+                return proc
+        proc.communicate()
+    pytest.fail(f"{' '.join(cmd)} never reached the awaited point")
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.communicate()
+
+
+def script(name: str) -> ModuleType:
+    """``scripts/NAME.py`` imported as a module, as a user's code would import it."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

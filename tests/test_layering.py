@@ -1,0 +1,168 @@
+"""The tree's rules, read from the imports: the prepare wing never loads torch or the read wing,
+and no tokpack module imports itself back, function-local imports included."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+from tokpack._compat import MOVED
+from tokpack.data.runtime import FORKSERVER_PRELOAD
+
+PACKAGE = ROOT / "tokpack"
+# The one place the torch-free side may load torch: joining torchrun's process group, inside a
+# function, only when WORLD_SIZE > 1.
+LAZY_TORCH = {"tokpack.distributed"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import that runs, TYPE_CHECKING blocks aside."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno, top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in child.names:
+                    # `from . import units` imports a module; `from .x import y` imports x.
+                    full = f"{base}.{alias.name}"
+                    found.append((full if _is_module(full) else base, child.lineno, top))
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, top and not nested)
+
+    visit(ast.parse(path.read_text("utf-8")), True)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] != "tokpack":
+        return False
+    path = ROOT.joinpath(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _graph() -> dict[str, list[tuple[str, str, bool]]]:
+    """module -> [(tokpack module it imports, 'file:line', at module level)]"""
+    graph: dict[str, list[tuple[str, str, bool]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        graph[_module_name(path)] = [(target, f"{where}:{line}", top) for target, line, top in _imports(path)]
+    return graph
+
+
+def test_the_prepare_wing_and_the_ground_it_stands_on_never_import_torch_or_the_read_wing():
+    graph = _graph()
+    seen, todo = set(), [m for m in graph if m == "tokpack.prepare" or m.startswith("tokpack.prepare.")]
+    problems = []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for target, where, top in graph[module]:
+            if target == "torch" or target.startswith("torch."):
+                if top or module not in LAZY_TORCH:
+                    problems.append(f"{where}: {module} imports {target}")
+            elif target == "tokpack.data" or target.startswith("tokpack.data."):
+                problems.append(f"{where}: {module} imports {target}, the read wing")
+            elif target in graph:
+                todo.append(target)
+    assert "tokpack.format" in seen and "tokpack.verify" in seen  # the walk reached the shared ground
+    assert not problems, "\n".join(problems)
+
+
+def test_no_tokpack_module_imports_itself_back():
+    graph = _graph()
+    edges = {m: [(t, w) for t, w, _ in targets if t in graph and t != m] for m, targets in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[tuple[str, str]] = []
+
+    def walk(module: str) -> list[str] | None:
+        state[module] = 1
+        for target, where in edges[module]:
+            stack.append((target, where))
+            if state.get(target) == 1:
+                start = next(i for i, (m, _) in enumerate(stack) if m == target)
+                return [f"{w} imports {m}" for m, w in stack[start + 1:]]
+            if target not in state:
+                circle = walk(target)
+                if circle:
+                    return circle
+            stack.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(edges):
+        if module not in state:
+            stack[:] = [(module, "")]
+            circle = walk(module)
+            assert circle is None, "import circle:\n" + "\n".join(circle)
+
+
+def test_the_tree_shows_the_stages():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 15, top
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} >= {"prepare", "data", "bench"}
+
+
+def test_importing_the_prepare_wing_never_loads_torch():
+    code = "import sys, tokpack.prepare, tokpack.prepare.__main__, tokpack.verify; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", FORKSERVER_PRELOAD)
+def test_every_forkserver_preload_name_imports_without_a_warning(name):
+    # The forkserver skips a name that fails to import without a word.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert importlib.import_module(name).__name__ == name
+
+
+def test_old_module_paths_import_the_new_modules_with_a_deprecation_warning():
+    # A fresh interpreter: an old path warns on its first import only.
+    code = """
+import importlib, json, sys, warnings
+from tokpack._compat import MOVED
+out = {}
+for old, new in MOVED.items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    out[old] = [[str(w.message) for w in caught if w.category is DeprecationWarning],
+                module is importlib.import_module(new), module.__spec__.name]
+print(json.dumps(out))
+"""
+    found = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert set(found) == set(MOVED)
+    for old, (messages, same, spec_name) in found.items():
+        assert len(messages) == 1 and f"{old} is now {MOVED[old]}" in messages[0], old
+        assert same and spec_name == MOVED[old], old

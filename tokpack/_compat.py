@@ -1,0 +1,53 @@
+"""The module paths of tokpack 0.1, importable for one more release, each with a DeprecationWarning.
+
+    python -W default -c "import tokpack.windows"     # DeprecationWarning: now tokpack.data.windows
+
+An old path names the very module at its new home (one object, so pickles and ``isinstance``
+keep working); no file per old name clutters the tree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+from typing import Any
+
+MOVED = {
+    **{f"tokpack.{name}": f"tokpack.data.{name}"
+       for name in ("runtime", "samplers", "permutation", "windows", "documents", "mixing", "streams", "loader")},
+    **{f"tokpack.{name}": f"tokpack.prepare.{name}" for name in ("units", "folder", "writers", "cluster")},
+    "tokpack.preparation": "tokpack.prepare.run",
+    "tokpack.gpt": "tokpack.models",
+    "tokpack.bench_loops": "tokpack.bench.loops",
+    "tokpack.bench_peers": "tokpack.bench.peers",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        self._specs: dict[str, Any] = {}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec: Any) -> ModuleType:
+        new = MOVED[spec.name]
+        # warnings skips the import machinery's frames: level 2 is the import statement.
+        warnings.warn(f"{spec.name} is now {new}; import it from there (the old path goes in tokpack 0.3)",
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The machinery stamped the old name's spec on the module; it stays the module of its new home.
+        module.__spec__ = self._specs.pop(module.__spec__.name)
+
+
+def install() -> None:
+    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+        sys.meta_path.append(_MovedModules())

@@ -1,0 +1,88 @@
+"""Speed and memory, as ratios against baselines run in the same process on the same data.
+
+    python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024]
+    python -m tokpack.bench loader [--memory-batches 10000]
+    python -m tokpack.bench open [--shards 200 2000]
+    python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
+
+Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
+shared machine; the ratios are the result: medians over rounds in which the runs take turns.
+Installed peers run too (nanoGPT's openwebtext recipe on HF datasets, litdata); to install them
+without replacing torch:
+
+    pip install datasets
+    pip install --no-deps litdata lightning-utilities && pip install boto3 tifffile obstore
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..cli import parser, run_cli
+from ..prepare.run import default_workers
+from .loops import bench_loader, bench_open, bench_train
+from .prepare import bench_prepare
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("bench", __doc__)
+    sub = p.add_subparsers(dest="what", required=True)
+    pp = sub.add_parser("prepare", help="tokpack.prepare against raw tiktoken")
+    pp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB for the throughput runs (default: 32)")
+    pp.add_argument("--rss-mb", type=float, default=None,
+                    help="corpus size in MB for the peak-RSS run (default: the same corpus); try 1024")
+    pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
+    pp.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    pp.add_argument("--no-peers", action="store_true", help="skip the installed peers (default: run them)")
+    pp.add_argument("--torchrun", type=int, nargs="*", default=[],
+                    help="also time whole commands: one process, and torchrun with each of these process counts "
+                         "(default: none)")
+    lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
+    lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
+    lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
+    lp.add_argument("--batch-size", type=int, default=32, help="B (default: 32)")
+    lp.add_argument("--batches", type=int, default=200, help="batches per throughput run (default: 200)")
+    lp.add_argument("--memory-batches", type=int, default=10_000,
+                    help="batches before worker memory is read (default: 10000)")
+    lp.add_argument("--work", type=int, default=300, help="per-sample work rounds for the workers table (default: 300)")
+    lp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+    lp.add_argument("--no-peers", action="store_true", help="skip litdata even if installed (default: run it)")
+    lp.add_argument("--start-methods", nargs="+", default=["forkserver", "spawn", "fork"],
+                    help="worker start methods whose start-up is timed (default: forkserver spawn fork)")
+    tp = sub.add_parser("train", help="the three loops on scripts/train_gpt.py's model")
+    tp.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
+    tp.add_argument("--config", type=Path, default=Path("configs/train_sample.toml"),
+                    help="training config for the model's shape (default: configs/train_sample.toml)")
+    tp.add_argument("--steps", type=int, default=10, help="steps per loop (default: 10)")
+    tp.add_argument("--num-workers", type=int, default=0, help="loader workers (default: 0)")
+    op = sub.add_parser("open", help="opening a split of N shards, and a loader state over it")
+    op.add_argument("--shards", type=int, nargs="+", default=[200, 2000], help="shard counts (default: 200 2000)")
+    op.add_argument("--shard-tokens", type=int, default=64, help="tokens per shard (default: 64)")
+    op.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        if args.what == "prepare":
+            figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
+                                    not args.no_peers, args.torchrun)
+        elif args.what == "loader":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
+                                       args.memory_batches, args.work, args.rounds, not args.no_peers,
+                                       args.start_methods)
+        elif args.what == "open":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)
+        else:
+            figures = bench_train(args.folder, args.config, args.steps, args.num_workers)
+        print(json.dumps(figures))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""Timing for ``python -m tokpack.bench``: best-of runs, and runs that take turns in rounds.
+
+    python -m tokpack.bench loader      # every table there is made of these
+
+Absolute times are noise on a shared machine; ratios of runs interleaved in the same rounds are
+the result, since a noisy stretch falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
+    """``fn``'s result and its best wall time over ``repeat`` runs (the least disturbed one)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+def per_second(fn: Callable[[], Any], count: int, repeat: int = 1) -> float:
+    """``count`` items over ``fn``'s best wall time."""
+    return count / timed(fn, repeat)[1]
+
+
+def interleaved(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Each run's wall times over ``rounds`` rounds, the runs taking turns within a round."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(timed(fn)[1])
+    return times
+
+
+def ratio(times: dict[str, list[float]], ours: str, other: str) -> float:
+    """Median over rounds of other's time / ours: above 1, ours is faster."""
+    return statistics.median(o / t for t, o in zip(times[ours], times[other]))

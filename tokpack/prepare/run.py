@@ -1,0 +1,220 @@
+"""The prepare run: one plan, this rank's units, then the leader publishes the folder.
+
+    python -m tokpack.prepare docs/ --out-dir data/web
+
+``prepare(config)`` decides everything once (``make_plan``), tokenizes this process's units, and
+has the leader (rank 0, or the only process) merge and publish them, meta.json last, verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import resource
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..cli import USER_ERRORS
+from ..config import default_of
+from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
+from ..distributed import process_group
+from ..format import FORMAT_VERSION, SPLITS
+from ..inputs import resolve_groups
+from ..tokenizer import load_encoding, ranks_sha256, token_dtype
+from . import units
+from .cluster import Ranks
+from .config import Plan, PrepareConfig
+from .folder import OutputFolder, check_out_dir, publish_parts, retire
+from .writers import remove_temporaries
+
+SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
+SAMPLE_CORPUS = Path("data/sample-corpus")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB."""
+    # VmHWM starts afresh at exec; ru_maxrss would count the memory of the process that forked us.
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
+    """The built-in sample: the Python documentation topics, one file per topic."""
+    from pydoc_data.topics import topics
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in sorted(topics.items()):
+        path = folder / f"{name}.txt"
+        if not path.is_file() or path.read_text("utf-8") != text:
+            path.write_text(text, "utf-8")
+    return folder
+
+
+def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> dict[str, Any]:
+    """Each input as given, with its file count and bytes, and a hash of the whole file listing.
+
+    Per-file entries would make meta.json grow with the number of files; the hash still pins them.
+    """
+    listing = hashlib.sha256()
+    for _, found in groups:
+        for f in found:
+            listing.update(f"{f}\t{sizes[f]}\n".encode("utf-8", "surrogateescape"))
+    return {
+        "given": [{"path": raw, "files": len(found), "bytes": sum(sizes[f] for f in found)} for raw, found in groups],
+        "files": len(sizes),
+        "bytes": sum(sizes.values()),
+        "listing_sha256": listing.hexdigest(),
+    }
+
+
+def prepare(config: PrepareConfig) -> dict[str, Any]:
+    """Run the whole preparation; returns meta.json's content plus a ``stats`` entry.
+
+    On one process or, under torchrun, on every rank of its group (joined here, gloo).
+    """
+    started = time.perf_counter()
+    with process_group() as dist:
+        ranks = Ranks(dist)
+        plan = make_plan(config, ranks.world, started)
+        meta = _run(plan, ranks)
+    for split, info in meta["splits"].items():
+        if info["tokens"] < SHORT_SPLIT:
+            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful "
+                          "windows; raise --val-fraction or add documents", stacklevel=2)
+    elapsed = time.perf_counter() - started
+    tokens = sum(s["tokens"] for s in meta["splits"].values())
+    return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed, "peak_rss_mb": peak_rss_mb(),
+                              "workers": plan.workers, "out_dir": str(plan.out), "leader": ranks.leader}}
+
+
+def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
+    """Every decision of the run, once: encoding, dtype, inputs, end of text, output folder, units.
+
+    The input is cut into units in input order, so the units' outputs, concatenated, are the one
+    process's, byte for byte, for any number of units and ranks. A flat run is one unit written
+    straight to train.bin / val.bin. A sharded run (``--shard-tokens``, ``--format llmc`` or
+    torchrun) publishes each unit's shards as it finishes, with a record, so a rerun keeps them.
+    """
+    enc = load_encoding(config.encoding)
+    dtype = token_dtype(enc, config.dtype)
+    groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
+    files = tuple(f for _, found in groups for f in found)
+    single = is_single_document(files, config.doc_sep)
+    if config.doc_sep and all(map(is_records, files)):
+        warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
+                      stacklevel=3)
+    for option, of_kind, kind in (("jsonl_key", is_jsonl, ".jsonl"), ("text_column", is_parquet, ".parquet")):
+        value = getattr(config, option)
+        if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
+            warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=3)
+    llmc = config.format == "llmc"
+    # llm.c's convention is an <|endoftext|> before every document.
+    eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
+    out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
+    # Fail fast, before the corpus is read; checked again once the folder is locked.
+    check_out_dir(out, config.force, files, _input_folders(config),
+                  ours=units.recorded_files(out) if out.is_dir() else set())
+    sizes = {p: p.stat().st_size for p in files}
+    sharded = llmc or bool(config.shard_tokens) or world > 1
+    count = max(world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
+    inputs = _describe_inputs(groups, sizes)
+    fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
+                                     "inputs": inputs["listing_sha256"]})
+    return Plan(config, enc, dtype, eot, single, files, sizes, inputs, out, sharded, count, fingerprint,
+                config.workers or default_workers(), started)
+
+
+def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
+    """Tokenize this rank's units; the leader then publishes every unit's files, meta.json last."""
+    out, config = plan.out, plan.config
+
+    def make_ready() -> None:
+        check_out_dir(out, config.force, plan.files, _input_folders(config), ours=units.recorded_files(out))
+        units.drop_foreign(out, plan.fingerprint)  # a killed run of other options: its shards must not stay
+        if plan.sharded:
+            # Units publish their shards as they finish: from the first one on, the folder is
+            # being rewritten, so an older meta.json and its files must not describe it.
+            retire(out, keep=units.recorded_files(out))
+
+    with OutputFolder(out) if ranks.leader else contextlib.nullcontext():
+        # Every rank waits until the leader holds the folder and has checked and cleared it.
+        ranks.together(make_ready, leader_only=True)
+        done: dict[int, dict[str, Any]] = {}
+
+        def work() -> None:
+            for unit in ranks.units(plan.units):
+                kept = units.load(out, unit, plan.fingerprint) if plan.sharded else None
+                done[unit] = kept or units.run_unit(plan, unit)
+
+        try:
+            ranks.together(work)
+            every = {unit: part for parts in ranks.gather(done) for unit, part in parts.items()}
+            parts = [every[unit] for unit in range(plan.units)]
+            meta = _meta(plan, parts) if ranks.leader else None
+            ranks.together(lambda: publish_parts(out, meta, parts, merge=plan.sharded), leader_only=True)
+            meta = ranks.gather(meta)[0]
+        except USER_ERRORS:
+            remove_temporaries(out)
+            if plan.sharded and ranks.leader:
+                units.drop_own(out, plan.fingerprint)  # a killed or terminated run keeps its units instead
+            raise
+        except BaseException:
+            remove_temporaries(out)  # the leader's folder does it too; the other ranks' files are theirs
+            raise
+    return meta
+
+
+def _meta(plan: Plan, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    enc = plan.enc
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokpack_version": __version__,
+        "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
+                     "eot_id": enc.eot_token},
+        "dtype": plan.dtype.name,
+        "eot": plan.eot,
+        "single_document": plan.single,
+        "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
+        "splits": _combined(parts, plan.config),
+        "inputs": plan.inputs,
+        "options": plan.config.output_options(),
+    }
+
+
+def _input_folders(config: PrepareConfig) -> list[Path]:
+    return [Path(i) for i in config.inputs if Path(i).is_dir()]
+
+
+def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, Any]:
+    """meta.json's splits from every unit's part, in input order (the index comes at publishing)."""
+    splits = {}
+    for split in SPLITS:
+        infos = [part["splits"][split]["info"] for part in parts]
+        info = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
+        if "bin" in infos[0]:
+            info["bin"] = infos[0]["bin"]
+        else:
+            info["shards"] = [shard for i in infos for shard in i["shards"]]
+        splits[split] = info
+    seen = sum(info["documents"] for info in splits.values())
+    if not seen:
+        raise ValueError("the corpus holds no text; pass non-empty files")
+    for split, info in splits.items():
+        if not info["documents"]:
+            raise ValueError(
+                f"the {split} split would be empty: all {seen} documents hashed to the other "
+                f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
+            )
+    return splits

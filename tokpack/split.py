@@ -1,0 +1,295 @@
+"""One opened split: its token files, their dtype and meta.json, found once and handed down.
+
+    python -c "from tokpack.split import open_split; print(open_split('data/sample', 'train'))"
+
+``open_split`` takes whatever names token files (a file, a list of files, a glob, a prepared
+folder with ``split=``, a folder of llm.c shards) and returns a ``Split``: every file with its
+dtype, header offset, token count and recorded sha256, meta.json as read, and a fingerprint of
+the data. Opening costs O(files): meta.json is read once per folder and each file is looked at
+once. Readers (datasets, the loader's state, verify, inspect, evaluate, check) take the Split and
+re-derive nothing; a worker that receives one only maps its files, after checking that each is
+still the file that was opened.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import re
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .format import (INDEX_DTYPE, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB, foreign_format, megatron_dtype,
+                     read_meta, shard_header, split_files)
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One token file as it was found: its tokens start ``offset`` bytes in (an llm.c header)."""
+
+    path: Path
+    dtype: np.dtype
+    offset: int
+    tokens: int
+    sha256: str | None  # as meta.json records it, if it does
+    identity: tuple[int, int, int]  # size, inode and mtime when opened
+
+    def memmap(self) -> np.memmap:
+        """The tokens, memory-mapped read-only, once the file is checked to be the one opened."""
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} was removed after its split was opened; "
+                                    "build the dataset again") from None
+        if (info.st_size, info.st_ino, info.st_mtime_ns) != self.identity:
+            raise ValueError(f"{self.path} was rewritten after its split was opened ({self.identity[0]} bytes "
+                             f"then, {info.st_size} now); build the dataset again to read the new data")
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.tokens,))
+
+
+@dataclass(frozen=True, eq=False)
+class Split:
+    """The token files of one split, in order, all of one dtype.
+
+    ``folder`` and ``meta`` are set for a prepared folder's split (``name`` is the split's name);
+    ``fingerprint`` pins the data (each file's name, size and recorded sha256) for resume states.
+    """
+
+    files: tuple[TokenFile, ...]
+    dtype: np.dtype
+    name: str | None = None
+    folder: Path | None = None
+    meta: dict[str, Any] | None = field(default=None, repr=False)
+    fingerprint: str = ""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([f.tokens for f in self.files], dtype=np.int64)
+
+    @property
+    def paths(self) -> list[Path]:
+        return [f.path for f in self.files]
+
+    def open(self) -> list[np.ndarray]:
+        """Every file's tokens, memory-mapped, as plain ndarray views (np.memmap's own indexing costs
+        more than a gather)."""
+        return [np.asarray(f.memmap()) for f in self.files]
+
+    def index_path(self) -> Path:
+        """The document index of the split: meta.json's ``idx``, or the ``.idx`` beside a lone file."""
+        if self.folder is not None and self.meta is not None and self.name is not None:
+            return self.folder / self.meta["splits"][self.name]["idx"]["file"]
+        return self.files[0].path.with_suffix(".idx")
+
+    def describe(self) -> str:
+        first = self.files[0].path
+        return str(first) if len(self.files) == 1 else f"{len(self.files)} files in {first.parent}"
+
+    def __repr__(self) -> str:
+        return f"Split({self.describe()}, {self.dtype}, {int(self.lengths.sum()):,} tokens)"
+
+
+class _Folder:
+    """What a folder says about the token files in it: its meta.json, read once."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any] | None = None):
+        self.meta = meta if meta is not None else read_meta(folder) if (folder / META_NAME).is_file() else None
+        if self.meta is None and any(folder.glob(UNIT_RECORD_GLOB)):
+            raise ValueError(f"{folder} is an unfinished tokpack.prepare run (unit records, no meta.json); "
+                             "rerun the same python -m tokpack.prepare command to finish it")
+        # Each listed file's (tokens, sha256): a flat split's tokens are the split's.
+        self.recorded: dict[str, tuple[int, str]] = {}
+        for info in (self.meta or {}).get("splits", {}).values():
+            for entry in split_files(info):
+                self.recorded[entry["file"]] = (entry.get("tokens", info["tokens"]), entry["sha256"])
+
+
+def open_split(path: str | Path | Sequence[str | Path] | Split, split: str | None = None,
+               dtype: str | np.dtype | None = None) -> Split:
+    """The ``Split`` behind ``path``, opened once.
+
+    Args:
+        path: a token file, a list of them, a glob, a prepared folder (with ``split``), a folder of
+            shards (per ``split`` when it holds several), or a ``Split`` already opened.
+        split: the split of a folder: ``train``, ``val``, ...
+        dtype: the dtype of bare files that say nothing of theirs; one that contradicts an llm.c
+            header, meta.json or a Megatron index is refused.
+    """
+    if isinstance(path, Split):
+        if split not in (None, path.name) or (dtype is not None and np.dtype(dtype) != path.dtype):
+            raise ValueError(f"{path} is already opened as split {path.name!r} of {path.dtype}; "
+                             "drop split= and dtype=")
+        return path
+    paths, folder, name, meta = _locate(path, split)
+    return _opened(paths, {} if folder is None else {folder: _Folder(folder, meta)}, dtype, name, folder)
+
+
+def _opened(paths: list[Path], facts: dict[Path, _Folder], dtype: str | np.dtype | None, name: str | None,
+            folder: Path | None) -> Split:
+    files = []
+    for p in paths:
+        if p.parent not in facts:
+            facts[p.parent] = _Folder(p.parent)
+        files.append(_probe(p, facts[p.parent], dtype))
+    widths = {f.dtype: f.path for f in files}
+    if len(widths) > 1:
+        (a, pa), (b, pb) = list(widths.items())[:2]
+        raise ValueError(f"{pa} holds {a} tokens but {pb} holds {b}: one split is read with one width; "
+                         "pass the files of one tokenizer (a narrower glob or list)")
+    parents = {p.parent for p in paths}
+    if folder is None and len(parents) == 1 and facts[paths[0].parent].meta is not None:
+        # Files of one prepared folder, named one by one: its meta.json describes them too.
+        folder = paths[0].parent
+        listed = {n: [folder / f["file"] for f in split_files(i)] for n, i in facts[folder].meta["splits"].items()}
+        name = next((n for n, files in listed.items() if files == paths), name)
+    meta = facts[folder].meta if folder is not None else None
+    digest = hashlib.sha256(json.dumps([[f.path.name, f.identity[0], f.sha256] for f in files]).encode())
+    return Split(tuple(files), files[0].dtype, name, folder, meta, digest.hexdigest())
+
+
+def open_splits(folder: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Split]:
+    """Every split of a prepared folder, with meta.json read once.
+
+    Args:
+        folder: a folder written by ``python -m tokpack.prepare``.
+        meta: its meta.json, if the caller has read it already.
+    """
+    folder = Path(folder)
+    facts = _Folder(folder, meta if meta is not None else read_meta(folder))
+    assert facts.meta is not None
+    return {name: _opened([folder / f["file"] for f in split_files(info)], {folder: facts}, None, name, folder)
+            for name, info in facts.meta["splits"].items()}
+
+
+def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:
+    """Memory-map one token file: a prepared split's, an llm.c shard, a Megatron ``.bin``, or a bare
+    file with ``dtype`` (see ``open_split``)."""
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a folder; open_tokens maps one file (use open_split for folders)")
+    return open_split([path], dtype=dtype).files[0].memmap()
+
+
+def _locate(path: str | Path | Sequence[str | Path],
+            split: str | None) -> tuple[list[Path], Path | None, str | None, dict[str, Any] | None]:
+    """The token files ``path`` names, with the prepared folder, split and meta.json they come
+    from, if any.
+
+    A folder of llm.c-style shards named ``*_train_*.bin`` / ``*_val_*.bin`` is read per ``split``;
+    without ``split`` such a folder is refused with the glob to use, so splits never mix.
+    """
+    if not isinstance(path, (str, Path)):
+        files = [Path(p) for p in path]
+        if not files:
+            raise ValueError("no token files given; pass a path, a list of paths, a glob or a folder")
+        return files, None, split, None
+    raw, path = str(path), Path(path)
+    if not path.exists() and any(ch in raw for ch in "*?["):
+        matches = sorted(Path(m) for m in glob.glob(raw) if Path(m).is_file())
+        if not matches:
+            raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern")
+        return matches, None, split, None
+    if not path.is_dir():
+        if split is not None:
+            raise ValueError(f"split={split!r} applies to folders, but {path} is a file; drop split=")
+        return [path], None, None, None
+    if (path / META_NAME).is_file():
+        meta = read_meta(path)
+        splits = meta["splits"]
+        if split not in splits:
+            raise ValueError(f"{path} is a prepared folder with splits {', '.join(splits)}; "
+                             f"pass split= one of them (got {split!r})")
+        return [path / f["file"] for f in split_files(splits[split])], path, split, meta
+    shards = sorted(p for p in path.glob("*.bin") if p.is_file())
+    if not shards:
+        raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
+    by_split: dict[str, list[Path]] = {}
+    for shard in shards:
+        named = re.search(r"(?:^|[_.-])(train|val|test)(?=[_.-])", shard.name)
+        by_split.setdefault(named.group(1) if named else "", []).append(shard)
+    if split is not None:
+        if split not in by_split:
+            raise ValueError(f"{path} holds no *_{split}_*.bin shards; splits found: "
+                             f"{', '.join(sorted(k for k in by_split if k)) or 'none'}")
+        return by_split[split], None, split, None
+    if len(by_split) > 1:
+        named = sorted(k for k in by_split if k)
+        example = re.sub(r"\d+", "*", by_split[named[0]][0].name)
+        raise ValueError(f"{path} holds token files of several splits ({', '.join(named)}); pass "
+                         f"split={named[0]!r} or a glob such as '{path / example}' so they are never mixed")
+    return shards, None, None, None
+
+
+def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFile:
+    """One file's dtype, offset and token count, from the first source that says: its llm.c
+    header, the folder's meta.json, a Megatron index beside it, or ``dtype``."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"token file {path} does not exist; run python -m tokpack.prepare first") from None
+    recorded = folder.recorded.get(path.name)
+    if recorded is not None and path.is_symlink():
+        raise ValueError(f"{path} is a link, but a prepared folder's token files are its own; "
+                         "rerun python -m tokpack.prepare --force")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"token file {path} is not a regular file; pass token files")
+    size, offset = info.st_size, 0
+    header = shard_header(path)
+    foreign = None if header or folder.meta is not None else foreign_format(path)
+    if header is not None:
+        found, count = header
+        offset = SHARD_HEADER_BYTES
+        expected = SHARD_HEADER_BYTES + found.itemsize * count
+        if size != expected:
+            raise ValueError(
+                f"{path} is {size} bytes but its llm.c header promises {count} {found} tokens "
+                f"({expected} bytes); the shard is truncated, re-create it"
+            )
+    elif folder.meta is not None:
+        found = np.dtype(folder.meta["dtype"])
+        if recorded is not None and size != recorded[0] * found.itemsize:
+            raise ValueError(f"{path} is {size} bytes but meta.json records {recorded[0]} {found} tokens "
+                             f"({recorded[0] * found.itemsize} bytes); the file was changed or truncated, "
+                             "rerun python -m tokpack.prepare --force")
+    elif foreign and foreign.startswith("a Megatron"):
+        found = megatron_dtype(path)
+    elif foreign:
+        raise ValueError(f"{path} is {foreign}, not a token file tokpack reads; pass a tokpack, llm.c or "
+                         "Megatron .bin")
+    elif dtype is not None:
+        found = np.dtype(dtype)
+    else:
+        raise ValueError(
+            f"cannot tell the dtype of {path}: no meta.json beside it and no llm.c header; "
+            "pass dtype='uint16' (or the dtype it was written with)"
+        )
+    if dtype is not None and np.dtype(dtype) != found:
+        raise ValueError(f"{path} holds {found} tokens, not the dtype={np.dtype(dtype)} asked for; drop dtype=")
+    if (size - offset) % found.itemsize:
+        raise ValueError(
+            f"{path} is {size} bytes, not a whole number of {found} tokens "
+            f"({found.itemsize} bytes each); the file is truncated, re-create it"
+        )
+    if size == offset:
+        raise ValueError(f"{path} holds no tokens; prepare a non-empty corpus")
+    return TokenFile(path, found, offset, (size - offset) // found.itemsize, recorded[1] if recorded else None,
+                     (size, info.st_ino, info.st_mtime_ns))
+
+
+def read_index(split: Split) -> np.ndarray:
+    """The split's document starts (int64), checked to be strictly increasing from 0 inside it."""
+    index = split.index_path()
+    if not index.is_file():
+        raise FileNotFoundError(f"{index} is missing: documents need the index that tokpack.prepare writes "
+                                "beside each .bin; rerun python -m tokpack.prepare")
+    n = int(split.lengths.sum())
+    starts = np.fromfile(index, dtype=INDEX_DTYPE).astype(np.int64)
+    if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n:
+        raise ValueError(f"{index} is not a strictly increasing list of document starts inside {split.describe()} "
+                         f"({n} tokens); rerun python -m tokpack.prepare --force")
+    return starts
