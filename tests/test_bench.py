@@ -35,3 +35,12 @@ def test_bench_train_needs_a_prepared_folder(tmp_path, prepared):
                       cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 2
+
+
+def test_bench_open_reports_the_cost_per_shard_and_of_a_state(tmp_path):
+    done = run_module("tokpack.bench", "open", "--shards", "5", "20", "--shard-tokens", "16", "--rounds", "1",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [row["shards"] for row in figures["rows"]] == [5, 20]
+    assert {"open_per_shard_growth", "state_dict_growth"} <= set(figures)
