@@ -103,7 +103,7 @@ def test_sums_over_ranks_equal_one_process(prepared):
     single = sweep(prepared, baselines=["bigram"], block_size=16, strides=[16], batch_size=2, quiet=True)[0]
     windows = single["windows"]
     assert windows % 3 != 0  # shares are uneven for 2 and 3 ranks
-    for world in (1, 2, 3):
+    for world in (2, 3):  # one process is `single`, the same command's code in this process
         done = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
              "-m", "tokpack.evaluate", str(prepared), "--model", "bigram", "--block-size", "16",
