@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from tokpack import Split, TokenWindows, build_loader, evaluate, open_split, to_device
+from tokpack import Split, TokenWindows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
 from tokpack.config import build_config, default_of
 from tokpack.distributed import process_group
+from tokpack.split import open_splits
 from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
 
@@ -85,7 +86,8 @@ def train(c: TrainConfig, resume: bool) -> int:
     out = Path(c.out_dir)
     if resume and not (out / "ckpt.pt").is_file():
         raise FileNotFoundError(f"--resume needs {out / 'ckpt.pt'}, which does not exist; train without --resume first")
-    train_split, val_split = open_split(c.data_dir, "train"), open_split(c.data_dir, "val")
+    splits = open_splits(c.data_dir)  # meta.json read once, the splits handed to the loop
+    train_split, val_split = splits["train"], splits["val"]
     with process_group(c.device) as place:
         return _train(c, resume, train_split, val_split, place.rank, place.world_size > 1, place.device)
 

@@ -2,8 +2,8 @@
 
     python -m tokpack.prepare notes.txt docs/ web.jsonl.gz     # reads its inputs through these
 
-Text, jsonl, parquet, gzip and zstd are read as streams. Every file is a document, every ``.jsonl`` record is a document, and ``doc_sep`` cuts text files
-into documents. Long documents come out as pieces cut only where the encoding's split pattern
+Text, jsonl, parquet, gzip and zstd are read as streams. Every file is a document, every
+``.jsonl`` record is a document, and ``doc_sep`` cuts text files into documents. Long documents come out as pieces cut only where the encoding's split pattern
 cannot join the two sides, so memory stays bounded by the piece size, not the corpus.
 """
 

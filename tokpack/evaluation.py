@@ -174,8 +174,9 @@ def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Seq
     for path in checkpoints:
         model, _ = load_gpt(path, device)
         if model.config.vocab_size < n_vocab:
-            raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {splits['train'].folder} uses "
-                             f"{meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its own encoding")
+            raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {splits['train'].folder} "
+                             f"uses {meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its "
+                             "own encoding")
         models.append((Path(path).name, model, model.config.block_size))
     for name in baselines:
         order = {"unigram": 1, "bigram": 2}[name]

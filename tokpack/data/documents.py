@@ -6,7 +6,7 @@
     batch = next(iter(loader))   # {"input_ids", "attention_mask", "labels"}: (16, T) each
 
 ``pad_collate`` right-pads to the batch's longest document; ``BucketBatchSampler`` (in
-``tokpack.samplers``) groups documents of similar length so that little of each batch is padding.
+``tokpack.data.samplers``) groups documents of similar length so that little of each batch is padding.
 Both keep the loader's seed, workers, pinning and exact resume.
 """
 

@@ -1,6 +1,6 @@
 """A seeded shuffle of 0..n-1 computed position by position: no permutation array, at any n.
 
-    from tokpack.permutation import Shuffle
+    from tokpack.data.permutation import Shuffle
     order = Shuffle(9_000_000_000, 1337, 0)       # epoch 0 of nine billion windows
     order(np.arange(5, dtype=np.uint64))            # where positions 0..4 of the shuffle point
 

@@ -1,6 +1,6 @@
 """Resumable batch samplers: random starts, shuffled epochs, in order, weighted, buckets, mixtures.
 
-    from tokpack.samplers import RandomStartSampler
+    from tokpack.data.samplers import RandomStartSampler
     sampler = RandomStartSampler(len(train), batch_size=64, seed=1337, num_samples=64 * 5000)
 
 Every sampler yields lists of indices, one list a batch, and can begin at any batch of any epoch
@@ -273,7 +273,7 @@ class MixtureSampler(DrawSampler):
 class EpochSampler(IndexSampler):
     """A seeded shuffle of all items, reshuffled every epoch without a set_epoch call.
 
-    The shuffle is computed position by position (``tokpack.permutation.Shuffle``), never built:
+    The shuffle is computed position by position (``tokpack.data.permutation.Shuffle``), never built:
     O(batch) memory and O(1) resume at any number of items. Distributed, each rank takes every
     world-th item of the shuffle after trimming it to a multiple of the world size: equal-length,
     disjoint shares (DistributedSampler's drop_last=True), so no rank waits for another.

@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 
 LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
-
-
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc")
 
@@ -88,7 +86,3 @@ class Plan:
     fingerprint: str  # of the inputs and every option that changes the output
     workers: int
     started: float
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.sizes.values())
