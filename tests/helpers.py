@@ -111,5 +111,6 @@ def script(name: str) -> ModuleType:
     """``scripts/NAME.py`` imported as a module, as a user's code would import it."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module

@@ -52,7 +52,7 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     single = tmp_path / "single"
     prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(single), quiet=True, val_fraction=0.2))
     runs = {}
-    for world in (1, 2, 3):
+    for world in (2, 3):  # one process under torchrun is the plain run: WORLD_SIZE 1 joins no group
         out = tmp_path / f"w{world}"
         done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=world),
                               capture_output=True, text=True, timeout=300)
@@ -110,3 +110,80 @@ def test_units_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, coun
     assert texts == whole  # every document once, in input order
     cut = [entry for share in shares for entry in share if entry[0].name == "big.jsonl"]
     assert len(cut) > 1 and any(lo > 0 for _, lo, _ in cut)  # the large jsonl was cut inside
+
+
+class _ThreadRank:
+    """A rank of a world made of threads: what Ranks needs of a process group (all_gather)."""
+
+    def __init__(self, rank, world, board, barrier):
+        self.rank, self.world_size, self.board, self.barrier = rank, world, board, barrier
+
+    def all_gather(self, obj):
+        self.barrier.wait()
+        self.board[self.rank] = obj
+        self.barrier.wait()
+        return list(self.board)
+
+
+def _each_rank(world, fn):
+    """fn(Ranks) on ``world`` thread ranks; each rank's result or error line, in rank order."""
+    import threading
+
+    from tokpack.prepare.cluster import Ranks
+
+    board, barrier, results = [None] * world, threading.Barrier(world), [None] * world
+
+    def run(rank):
+        try:
+            results[rank] = fn(Ranks(_ThreadRank(rank, world, board, barrier)))
+        except ValueError as exc:
+            results[rank] = str(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_ranks_that_see_other_inputs_all_refuse_naming_the_difference(tmp_path):
+    import os
+    files = [tmp_path / f"{i}.txt" for i in range(3)]
+    for f in files:
+        f.write_text("same text")
+    views = {0: files, 1: files, 2: files}
+    assert _each_rank(3, lambda r: r.check_same_inputs(views[r.rank])) == [None] * 3
+    other = tmp_path / "node2"
+    other.mkdir()
+    for name, (text, mtime) in {"size": ("other text!", None), "mtime": ("same text", 10**18)}.items():
+        copy = other / "1.txt"
+        copy.write_text(text)
+        if mtime:
+            os.utime(copy, ns=(mtime, mtime))
+        views[2] = [files[0], copy, files[2]]
+        lines = _each_rank(3, lambda r: r.check_same_inputs(views[r.rank]))
+        assert len(set(lines)) == 1 and lines[0].startswith("rank 2 sees other inputs than rank 0"), lines
+        assert "cp -p" in lines[0]
+    views[1] = files[:2]  # a glob that matched one file fewer
+    lines = _each_rank(3, lambda r: r.check_same_inputs(views[r.rank]))
+    assert lines[0].startswith("rank 1 sees other inputs") and "3 input files on rank 0, 2 there" in lines[0]
+
+
+@pytest.mark.e2e
+def test_nodes_whose_copies_of_the_corpus_differ_both_exit_2_before_writing(tmp_path, corpus):
+    import shutil
+    for node in (0, 1):
+        shutil.copytree(corpus, tmp_path / f"node{node}" / "corpus")
+    edited = sorted((tmp_path / "node1" / "corpus").glob("*.txt"))[0]
+    edited.write_text(edited.read_text() + " one more sentence.")
+    out, port = tmp_path / "out", _free_port()
+    nodes = [subprocess.Popen(_torchrun("corpus", "--out-dir", str(out), nproc=1, node=node, port=port),
+                              cwd=tmp_path / f"node{node}", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    for proc in nodes:
+        _, err = proc.communicate(timeout=300)
+        lines = [line for line in err.splitlines() if line.startswith("tokpack:")]
+        assert proc.returncode != 0 and len(lines) == 1, err[-3000:]
+        assert f"rank 1 sees other inputs than rank 0 (corpus/{edited.name} is" in lines[0], lines
+    assert not out.exists() or not list(out.iterdir())

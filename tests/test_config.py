@@ -55,9 +55,12 @@ def test_nested_tables_are_checked_and_flags_reach_them(tmp_path):
     cfg.write_text("[model]\nn_layers = 2\n")
     with pytest.raises(ValueError, match=r"unknown key 'model.n_layers' in .*valid keys: vocab_size"):
         build_config(Outer, cfg, {})
-    cfg.write_text("[model]\nbias = 1\n")
-    with pytest.raises(ValueError, match=r"model.bias = 1 in .* is not bool"):
+    cfg.write_text("[model]\nbias = 1\n")  # TOML has true: 1 is a mistake, not a bool
+    with pytest.raises(ValueError, match=r"model.bias = 1 in .* is not true or false; give model.bias true or false"):
         build_config(Outer, cfg, {})
+    cfg.write_text("quiet = 1\n")
+    with pytest.raises(ValueError, match=rf"quiet = 1 in {cfg} is not true or false"):
+        build_config(PrepareConfig, cfg, {})
 
 
 def test_bad_files(tmp_path):

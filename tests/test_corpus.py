@@ -193,6 +193,19 @@ def test_parquet_rows_and_zstd_frames_are_documents(tmp_path, monkeypatch):
         _texts(documents([tmp_path / "t.txt.zst"], "strict", None, "text"))
 
 
+def test_a_parquet_page_that_fails_to_decompress_names_the_file_and_the_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = [f"document number {i} " * 50 for i in range(2000)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "d.parquet", compression="snappy", row_group_size=500)
+    data = bytearray((tmp_path / "d.parquet").read_bytes())
+    middle = len(data) // 2  # inside a later row group's page: the footer still reads
+    data[middle:middle + 200] = bytes(b ^ 0x5A for b in data[middle:middle + 200])
+    (tmp_path / "d.parquet").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"d.parquet has a damaged page after row \d+ \(.*\); re-create it"):
+        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text"))
+
+
 def test_truncated_zstd_is_refused_not_read_short(tmp_path):
     zstandard = pytest.importorskip("zstandard")
     frames = b"".join(zstandard.ZstdCompressor().compress(f"frame {i} ".encode() * 300) for i in range(3))

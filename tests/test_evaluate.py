@@ -186,13 +186,21 @@ def _direct_model_loss(model, val: np.ndarray, T: int) -> float:
 def test_nanogpt_models_and_checkpoints_score_exactly(prepared, tmp_path, capsys):
     val = np.asarray(open_tokens(prepared / "val.bin"))
     model = NanoGPTShaped(V, 16).eval()
+    # nanoGPT's train.py checkpoint, trained under torch.compile (the `_orig_mod.` prefix on every
+    # key): AdamW's state after a step, best_val_loss a tensor, config its int/float/bool/str globals.
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), fused=False)
+    model(torch.zeros(1, 4, dtype=torch.long))[0].sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
     expected = _direct_model_loss(model, val, 16)
     result = tokpack.evaluate(model, build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4))
     assert result["tokens"] == len(val) - 1 and result["loss"] == pytest.approx(expected, rel=1e-6)
-    # nanoGPT's checkpoint layout, trained under torch.compile: the `_orig_mod.` prefix on every key.
+    config = {"out_dir": "out", "eval_interval": 2000, "always_save_checkpoint": True, "init_from": "scratch",
+              "dataset": "shakespeare", "learning_rate": 6e-4, "decay_lr": True, "dtype": "bfloat16", "compile": True}
     ckpt = {"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},
+            "optimizer": opt.state_dict(),
             "model_args": dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=False, vocab_size=V, dropout=0.0),
-            "iter_num": 5, "best_val_loss": 9.9, "config": {"dataset": "shakespeare"}}
+            "iter_num": 5, "best_val_loss": torch.tensor(9.9), "config": config}
     torch.save(ckpt, tmp_path / "ckpt.pt")
     assert main([str(prepared), "--checkpoint", str(tmp_path / "ckpt.pt"), "--quiet"]) == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]

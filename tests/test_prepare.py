@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 from helpers import kill, make_docs, paused_at, prepare_cmd, run_module, write_docs, write_tiktoken_file
+from tokpack import corpus as corpus_module
+from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
 from tokpack.format import INDEX_DTYPE, read_meta
 from tokpack.split import open_tokens
@@ -75,7 +78,8 @@ def test_every_document_is_encode_ordinary_of_the_whole(tmp_path, eot):
     assert len(_documents(out, "val")) > 0 and len(_documents(out, "train")) > 0
 
 
-def test_output_is_byte_identical_for_any_thread_count_and_piece_size(tmp_path):
+def test_output_is_byte_identical_for_any_thread_count_and_piece_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_run, "default_workers", lambda: 4)  # 3 threads even on 2 cores
     corpus = write_docs(tmp_path / "c", make_docs(30, words=600))
     runs = [_folder_bytes(_run(tmp_path, corpus, out=f"o{w}-{pc}", workers=w, piece_chars=pc))
             for w, pc in [(1, 1 << 18), (2, 1 << 18), (3, 40), (1, 7)]]
@@ -159,7 +163,7 @@ BAD_INPUTS = {  # the fragment of the one line -> the command line ({tmp}: the t
     "lies inside the corpus": ["{tmp}/good", "--out-dir", "{tmp}/good/prepared"],
     "cut.txt.gz is not a readable gzip file": ["{tmp}/cut.txt.gz", "{tmp}/good"],
     "r.jsonl:1 has 'text' of type int": ["{tmp}/good", "{tmp}/r.jsonl"],
-    "seed = 1180591620717411303424 in the command line is not int": ["{tmp}/good", "--seed", str(2**70)],
+    "seed = 1180591620717411303424 in the command line is not an integer": ["{tmp}/good", "--seed", str(2**70)],
     "would be overwritten by the output": ["{tmp}/ow/../ow/val.idx", "--out-dir", "{tmp}/ow"],
 }
 
@@ -186,15 +190,37 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys, fragm
     assert not out.exists()
 
 
-def test_disk_full_while_writing_leaves_nothing(tmp_path, capsys, monkeypatch):
-    def full(self, data):
-        raise OSError(28, "No space left on device")
+def test_disk_full_while_writing_is_one_line_with_the_file_and_the_fix_and_leaves_nothing(tmp_path, capsys,
+                                                                                           monkeypatch):
+    real = writers.open_new
 
-    monkeypatch.setattr(writers.HashingWriter, "write", full)
+    def on_a_full_disk(path):  # the operating system's own ENOSPC: writes to /dev/full fail with it
+        return open("/dev/full", "r+b") if ".train.bin." in path.name else real(path)
+
+    monkeypatch.setattr(writers, "open_new", on_a_full_disk)
     out = tmp_path / "out"
-    err = _cli_error(capsys, [str(write_docs(tmp_path / "c", make_docs(20))), "--out-dir", str(out), "--quiet"])
-    assert "No space left on device" in err
+    err = _cli_error(capsys, [str(write_docs(tmp_path / "c", make_docs(400, words=300))), "--out-dir", str(out),
+                              "--quiet"])
+    assert "No space left on device" in err and "train.bin" in err and "free space on that disk" in err
     assert not out.exists()
+
+
+def test_an_input_this_user_may_not_read_is_one_line_with_the_fix(tmp_path, capsys, monkeypatch):
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    locked = corpus / "doc0003.txt"
+    locked.chmod(0)
+    real = open
+
+    def as_an_unprivileged_user(path, *args, **kwargs):  # root reads it anyway; the check is the message
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(corpus_module, "open", as_an_unprivileged_user, raising=False)
+    err = _cli_error(capsys, [str(corpus), "--out-dir", str(tmp_path / "out"), "--quiet"])
+    assert err == (f"tokpack: [Errno 13] Permission denied: '{locked}'; "
+                   "give this user access to it (chmod, chown) or leave it out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_config_file_sets_options_and_cli_overrides(tmp_path, capsys):
@@ -383,3 +409,47 @@ def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path
     (sharded / "train_000001.bin").write_bytes((sharded / "train_000001.bin").read_bytes()[:-2])
     with pytest.raises(ValueError, match="meta.json records 700 uint16 tokens"):
         TokenWindows(sharded, 8, split="train")
+
+
+def test_more_workers_than_cores_are_capped_with_one_warning(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_run, "default_workers", lambda: 2)
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    assert main([str(corpus), "--out-dir", str(tmp_path / "out"), "--workers", "1000"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "--workers" in line]
+    assert warning == ["tokpack: warning: --workers 1000 is more than the 2 cores this process may use; using 2"]
+    with pytest.warns(UserWarning, match="using 2"):
+        stats = prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp_path / "api"), quiet=True,
+                                      workers=1000))["stats"]
+    assert stats["workers"] == 2
+
+
+def _peak_rss_mb(corpus, out):
+    """Peak RSS of a prepare run in a fresh process, as the kernel counts it (VmHWM)."""
+    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.run import peak_rss_mb; "
+            "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
+    done = subprocess.run([sys.executable, "-c", code, str(corpus), "--out-dir", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def test_peak_memory_is_the_same_ceiling_at_10_and_50_mb(tmp_path):
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(50_000)] + [".\n\n"])
+    corpus = tmp_path / "c10"
+    corpus.mkdir()
+    with open(corpus / "web.jsonl", "w") as f:
+        for _ in range(10):  # 1 MB lines of ~200 documents each
+            words = vocab[rng.integers(0, len(vocab), 160_000)]
+            for doc in np.array_split(words, 200):
+                f.write(json.dumps({"text": " ".join(doc.tolist())}) + "\n")
+    peaks = {10: _peak_rss_mb(corpus, tmp_path / "o10")}
+    (tmp_path / "c50").mkdir()
+    for k in range(5):
+        shutil.copy(corpus / "web.jsonl", tmp_path / "c50" / f"web{k}.jsonl")
+    peaks[50] = _peak_rss_mb(tmp_path / "c50", tmp_path / "o50")
+    # A reader that kept the tokens (the verify's memory map did: +1 MB per 4 MB of input) or a heap
+    # that grew with the input would pass 150 MB, or differ by far more than the allocator's noise.
+    assert peaks[10] < 150 and peaks[50] < 150, peaks
+    assert peaks[50] - peaks[10] < 12, peaks

@@ -82,23 +82,3 @@ def test_a_file_rewritten_after_opening_is_refused_where_it_is_read(prepared):
     path.write_bytes(data[: len(data) // 2])  # a --force rewrite with a smaller corpus
     with pytest.raises(ValueError, match="train.bin was rewritten after its split was opened"):
         worker_copy.gather([0])
-
-
-def test_an_unfinished_run_is_refused_with_the_rerun(tmp_path):
-    folder = write_shard_folder(tmp_path / "f", 3, 16)
-    (folder / "meta.json").unlink()
-    (folder / ".tokpack-unit-00000.json").write_text("{}")
-    for read in (lambda: TokenWindows(folder, 8, split="train"), lambda: TokenWindows(folder, 8, dtype="uint16",
-                                                                                      split="train"),
-                 lambda: TokenWindows(folder / "train_000000.bin", 8, dtype="uint16")):
-        with pytest.raises(ValueError, match="unfinished tokpack.prepare run .* rerun the same"):
-            read()
-
-
-def test_a_prepared_token_file_that_is_a_link_is_refused(prepared, tmp_path):
-    outside = tmp_path / "secret.bin"
-    os.replace(prepared / "val.bin", outside)
-    (prepared / "val.bin").symlink_to(outside)
-    for read in (lambda: TokenWindows(prepared, 8, split="val"), lambda: DocumentDataset(prepared, 8, split="val")):
-        with pytest.raises(ValueError, match="val.bin is a link"):
-            read()

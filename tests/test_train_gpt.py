@@ -36,8 +36,8 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
     assert [r["step"] for r in straight] == list(range(1, 2 * k + 1))
     assert resumed == straight
-    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
-    b = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=False)
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
     assert a["step"] == b["step"] == 2 * k and a["loader"] == b["loader"]
     assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
     assert [e["loss"] for e in a["evals"]] == [e["loss"] for e in b["evals"]] and len(a["evals"]) == 3

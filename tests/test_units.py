@@ -10,11 +10,15 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from helpers import kill, make_docs, paused_at, write_docs
 from tokpack.format import read_meta
+from tokpack.prepare import units
 from tokpack.prepare.__main__ import main
+from tokpack.prepare.cluster import share_of
+from tokpack.prepare.units import input_sha256
 from tokpack.verify import verify_folder
 
 OPTIONS = ["--shard-tokens", "3000", "--unit-mb", "0.15", "--quiet", "--workers", "1"]
@@ -102,30 +106,85 @@ def test_a_flat_run_after_a_killed_sharded_one_leaves_no_stray_shards(tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
 
 
-@pytest.mark.parametrize("sharded", [True, False])
-def test_a_forged_unit_record_deletes_nothing_outside_the_folder_nor_another_tools_file(tmp_path, corpus, sharded,
-                                                                                         capsys):
+def _interrupted_after(monkeypatch, finished):
+    """Make the next in-process run stop like a kill once ``finished`` units are done."""
+    real, calls = units.run_unit, []
+
+    def run_unit(plan, unit):
+        if len(calls) == finished:
+            raise KeyboardInterrupt
+        calls.append(unit)
+        return real(plan, unit)
+
+    monkeypatch.setattr(units, "run_unit", run_unit)
+    return calls
+
+
+def _tokens(folder):
+    return {split: b"".join((folder / name).read_bytes() for name in names) for split, names in _files(folder).items()}
+
+
+def test_an_input_edited_in_place_is_redone_even_with_its_old_mtime(tmp_path, corpus, monkeypatch):
     out = tmp_path / "out"
-    out.mkdir()
-    outside = tmp_path / "notes.txt"
-    outside.write_text("keep me")
-    (out / "train.bin").write_bytes(b"\0" * 64)  # nanoGPT's, not tokpack's
-    (out / "val_000000.bin").symlink_to(outside)  # a unit's name, but a link out of the folder
-    names = [str(outside), "../notes.txt", "train.bin", "val_000000.bin"]
-    shard = {"file": names[0], "bytes": 1, "sha256": "0" * 64, "tokens": 1}
-    record = {"fingerprint": "forged", "unit": 0, "splits": {
-        "train": {"info": {"shards": [shard, *({**shard, "file": n} for n in names[1:])]},
-                  "idx": {**shard, "file": ".train.idx.u00000"}},
-        "val": {"info": {"shards": []}, "idx": {**shard, "file": ".val.idx.u00000"}}}}
-    (out / ".tokpack-unit-00000.json").write_text(json.dumps(record))
-    argv = _cmd(corpus, out, *([] if sharded else ["--shard-tokens", "0", "--unit-mb", "1024"]))[3:]
+    argv = _cmd(corpus, out)[3:]
+    calls = _interrupted_after(monkeypatch, 2)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 130 and calls == [0, 1]
+    recorded = [json.loads((out / f".tokpack-unit-{u:05d}.json").read_text())["input_sha256"] for u in (0, 1)]
+    first = sorted(corpus.iterdir())[0]  # unit 0's input: the same length, the old mtime
+    before = first.stat()
+    text = first.read_text()
+    first.write_text(text.replace("the", "thx", 1))
+    os.utime(first, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert first.stat().st_size == before.st_size and first.read_text() != text
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
+    assert _tokens(out) == _tokens(tmp_path / "fresh")
+    hashes = read_meta(out)["inputs"]["units_sha256"]
+    assert hashes == read_meta(tmp_path / "fresh")["inputs"]["units_sha256"]
+    assert hashes[0] != recorded[0] and hashes[1] == recorded[1]  # unit 0 redone, unit 1 kept
+
+
+def test_a_units_input_hash_covers_exactly_the_bytes_its_documents_come_from(tmp_path):
+    lines = [json.dumps({"text": f"doc {i} " * (i % 7 + 1)}) + "\n" for i in range(200)]
+    path = tmp_path / "web.jsonl"
+    path.write_text("".join(lines))
+    data = path.read_bytes()
+    sizes = {path: len(data)}
+    count = 5
+    shares = [share_of([path], sizes, unit, count) for unit in range(count)]
+    before = [input_sha256(share) for share in shares]
+    starts = np.cumsum([0] + [len(line) for line in lines])
+    for line in (0, 37, 38, 99, 199):  # each document's bytes belong to the unit that reads it
+        offset = int(starts[line]) + 2  # inside the line's text: the same length
+        path.write_bytes(data[:offset] + (b"X" if data[offset:offset + 1] != b"X" else b"Y") + data[offset + 1:])
+        owner = [u for u, share in enumerate(shares) if share[0][1] <= starts[line] < share[0][2]]
+        changed = [u for u in range(count) if input_sha256(shares[u]) != before[u]]
+        assert changed == owner, (line, changed, owner)
+    path.write_bytes(data)
+    assert [input_sha256(share) for share in shares] == before
+
+
+def test_a_broken_unit_record_redoes_its_unit_and_keeps_the_others(tmp_path, corpus, monkeypatch, capsys):
+    out = tmp_path / "out"
+    argv = _cmd(corpus, out)[3:]
+    _interrupted_after(monkeypatch, 3)
     with pytest.raises(SystemExit):
         main(argv)
-    err = capsys.readouterr().err
-    assert "train.bin" in err and "--force" in err  # not tokpack's, whatever the record says
-    assert outside.read_text() == "keep me" and (out / "train.bin").read_bytes() == b"\0" * 64
-    (out / "train.bin").unlink()  # the user moves the files the run named away
-    (out / "val_000000.bin").unlink()
+    monkeypatch.undo()
+    record = out / ".tokpack-unit-00001.json"
+    record.write_text(record.read_text()[:50])  # cut short: a disk that lost the record's tail
+    kept = {p.name: p.stat().st_ino for p in out.glob("*_0000[02]_*.bin")}
+    redone = sorted(p.name for p in out.glob("*_00001_*.bin"))
+    assert kept and redone
+    capsys.readouterr()
+    calls = _interrupted_after(monkeypatch, 99)
     assert main(argv) == 0
-    assert outside.read_text() == "keep me" and not (out / ".tokpack-unit-00000.json").exists()
-    verify_folder(out)
+    err = capsys.readouterr().err
+    assert ".tokpack-unit-00001.json" in err and "those units are redone and the others kept" in err
+    assert 1 in calls and 0 not in calls and 2 not in calls  # only the broken unit was tokenized again
+    assert {name: (out / name).stat().st_ino for name in kept} == kept
+    assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
+    assert _tokens(out) == _tokens(tmp_path / "fresh")

@@ -27,11 +27,11 @@ def test_whole_folder_passes(prepared, capsys):
 
 @pytest.mark.parametrize("damage,reason", [
     ("flip", "has sha256"),
-    ("truncate", "bytes, meta.json says"),
+    ("truncate", "bytes but meta.json records"),
     ("big_id", "holds id 60000"),
     ("bad_index", "not a strictly increasing list"),
     ("no_meta", "meta.json is missing"),
-    ("no_bin", "val.bin is missing"),
+    ("no_bin", "val.bin does not exist"),
 ])
 def test_damage_is_found_with_its_reason(prepared, capsys, damage, reason):
     val = prepared / "val.bin"

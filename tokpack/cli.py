@@ -12,6 +12,7 @@ with ``error_line``.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import threading
@@ -23,12 +24,27 @@ from typing import Any, NoReturn
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
 
 
+# The fix for the operating system's errors that a user can act on, by errno.
+_OS_FIXES = {
+    errno.EACCES: "give this user access to it (chmod, chown) or leave it out",
+    errno.EPERM: "give this user access to it (chmod, chown) or leave it out",
+    errno.ENOSPC: "free space on that disk or choose an --out-dir on another one; nothing was published",
+    errno.EDQUOT: "free space within your quota or choose an --out-dir elsewhere; nothing was published",
+    errno.EROFS: "choose an --out-dir on a writable file system",
+}
+
+
 def error_line(exc: BaseException) -> str:
-    """A user error's message, with the file an OSError names when the message does not."""
+    """A user error's message, with the file and the fix an OSError leaves out."""
     message = str(exc)
+    if not isinstance(exc, OSError):
+        return message
     filename = getattr(exc, "filename", None)
-    if isinstance(exc, OSError) and filename and str(filename) not in message:
+    if filename and str(filename) not in message:
         message = f"{message}: {filename}"
+    fix = _OS_FIXES.get(exc.errno) if exc.errno is not None else None
+    if fix and fix not in message:
+        message = f"{message}; {fix}"
     return message
 
 

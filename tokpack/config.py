@@ -34,7 +34,9 @@ def _describe(annotation: Any) -> str:
     if typing.get_origin(annotation) in (tuple, list):
         return f"a list of {_describe(typing.get_args(annotation)[0])}"
     names = [a.__name__ for a in typing.get_args(annotation)] or [annotation.__name__]
-    return " or ".join("none" if n == "NoneType" else n for n in names)
+    spelled = {"NoneType": "none", "bool": "true or false", "int": "an integer", "float": "a number",
+               "str": "a string"}
+    return " or ".join(spelled.get(n, n) for n in names)
 
 
 def _checked(annotation: Any, value: Any, key: str, source: str) -> Any:

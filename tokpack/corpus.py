@@ -256,8 +256,17 @@ def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterato
     if column not in names:
         raise ValueError(f"{path} has no column {column!r} (found {names}); pass --text-column with the text column")
     row = 0
-    for batch in table.iter_batches(batch_size=1024, columns=[column]):
-        for value in batch.column(0).to_pylist():
+    batches = table.iter_batches(batch_size=1024, columns=[column])
+    while True:
+        try:
+            batch = next(batches, None)
+            values = [] if batch is None else batch.column(0).to_pylist()
+        except Exception as exc:  # pyarrow's own types: a damaged page, a codec error
+            raise ValueError(f"{path} has a damaged page after row {row} ({exc}); re-create it or leave it "
+                             "out") from None
+        if batch is None:
+            return
+        for value in values:
             row += 1
             if not isinstance(value, str):
                 raise ValueError(f"{path} row {row} has {column!r} of type {type(value).__name__}, not a string; "

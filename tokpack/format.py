@@ -10,8 +10,12 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,14 @@ INDEX_DTYPE = np.dtype("<u8")
 # is an unfinished run that a rerun resumes, not data to read.
 UNIT_RECORD = ".tokpack-unit-{:05d}.json"
 UNIT_RECORD_GLOB = ".tokpack-unit-*.json"
+UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
+LOCK_NAME = ".tokpack.lock"
+TMP_SUFFIX = ".tokpack-tmp"
+# The names of the token files tokpack writes (flat, bare shards, llm.c shards with the folder's
+# name first) and of its indexes: the only names a meta.json may list, since meta.json is data on
+# disk and may be forged; any other (a path, "..", a hidden file) is refused before it is opened.
+SHARD_NAME = r"(?:[^./\\\x00][^/\\\x00]*_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
+DATA_FILE = re.compile(rf"(?:train|val)\.(?:bin|idx)|{SHARD_NAME}")
 
 # llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
 # magic 20240520 / version 1 for uint16 (GPT-2), 20240801 / version 7 for uint32 (llama-3).
@@ -35,7 +47,10 @@ SHARD_DTYPE_VERSION = {"uint16": 1, "uint32": 7}
 # Megatron-LM's indexed datasets: a flat .bin beside an .idx that starts with this magic,
 # followed by a uint64 version and a one-byte dtype code.
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
-MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}
+MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32",
+                   8: "uint16"}
+# What Megatron's preprocessing writes for token ids (uint16 under 65,500 ids, else int32).
+MEGATRON_TOKEN_DTYPES = ("uint16", "int32")
 
 
 def split_files(info: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,7 +85,7 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
 def _meta_problem(meta: dict[str, Any]) -> str | None:
     """What is structurally wrong with a meta.json, or None: every reader relies on this shape."""
     def bad_file(entry: Any, with_tokens: bool = False) -> bool:
-        return not (isinstance(entry, dict) and isinstance(entry.get("file"), str) and "/" not in entry["file"]
+        return not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
                     and _is_count(entry.get("bytes")) and isinstance(entry.get("sha256"), str)
                     and (not with_tokens or _is_count(entry.get("tokens"))))
 
@@ -89,6 +104,11 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     for name, info in splits.items():
         if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
             return f"split {name!r} needs tokens and documents counts"
+        entries = [info.get("idx"), info.get("bin"), *(info["shards"] if isinstance(info.get("shards"), list) else [])]
+        for entry in entries:
+            file = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(file, str) and not DATA_FILE.fullmatch(file):
+                return f"split {name!r} lists {file!r}, which is not the name of a file tokpack writes"
         if bad_file(info.get("idx")):
             return f"split {name!r} has no valid idx entry"
         shards = info.get("shards")
@@ -120,6 +140,9 @@ def shard_header(path: Path) -> tuple[np.dtype, int] | None:
     if dtype is None or SHARD_VERSIONS[dtype] != magic:
         raise ValueError(f"{path} has llm.c magic {magic} with version {version}; tokpack reads "
                          "20240520/1 (uint16) and 20240801/7 (uint32) shards. Re-create the shard")
+    if words[2] < 0:
+        raise ValueError(f"{path} has an llm.c header whose token count is {int(words[2])}, below 0: the header "
+                         "is damaged or forged; re-create the shard")
     return np.dtype(dtype), int(words[2])
 
 
@@ -147,7 +170,51 @@ def megatron_dtype(path: Path) -> np.dtype:
     with open(path.with_suffix(".idx"), "rb") as f:
         head = f.read(len(MEGATRON_MAGIC) + 9)
     code = head[len(MEGATRON_MAGIC) + 8] if len(head) == len(MEGATRON_MAGIC) + 9 else -1
-    if code not in MEGATRON_DTYPES:
-        raise ValueError(f"{path.with_suffix('.idx')} names dtype code {code}, which is not a token dtype; "
-                         "re-create the Megatron dataset with an integer dtype")
+    if MEGATRON_DTYPES.get(code) not in MEGATRON_TOKEN_DTYPES:
+        named = MEGATRON_DTYPES.get(code, f"code {code}")
+        raise ValueError(f"{path.with_suffix('.idx')} declares dtype {named}, which is not a token dtype (it "
+                         "could hold negative or fractional ids); Megatron writes "
+                         f"{' or '.join(MEGATRON_TOKEN_DTYPES)}: re-create the dataset")
     return np.dtype(MEGATRON_DTYPES[code])
+
+
+def remove_own(path: Path) -> bool:
+    """Remove a file that tokpack wrote (the caller has matched its name to tokpack's pattern): a
+    regular file only, never a link nor what it points to. Whether it was removed."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            path.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """What a run killed after publishing meta.json left in a whole folder: unit records, index
+    parts, temporaries and its lock. Only while no run holds the lock: a running prepare's
+    records are its work. Returns the names removed."""
+    if not (folder / META_NAME).is_file():
+        return []
+    lock = folder / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EACCES):
+            return []  # not tokpack's lock, or not ours to take: leave the folder as it is
+        raise
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []
+        found = [*folder.glob(UNIT_RECORD_GLOB), *folder.glob(UNIT_INDEX_GLOB), *folder.glob(f".*{TMP_SUFFIX}")]
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            found.append(lock)
+        return sorted(p.name for p in found if remove_own(p))
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -12,6 +12,8 @@ the global RNG. The n-gram models give exact float64 log-probabilities of the ta
 from __future__ import annotations
 
 import math
+import pickle
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -133,7 +135,15 @@ def load_gpt(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
         raise FileNotFoundError(f"checkpoint {path} does not exist; train one with scripts/train_gpt.py")
     fix = "pass a checkpoint written by scripts/train_gpt.py or nanoGPT's train.py"
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        # weights_only: a checkpoint is data; a pickle that names any other callable is refused
+        # rather than run. Tensors, containers and numbers cover both trainers' checkpoints.
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if not found:
+            raise ValueError(f"{path} is not a GPT checkpoint (UnpicklingError); {fix}") from None
+        raise ValueError(f"{path} holds {found.group(1)}, which tokpack does not load (checkpoints are read with "
+                         f"weights_only=True and may hold tensors, numbers, strings and containers); {fix}") from None
     except Exception as exc:  # torch.load raises many types for a file that is not a checkpoint
         raise ValueError(f"{path} is not a GPT checkpoint ({type(exc).__name__}); {fix}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(ckpt.get("model_args"), dict):

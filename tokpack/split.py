@@ -81,6 +81,19 @@ class Split:
         more than a gather)."""
         return [np.asarray(f.memmap()) for f in self.files]
 
+    @property
+    def n_vocab(self) -> int | None:
+        """The vocabulary meta.json records, if the split comes from a prepared folder."""
+        return self.meta["encoding"]["n_vocab"] if self.meta is not None else None
+
+    def check_ids(self, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` as read, unless one lies outside the recorded vocabulary: a file changed after
+        it was prepared (a forged header, a rewrite of the same size). O(tokens served)."""
+        if self.n_vocab is not None and tokens.size and int(tokens.max()) >= self.n_vocab:
+            raise ValueError(f"{self.describe()} holds id {int(tokens.max())}, outside the {self.n_vocab} ids its "
+                             f"meta.json records; a token file was changed: python -m tokpack.verify {self.folder}")
+        return tokens
+
     def index_path(self) -> Path:
         """The document index of the split: meta.json's ``idx``, or the ``.idx`` beside a lone file."""
         if self.folder is not None and self.meta is not None and self.name is not None:
@@ -187,13 +200,13 @@ def _locate(path: str | Path | Sequence[str | Path],
         files = [Path(p) for p in path]
         if not files:
             raise ValueError("no token files given; pass a path, a list of paths, a glob or a folder")
-        return files, None, split, None
+        return _unmixed(files, "the list of token files"), None, split, None
     raw, path = str(path), Path(path)
     if not path.exists() and any(ch in raw for ch in "*?["):
         matches = sorted(Path(m) for m in glob.glob(raw) if Path(m).is_file())
         if not matches:
             raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern")
-        return matches, None, split, None
+        return _unmixed(matches, f"glob {raw!r}"), None, split, None
     if not path.is_dir():
         if split is not None:
             raise ValueError(f"split={split!r} applies to folders, but {path} is a file; drop split=")
@@ -210,19 +223,44 @@ def _locate(path: str | Path | Sequence[str | Path],
         raise FileNotFoundError(f"folder {path} holds no .bin files; pass a token file or a shard folder")
     by_split: dict[str, list[Path]] = {}
     for shard in shards:
-        named = re.search(r"(?:^|[_.-])(train|val|test)(?=[_.-])", shard.name)
-        by_split.setdefault(named.group(1) if named else "", []).append(shard)
+        by_split.setdefault(_split_of(shard), []).append(shard)
     if split is not None:
         if split not in by_split:
             raise ValueError(f"{path} holds no *_{split}_*.bin shards; splits found: "
                              f"{', '.join(sorted(k for k in by_split if k)) or 'none'}")
-        return by_split[split], None, split, None
+        return _unmixed(by_split[split], f"{path} (split={split!r})"), None, split, None
     if len(by_split) > 1:
         named = sorted(k for k in by_split if k)
-        example = re.sub(r"\d+", "*", by_split[named[0]][0].name)
         raise ValueError(f"{path} holds token files of several splits ({', '.join(named)}); pass "
-                         f"split={named[0]!r} or a glob such as '{path / example}' so they are never mixed")
+                         f"split={named[0]!r} or a glob such as '{_family(by_split[named[0]][0])}' "
+                         "so they are never mixed")
     return shards, None, None, None
+
+
+def _split_of(path: Path) -> str:
+    named = re.search(r"(?:^|[_.-])(train|val|test)(?=[_.-])", path.name)
+    return named.group(1) if named else ""
+
+
+def _family(path: Path) -> Path:
+    """The glob that names ``path`` and its numbered siblings: fineweb_train_000001.bin -> fineweb_train_*.bin."""
+    return path.with_name(re.sub(r"\d+", "*", path.name))
+
+
+def _unmixed(files: list[Path], source: str) -> list[Path]:
+    """``files``, unless they hold two splits (llm.c's train and val shards under one ``*.bin``) or
+    two sets of one split (llm.c shards beside nanoGPT's train.bin), which no reader should mix."""
+    named = [f for f in files if _split_of(f)]
+    splits = sorted({_split_of(f) for f in named})
+    if len(splits) > 1:
+        first = next(f for f in named if _split_of(f) == splits[0])
+        raise ValueError(f"{source} names token files of several splits ({', '.join(splits)}); pass a glob of "
+                         f"one split, such as '{_family(first)}', so they are never mixed")
+    sets = sorted({str(_family(f)) for f in named})
+    if len(sets) > 1:
+        raise ValueError(f"{source} names two sets of {splits[0]} token files ({sets[0]} and {sets[1]}); "
+                         f"pass a glob of one set, such as '{sets[0]}', so they are never mixed")
+    return files
 
 
 def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFile:
@@ -250,6 +288,10 @@ def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFi
                 f"{path} is {size} bytes but its llm.c header promises {count} {found} tokens "
                 f"({expected} bytes); the shard is truncated, re-create it"
             )
+        if recorded is not None and (found.name, count) != (folder.meta["dtype"], recorded[0]):
+            raise ValueError(f"{path} has an llm.c header for {count} {found} tokens but meta.json records "
+                             f"{recorded[0]} {folder.meta['dtype']} tokens; the shard was changed, "
+                             "rerun python -m tokpack.prepare --force")
     elif folder.meta is not None:
         found = np.dtype(folder.meta["dtype"])
         if recorded is not None and size != recorded[0] * found.itemsize:

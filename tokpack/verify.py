@@ -17,28 +17,52 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import INDEX_DTYPE, read_meta, split_files
+from .format import INDEX_DTYPE, read_meta, remove_leftovers, split_files
 from .split import open_splits
 
-CHUNK_BYTES = 1 << 24
+CHUNK_BYTES = 1 << 22  # verify streams: memory is this, not the size of a file
 
 
 class VerifyError(Exception):
     """A prepared folder that is not whole; the message says what and where."""
 
 
-def _check_file(path: Path, info: dict) -> None:
+def _check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: int = 0, n_vocab: int = 0) -> None:
+    """The file's size and sha256 against meta.json and, for a token file (``dtype`` given), every
+    id below ``n_vocab``: one streaming read in fixed blocks, so memory does not grow with the file."""
     if not path.is_file():
         raise VerifyError(f"{path} is missing")
     size = path.stat().st_size
     if size != info["bytes"]:
         raise VerifyError(f"{path} is {size} bytes, meta.json says {info['bytes']}")
     digest = hashlib.sha256()
+    done = 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
+            body = chunk[max(offset - done, 0):]
+            if dtype is not None and body:
+                top = int(np.frombuffer(body, dtype=dtype).max())
+                if top >= n_vocab:
+                    raise VerifyError(f"{path} holds id {top} near byte {done}, n_vocab is {n_vocab}")
+            done += len(chunk)
     if digest.hexdigest() != info["sha256"]:
         raise VerifyError(f"{path} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
+
+
+def _check_index(path: Path, documents: int, tokens: int, where: str) -> None:
+    """The document index, streamed: ``documents`` starts, from 0, strictly increasing, below ``tokens``."""
+    count, last = 0, -1
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
+            if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
+                raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
+            count, last = count + len(starts), int(starts[-1])
+    if count != documents:
+        raise VerifyError(f"{path} lists {count} documents, meta.json says {documents}")
+    if last >= tokens:
+        raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
 
 
 def verify_folder(folder: str | Path) -> dict[str, int]:
@@ -49,11 +73,8 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
     n_vocab = meta["encoding"]["n_vocab"]
     if n_vocab > np.iinfo(dtype).max + 1:
         raise VerifyError(f"dtype {dtype} in meta.json cannot hold n_vocab {n_vocab}")
-    for info in meta["splits"].values():
-        for entry in (info["idx"], *split_files(info)):
-            _check_file(folder / entry["file"], entry)
     try:
-        splits = open_splits(folder, meta)
+        splits = open_splits(folder, meta)  # sizes, headers and the folder's own files, before any read
     except ValueError as exc:
         raise VerifyError(str(exc)) from None
     counts = {}
@@ -62,21 +83,12 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
         for entry, file in zip(split_files(info), split.files):
             if "tokens" in entry and file.tokens != entry["tokens"]:
                 raise VerifyError(f"{file.path} holds {file.tokens} tokens, meta.json says {entry['tokens']}")
-            tokens = file.memmap()
-            step = CHUNK_BYTES // dtype.itemsize
-            for start in range(0, len(tokens), step):
-                top = int(tokens[start:start + step].max())
-                if top >= n_vocab:
-                    raise VerifyError(f"{file.path} holds id {top} near token {start}, n_vocab is {n_vocab}")
+            _check_file(file.path, entry, dtype, file.offset, n_vocab)
         total = int(split.lengths.sum())
         if total != info["tokens"]:
             raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
-        starts = np.fromfile(idx_path, dtype=INDEX_DTYPE)
-        if len(starts) != info["documents"]:
-            raise VerifyError(f"{idx_path} lists {len(starts)} documents, meta.json says {info['documents']}")
-        if len(starts) and (starts[0] != 0 or (np.diff(starts.astype(np.int64)) <= 0).any()
-                            or starts[-1] >= info["tokens"]):
-            raise VerifyError(f"{idx_path} is not a strictly increasing list of offsets inside {split.describe()}")
+        _check_file(idx_path, info["idx"])
+        _check_index(idx_path, info["documents"], info["tokens"], split.describe())
         counts[name] = info["tokens"]
     return counts
 
@@ -94,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         parts = ", ".join(f"{split} {n:,} tokens" for split, n in counts.items())
         print(f"tokpack.verify: {args.folder} is whole ({parts})")
+        removed = remove_leftovers(Path(args.folder))
+        if removed:
+            print(f"tokpack.verify: removed {len(removed)} leftovers of a run killed after it finished "
+                  f"({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})")
         return 0
 
     return run_cli(body)

@@ -3,8 +3,9 @@
     python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024] [--torchrun 1 2]
 
 On one synthetic jsonl corpus, in interleaved rounds: one-thread ``encode_ordinary``, all-thread
-``encode_ordinary_batch``, tokpack.prepare, and the installed peers; then tokpack's peak memory
-in a fresh process. Cost: O(corpus) time, memory bounded by the pieces in flight.
+``encode_ordinary_batch``, tokpack.prepare, the read-and-hash of the input that a resumed run
+adds per kept unit, and the installed peers; then tokpack's peak memory in a fresh process.
+Cost: O(corpus) time, memory bounded by the pieces in flight.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
+from ..prepare.units import input_sha256
 from ..tokenizer import load_encoding
 from . import peers as peer_tools
 from .timing import interleaved, ratio
@@ -80,6 +82,8 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             f"encode_ordinary_batch, {workers} threads":
                 count("batch", lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers)))),
             f"tokpack.prepare, {workers} workers": count("tokpack", lambda: _prepared_tokens(prepare(config))),
+            # What a rerun adds to prove a kept unit's input unchanged: a read and a hash, no tokenizing.
+            "resume check (input re-read and hashed)": lambda: input_sha256([(f, 0, None) for f in files]),
         }
         for processes in torchrun:
             # Whole commands, start-up included: what a user of torchrun waits for.
@@ -123,7 +127,8 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": tokens, "workers": workers,
         "rounds": repeat, "prepare_tok_s": tokens / statistics.median(times[ours]),
         "prepare_vs_1thread": ratio(times, ours, names[0]), "prepare_vs_allcore": ratio(times, ours, names[1]),
-        **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[3:]},
+        "resume_check_over_prepare": ratio(times, ours, names[3]),
+        **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
     }
 

@@ -106,5 +106,6 @@ class DocumentDataset(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         start = int(self.starts[i])
-        ids = torch.from_numpy(self._span(start, start + int(self.lengths[i])).astype(np.int64))
+        tokens = self.split.check_ids(self._span(start, start + int(self.lengths[i])))
+        ids = torch.from_numpy(tokens.astype(np.int64))
         return ids if self.labels is None else (ids, int(self.labels[i]))

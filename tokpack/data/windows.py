@@ -261,6 +261,7 @@ class TokenWindows(Dataset):
         return self._compact(gathered, valid, local)
 
     def _compact(self, gathered: np.ndarray, valid: np.ndarray | None, local: np.ndarray) -> CompactWindows:
+        self.split.check_ids(gathered)
         if self.stride is None:
             return CompactWindows(gathered, None, None, 0)
         return CompactWindows(gathered, valid, local > 0, self.block_size - self.stride)

@@ -11,6 +11,7 @@ gloo is enough.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,41 @@ class Ranks:
         if failed:
             raise ValueError(failed[0])
 
+    def check_same_inputs(self, files: Sequence[Path]) -> None:
+        """Refuse, on every rank and before anything is written, a run whose ranks see other inputs
+        than rank 0 (a glob that matched more files on one, a node whose copy differs): each rank
+        would tokenize its share of its own view. Sizes and mtimes are compared, and rank 0's listing
+        is sent only when the hashes of the views differ."""
+        if self.world == 1:
+            return
+        mine = []
+        for f in files:
+            info = f.stat()
+            mine.append((str(f), info.st_size, info.st_mtime_ns))
+        digests = self.gather(hashlib.sha256(repr(mine).encode("utf-8", "surrogateescape")).hexdigest())
+        if len(set(digests)) == 1:
+            return
+        rank = next(r for r, d in enumerate(digests) if d != digests[0])
+        listings = self.gather(mine if self.rank in (0, rank) else None)
+        reference, other = listings[0], listings[rank]
+        raise ValueError(f"rank {rank} sees other inputs than rank 0 ({_first_difference(reference, other)}); "
+                         "give every rank the same files: shared storage, or copies made with their mtimes "
+                         "(cp -p, rsync -t)")
+
     def units(self, count: int) -> range:
         """This rank's contiguous range of ``count`` units of work."""
         return range(self.rank * count // self.world, (self.rank + 1) * count // self.world)
+
+
+def _first_difference(reference: list[tuple[str, int, int]], other: list[tuple[str, int, int]]) -> str:
+    for (name, size, mtime), (name2, size2, mtime2) in zip(reference, other):
+        if name != name2:
+            return f"input {name} on rank 0, {name2} there"
+        if size != size2:
+            return f"{name} is {size} bytes on rank 0, {size2} there"
+        if mtime != mtime2:
+            return f"{name} was modified at another time"
+    return f"{len(reference)} input files on rank 0, {len(other)} there"
 
 
 def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: int) -> list[tuple[Path, int, int | None]]:

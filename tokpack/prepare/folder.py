@@ -4,24 +4,27 @@
 
 A folder is never written by two runs at once, never overwrites token files another tool wrote
 (without --force), and ends whole (verified, meta.json last) or without meta.json and without
-this run's files.
+this run's files. Its lock is opened without following a link and is never truncated unless it
+holds a pid; nothing but tokpack's own regular files is ever removed.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, META_NAME, SPLITS, read_meta, split_files
+from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, read_meta, remove_own, split_files
 from ..verify import VerifyError, verify_folder
 from . import units
-from .writers import TMP_SUFFIX, HashingWriter, remove_temporaries, write_json_atomic
+from .writers import HashingWriter, remove_temporaries, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.
 TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
@@ -35,8 +38,6 @@ class OutputFolder:
     blocks); a second run into it fails at once naming the holder. Temporary files that killed
     runs left behind are removed. If the run fails, every folder it created is removed again.
     """
-
-    LOCK = ".tokpack.lock"
 
     def __init__(self, path: Path):
         self.path = path
@@ -56,23 +57,18 @@ class OutputFolder:
         except BaseException:
             self._remove_created()
             raise
-        for stale in self.path.glob(f".*{TMP_SUFFIX}"):
-            stale.unlink(missing_ok=True)
+        remove_temporaries(self.path, every_run=True)
         return self
 
     def _acquire(self) -> None:
-        lock_path = self.path / self.LOCK
+        lock_path = self.path / LOCK_NAME
         while True:
-            try:
-                f = open(lock_path, "a+b")
-            except OSError as exc:
-                raise ValueError(f"output folder {self.path} is not writable ({exc.strerror}); "
-                                 "choose a writable --out-dir") from None
+            f = self._open_lock(lock_path)
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                holder = f.read().decode("ascii", "replace").strip() or "unknown"
+                holder = f.read(32).decode("ascii", "replace").strip() or "unknown"
                 f.close()
                 raise ValueError(f"{self.path} is being written by another tokpack.prepare (pid {holder}); "
                                  "wait for it to finish or choose another --out-dir") from None
@@ -80,10 +76,35 @@ class OutputFolder:
             if os.path.exists(lock_path) and os.fstat(f.fileno()).st_ino == os.stat(lock_path).st_ino:
                 break
             f.close()
-        f.truncate(0)
+        f.seek(0)
+        held = f.read(64)
+        if held and not (len(held) < 20 and held.strip().isdigit()):
+            f.close()
+            raise ValueError(f"{lock_path} holds something other than a run's pid, so tokpack did not write it; "
+                             "move it away and rerun")
+        f.seek(0)
+        f.truncate()  # a pid that a killed run left: the lock file is tokpack's own
         f.write(str(os.getpid()).encode())
         f.flush()
         self._lock = f
+
+    @staticmethod
+    def _open_lock(lock_path: Path) -> BinaryIO:
+        """The lock file, opened without following a link and without truncating it."""
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{lock_path} is a link; tokpack opens nothing for writing through a link; "
+                                 "remove the link and rerun") from None
+            raise ValueError(f"output folder {lock_path.parent} is not writable ({exc.strerror}); "
+                             "choose a writable --out-dir") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            raise ValueError(f"{lock_path} is not a plain file of its own (a hard link or a special file); "
+                             "move it away and rerun")
+        return os.fdopen(fd, "r+b")
 
     def _remove_created(self) -> None:
         for folder in self.created:
@@ -96,7 +117,7 @@ class OutputFolder:
         if kind is not None:
             remove_temporaries(self.path)  # even those of writers a signal cut short in their making
         if self._lock is not None:
-            (self.path / self.LOCK).unlink(missing_ok=True)
+            remove_own(self.path / LOCK_NAME)
             self._lock.close()  # closing releases the lock
             self._lock = None
         if kind is not None:
@@ -138,10 +159,10 @@ def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> 
     new = {f["file"] for info in meta["splits"].values() for f in (*split_files(info), info["idx"])}
     stale = _listed_files(out) - new
     # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
-    (out / META_NAME).unlink(missing_ok=True)
+    remove_own(out / META_NAME)
     try:
         for name in stale:  # an earlier run's extra shards must not be read with this run's
-            (out / name).unlink(missing_ok=True)
+            remove_own(out / name)
         for tmp, final in renames:
             os.replace(tmp, final)
         write_json_atomic(out / META_NAME, meta)
@@ -150,9 +171,9 @@ def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> 
         except VerifyError as exc:
             raise ValueError(f"the written folder {out} does not verify ({exc}); check the disk and rerun") from None
     except BaseException:
-        (out / META_NAME).unlink(missing_ok=True)
+        remove_own(out / META_NAME)
         for name in new:
-            (out / name).unlink(missing_ok=True)
+            remove_own(out / name)
         raise
 
 
@@ -160,9 +181,9 @@ def retire(out: Path, keep: set[str]) -> None:
     """Before a run publishes files one by one: meta.json goes first (the folder is incomplete from
     then on), then the token files it listed, but ``keep``, so none is read with the new ones."""
     listed = _listed_files(out)
-    (out / META_NAME).unlink(missing_ok=True)
+    remove_own(out / META_NAME)
     for name in listed - keep:
-        (out / name).unlink(missing_ok=True)
+        remove_own(out / name)
 
 
 def _listed_files(out: Path) -> set[str]:

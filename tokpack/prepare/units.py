@@ -6,12 +6,14 @@ record, and a rerun keeps it.
 
 A unit is a consecutive byte range of the input (``--unit-mb``). When its shards are written it
 first writes ``.tokpack-unit-NNNNN.json`` (a fingerprint of the inputs and every option that
-changes the output, and the size and sha256 of each file), then renames its shards to their
-final names and keeps its document index as a hidden part: a kill between the two leaves a
-record whose files do not verify, never a final name that no record claims. A rerun keeps every
-unit whose record has the same fingerprint and whose files still have those sizes and hashes;
-records of other inputs or options are dropped, with their files, in one warning. The records go
-once meta.json is written.
+changes the output, the sha256 of the unit's input bytes, and the size and sha256 of each file),
+then renames its shards to their final names and keeps its document index as a hidden part: a
+kill between the two leaves a record whose files do not verify, never a final name that no
+record claims. A rerun keeps every unit whose record has the same fingerprint, whose input
+hashes the same (a read, no tokenizing) and whose files still have those sizes and hashes;
+records of other inputs or options are dropped, with their files, in one warning, and a record
+that cannot be read takes only its own unit with it. The records go once meta.json is written.
+Every name a record gives is checked against the names a unit writes before it is used.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import SPLITS, UNIT_RECORD, UNIT_RECORD_GLOB
+from ..format import SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own
 from ..tokenizer import can_cut, encode_in_order
 from .cluster import share_of
 from .config import LLMC_SHARD_TOKENS, Plan
@@ -52,7 +54,7 @@ def _sha256(path: Path) -> str:
 
 # The names a unit writes: its shards (NAME_train_00003_000000.bin, train_000000.bin, ...) and its
 # hidden index part. A record is data on disk and may be forged: any other name in it is refused.
-_UNIT_FILE = re.compile(r"(?:[^/\\\x00]+_)?(?:train|val)_(?:\d{5}_)?\d{6}\.bin|\.(?:train|val)\.idx\.u\d{5}")
+_UNIT_FILE = re.compile(rf"{SHARD_NAME}|\.(?:train|val)\.idx\.u\d{{5}}")
 
 
 def _files(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,18 +67,46 @@ def _files(record: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def _unlink_own(path: Path) -> None:
-    """Remove a file tokpack wrote: a regular file, never a link (nor what it points to)."""
-    if path.is_file() and not path.is_symlink():
-        path.unlink(missing_ok=True)
+def input_sha256(share: list[tuple[Path, int, int | None]]) -> str:
+    """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
+    the byte before ``lo`` (which decides where the first line starts) to the end of the last line
+    starting before ``hi``. A read, not a tokenization: a rerun re-reads it to prove a kept unit's
+    input unchanged, even by an edit of the same length under the old mtime."""
+    digest = hashlib.sha256()
+    for path, lo, hi in share:
+        digest.update(f"{path}\t{lo}\t{hi}\n".encode("utf-8", "surrogateescape"))
+        with open(path, "rb") as f:
+            f.seek(max(lo - 1, 0))
+            left = None if hi is None else hi - max(lo - 1, 0)
+            last = b""
+            while left is None or left > 0:
+                block = f.read(_BLOCK if left is None else min(_BLOCK, left))
+                if not block:
+                    break
+                digest.update(block)
+                last = block[-1:]
+                left = None if left is None else left - len(block)
+            while hi is not None and last not in (b"\n", b""):  # on to the end of the line running past hi
+                block = f.read(_BLOCK)
+                end = block.find(b"\n")
+                digest.update(block if end < 0 else block[:end + 1])
+                last = b"\n" if end >= 0 else block[-1:]
+    return digest.hexdigest()
 
 
-def load(out: Path, unit: int, expected: str) -> dict[str, Any] | None:
-    """The record of ``unit`` if it belongs to this run and its files are intact, else None."""
+_BLOCK = 1 << 20
+
+
+def load(plan: Plan, unit: int) -> dict[str, Any] | None:
+    """The record of ``unit`` if it belongs to this run, its input is unchanged and its files are
+    intact, else None."""
+    out = plan.out
     path = out / UNIT_RECORD.format(unit)
     try:
         record = json.loads(path.read_text("utf-8"))
-        if record.get("fingerprint") != expected or record.get("unit") != unit:
+        if record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
+            return None
+        if record.get("input_sha256") != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
             return None
         for entry in _files(record):
             file = out / entry["file"]
@@ -88,67 +118,82 @@ def load(out: Path, unit: int, expected: str) -> dict[str, Any] | None:
     return record
 
 
-def save(out: Path, unit: int, expected: str, splits: dict[str, Any]) -> dict[str, Any]:
-    record = {"fingerprint": expected, "unit": unit, "splits": splits}
+def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, Any]) -> dict[str, Any]:
+    record = {"fingerprint": expected, "unit": unit, "input_sha256": digest, "splits": splits}
     write_json_atomic(out / UNIT_RECORD.format(unit), record)
     return record
 
 
-def recorded_files(out: Path) -> set[str]:
-    """Every file that unit records in ``out`` name (tokpack's own, whatever their fingerprint)."""
-    names: set[str] = set()
-    for path in out.glob(UNIT_RECORD_GLOB):
-        try:
-            names |= {entry["file"] for entry in _files(json.loads(path.read_text("utf-8")))}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return names
+_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
 
 
-def _records(out: Path, mine: bool, expected: str) -> list[tuple[Path, dict[str, Any]]]:
+def _records(out: Path) -> list[tuple[Path, dict[str, Any] | None, list[str]]]:
+    """Every unit record in ``out``: (path, the record or None when it cannot be read or names a
+    file no unit writes, the files it claims). A broken record claims its unit's files by name."""
     found = []
     for path in sorted(out.glob(UNIT_RECORD_GLOB)):
+        named = _RECORD_NAME.fullmatch(path.name)
+        if not named:
+            continue
         try:
             record = json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
-            record = {}
-        if not isinstance(record, dict):
-            record = {}
-        if (record.get("fingerprint") == expected) == mine:
-            found.append((path, record))
+            names = [entry["file"] for entry in _files(record)]
+            if not isinstance(record.get("fingerprint"), str):
+                raise ValueError("no fingerprint")
+        except _READ_ERRORS:
+            record, names = None, _claimed(out, int(named.group(1)))
+        found.append((path, record, names))
     return found
 
 
+def _claimed(out: Path, unit: int) -> list[str]:
+    """The files that unit ``unit`` writes, found by their names: its tag (unit 0 of a one-unit
+    run has none)."""
+    shard = rf"(?:train|val)_{unit:05d}_\d{{6}}\.bin" + (r"|(?:train|val)_\d{6}\.bin" if unit == 0 else "")
+    own = re.compile(rf"(?:.*_)?(?:{shard})|\.(?:train|val)\.idx\.u{unit:05d}")
+    return sorted(p.name for p in out.iterdir() if _UNIT_FILE.fullmatch(p.name) and own.fullmatch(p.name))
+
+
+def recorded_files(out: Path) -> set[str]:
+    """Every file that unit records in ``out`` claim (tokpack's own, whatever their fingerprint)."""
+    return {name for _, _, names in _records(out) for name in names}
+
+
 def drop_foreign(out: Path, expected: str) -> None:
-    """Remove the records of other inputs or options, and their files, with one warning."""
-    foreign = _records(out, False, expected)
+    """Remove the records of other inputs or options, and their files, with one warning; a record
+    that cannot be read goes with its unit's files, and only that unit is redone."""
+    records = _records(out)
+    broken = [(path, names) for path, record, names in records if record is None]
+    foreign = [(path, names) for path, record, names in records if record is not None
+               and record["fingerprint"] != expected]
+    if broken:
+        warnings.warn(f"unit record{'s' * (len(broken) > 1)} {', '.join(p.name for p, _ in broken)} in {out} "
+                      "cannot be read; those units are redone and the others kept", stacklevel=3)
     if foreign:
         warnings.warn(f"{len(foreign)} unit records in {out} come from a run with other inputs or options; "
                       "that run's work is dropped and this one starts over", stacklevel=3)
-    _remove(out, foreign)
+    _remove(out, broken + foreign)
 
 
 def drop_own(out: Path, expected: str) -> None:
     """Remove this run's records and their files: after a user error nothing is left behind
     (the fix changes the inputs, and so the fingerprint, anyway)."""
-    _remove(out, _records(out, True, expected))
+    _remove(out, [(path, names) for path, record, names in _records(out)
+                  if record is not None and record["fingerprint"] == expected])
 
 
-def _remove(out: Path, records: list[tuple[Path, dict[str, Any]]]) -> None:
-    for path, record in records:
-        try:
-            names = [entry["file"] for entry in _files(record)]
-        except (KeyError, TypeError, ValueError, AttributeError):
-            names = []  # a broken or forged record: only the record itself is ours to remove
+def _remove(out: Path, records: list[tuple[Path, list[str]]]) -> None:
+    for path, names in records:
         for name in names:
-            _unlink_own(out / name)
-        _unlink_own(path)
+            remove_own(out / name)
+        remove_own(path)
 
 
 def clear(out: Path) -> None:
     """The records and index parts of a folder whose meta.json now stands."""
-    for path in [*out.glob(UNIT_RECORD_GLOB), *out.glob(".*.idx.u*")]:
-        _unlink_own(path)
+    for path in [*out.glob(UNIT_RECORD_GLOB), *out.glob(UNIT_INDEX_GLOB)]:
+        remove_own(path)
 
 
 def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
@@ -171,6 +216,8 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
     leader to rename."""
     config, enc, out, files = plan.config, plan.enc, plan.out, plan.files
     share = share_of(files, plan.sizes, unit, plan.units)
+    # Hashed before it is tokenized, which then reads it from the page cache.
+    digest = input_sha256(share)
     docs: Iterator[Iterator[str]] = documents(share, config.errors, config.doc_sep, config.jsonl_key,
                                               config.text_column)
     if plan.single and share:
@@ -203,10 +250,10 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
             else:
                 splits[s] = {"info": info, "idx": idx, "renames": writer.renames()}
         if not plan.sharded:
-            return {"splits": splits}
+            return {"input_sha256": digest, "splits": splits}
         # The record first, then the renames: a run killed between them leaves a record whose files
         # do not verify (the unit is redone) and no final name that no record claims.
-        saved = save(out, unit, plan.fingerprint, splits)
+        saved = save(out, unit, plan.fingerprint, digest, splits)
         for s, writer in writers.items():
             for tmp, final in writer.bin.renames():
                 os.replace(tmp, final)

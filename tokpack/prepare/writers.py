@@ -10,18 +10,19 @@ hash of its text.
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS
+from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, remove_own
 
-TMP_SUFFIX = ".tokpack-tmp"
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
 
@@ -36,10 +37,42 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
-def remove_temporaries(folder: Path) -> None:
-    """This process's temporary files in ``folder``, whatever state its writers were left in."""
-    for tmp in folder.glob(f".*.{os.getpid()}{TMP_SUFFIX}"):
-        tmp.unlink(missing_ok=True)
+@contextlib.contextmanager
+def named_errors(path: Path) -> Iterator[None]:
+    """A write's OSError (a full disk) with the file it was writing, which Python leaves out."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def _close_quietly(f: BinaryIO) -> None:
+    """Close a file being discarded: its unwritten buffer must not raise over the error that
+    discards it (a full disk fails the flush again)."""
+    try:
+        f.close()
+    except OSError:
+        pass
+
+
+def open_new(path: Path) -> BinaryIO:
+    """A file this process creates to write: never through a link and never onto a file that is
+    there already, so tokpack truncates nothing it did not create."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
+                         "if no other run is writing into this folder, remove it and rerun") from None
+    return os.fdopen(fd, "w+b")
+
+
+def remove_temporaries(folder: Path, every_run: bool = False) -> None:
+    """This process's temporary files in ``folder``, whatever state its writers were left in; with
+    ``every_run``, those that killed runs left too."""
+    for tmp in folder.glob(f".*{TMP_SUFFIX}" if every_run else f".*.{os.getpid()}{TMP_SUFFIX}"):
+        remove_own(tmp)
 
 
 class HashingWriter:
@@ -50,18 +83,20 @@ class HashingWriter:
         self.tmp = tmp_path(path)
         self.sha256 = hashlib.sha256()
         self.nbytes = 0
-        self._file: BinaryIO = open(self.tmp, "wb")
+        self._file: BinaryIO = open_new(self.tmp)
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
-        self._file.write(view)
+        with named_errors(self.path):
+            self._file.write(view)
         self.sha256.update(view)
         self.nbytes += len(view)
 
     def close(self) -> dict[str, Any]:
         """Flush to disk and describe the file for meta.json; the caller renames it."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        with named_errors(self.path):
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._file.close()
         return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
 
@@ -70,8 +105,8 @@ class HashingWriter:
         return [(str(self.tmp), str(self.path))]
 
     def discard(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
+        _close_quietly(self._file)
+        remove_own(self.tmp)
 
 
 @dataclass(frozen=True)
@@ -104,7 +139,7 @@ class ShardWriter:
         path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
         self.next_index += 1
         self.paths.append(path)
-        self._file = open(tmp_path(path), "w+b")
+        self._file = open_new(tmp_path(path))
         if self.layout.header:
             self._file.write(bytes(SHARD_HEADER_BYTES))  # filled in when the count is known
         self._count = 0
@@ -114,7 +149,8 @@ class ShardWriter:
             if self._file is None:
                 self._open()
             room = self.shard_tokens - self._count
-            self._file.write(memoryview(data[:room]).cast("B"))  # type: ignore[union-attr]
+            with named_errors(self.paths[-1]):
+                self._file.write(memoryview(data[:room]).cast("B"))  # type: ignore[union-attr]
             self._count += min(room, len(data))
             data = data[room:]
             if self._count == self.shard_tokens:
@@ -128,11 +164,12 @@ class ShardWriter:
             header[:3] = (self.magic, self.version, self._count)
             f.seek(0)
             f.write(header.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+        with named_errors(self.paths[-1]):
+            f.flush()
+            os.fsync(f.fileno())
         f.seek(0)
         digest = hashlib.sha256()
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(1 << 22):
             digest.update(chunk)
         self.shards.append({"file": self.paths[-1].name, "bytes": f.tell(), "sha256": digest.hexdigest(),
                             "tokens": self._count})
@@ -149,9 +186,9 @@ class ShardWriter:
 
     def discard(self) -> None:
         if self._file is not None:
-            self._file.close()
+            _close_quietly(self._file)
         for path in self.paths:
-            tmp_path(path).unlink(missing_ok=True)
+            remove_own(tmp_path(path))
 
 
 @dataclass
@@ -217,8 +254,9 @@ class DocumentBuffer:
     """A document's tokens held until its split is known; large ones spill to disk."""
 
     def __init__(self, folder: Path, seed: int):
-        self.spill_path = folder / f".spill{os.getpid()}.tokpack-tmp"
+        self.spill_path = tmp_path(folder / "spill")
         self.key = seed.to_bytes(8, "little", signed=True)
+        self._spill: BinaryIO | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -226,38 +264,46 @@ class DocumentBuffer:
         self.parts: list[np.ndarray] = []
         self.held = self.spilled = 0
         self.hash = hashlib.blake2b(digest_size=8, key=self.key)
+        if self._spill is not None:
+            self._spill.seek(0)
+            self._spill.truncate()
 
     def add(self, text: bytes, tokens: np.ndarray) -> None:
         self.hash.update(text)
         self.parts.append(tokens)
         self.held += len(tokens)
         if self.held > SPILL_TOKENS:
-            with open(self.spill_path, "ab" if self.spilled else "wb") as f:
+            if self._spill is None:
+                self._spill = open_new(self.spill_path)
+            with named_errors(self.spill_path):
                 for part in self.parts:
-                    f.write(memoryview(part).cast("B"))
+                    self._spill.write(memoryview(part).cast("B"))
             self.spilled += self.held
             self.parts, self.held = [], 0
 
     def drain_into(self, writer: SplitWriter) -> None:
         writer.start_document()
         if self.spilled:
-            dtype = writer.dtype
-            with open(self.spill_path, "rb") as f:
-                while chunk := f.read(SPILL_TOKENS * dtype.itemsize):
-                    writer.write(np.frombuffer(chunk, dtype=dtype))
+            f = self._spill
+            assert f is not None
+            f.seek(0)
+            while chunk := f.read(SPILL_TOKENS * writer.dtype.itemsize):
+                writer.write(np.frombuffer(chunk, dtype=writer.dtype))
         for part in self.parts:
             writer.write(part)
         writer.end_document()
 
     def discard(self) -> None:
-        self.spill_path.unlink(missing_ok=True)
+        if self._spill is not None:
+            _close_quietly(self._spill)
+            self._spill = None
+            remove_own(self.spill_path)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = tmp_path(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
+    with open_new(tmp) as f:
+        f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
