@@ -27,6 +27,8 @@ from tokpack import Split, TokenWindows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
 from tokpack.config import build_config, default_of
 from tokpack.distributed import process_group
+from tokpack.plot import pyplot
+from tokpack.plot.runs import describe_losses, draw_run
 from tokpack.split import open_splits
 from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
 
@@ -76,20 +78,27 @@ def main(argv: list[str] | None = None) -> int:
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f"(default: {default})")
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.pt (default: off)")
+    p.add_argument("--plot", action="store_true",
+                   help="at the end, draw the loss curves into out_dir/losses.png (needs tokpack[plot]; default: off)")
     args = vars(p.parse_args(argv))
-    resume = args.pop("resume")
-    return run_cli(lambda: train(build_config(TrainConfig, args.pop("config"), args), resume))
+    resume, plot = args.pop("resume"), args.pop("plot")
+    return run_cli(lambda: train(build_config(TrainConfig, args.pop("config"), args), resume, plot))
 
 
-def train(c: TrainConfig, resume: bool) -> int:
+def train(c: TrainConfig, resume: bool, plot: bool = False) -> int:
     """Check the inputs, join torchrun's group if launched by it, and train; returns the exit code."""
     out = Path(c.out_dir)
     if resume and not (out / "ckpt.pt").is_file():
         raise FileNotFoundError(f"--resume needs {out / 'ckpt.pt'}, which does not exist; train without --resume first")
+    if plot:
+        pyplot()  # a missing extra is one line now, not after the training
     splits = open_splits(c.data_dir)  # meta.json read once, the splits handed to the loop
     train_split, val_split = splits["train"], splits["val"]
     with process_group(c.device) as place:
-        return _train(c, resume, train_split, val_split, place.rank, place.world_size > 1, place.device)
+        code = _train(c, resume, train_split, val_split, place.rank, place.world_size > 1, place.device)
+    if plot and place.leader:
+        print(f"train_gpt: {out / 'losses.png'} ({describe_losses(draw_run(out, out / 'losses.png'))})")
+    return code
 
 
 def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, rank: int, ddp: bool,

@@ -28,11 +28,11 @@ def corpus(tmp_path):
     return folder
 
 
-def _torchrun(*args, nproc, node=None, port=None):
+def _torchrun(*args, nproc, node=None, port=None, quiet=True):
     launch = ["--standalone"] if node is None else ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
                                                     f"--master-port={port}"]
     return [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
-            "-m", "tokpack.prepare", *args, "--quiet", "--workers", "1"]
+            "-m", "tokpack.prepare", *args, *(["--quiet"] if quiet else []), "--workers", "1"]
 
 
 def _split_bytes(folder, split):
@@ -54,9 +54,11 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     runs = {}
     for world in (2, 3):  # one process under torchrun is the plain run: WORLD_SIZE 1 joins no group
         out = tmp_path / f"w{world}"
-        done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=world),
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=world,
+                                        quiet=world == 2), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
+        if world == 3:  # the summary is rank 0's alone
+            assert done.stdout.count(f"tokpack.prepare -> {out}") == 1, done.stdout
         runs[world] = out
     port = _free_port()
     out = tmp_path / "nodes"

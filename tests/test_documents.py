@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from tokpack.check import resumed, take
 from tokpack.data.documents import DocumentDataset, pad_collate
 from tokpack.data.samplers import BucketBatchSampler, WeightedSampler, inverse_frequency_weights
 from tokpack.data.loader import build_loader
+from tokpack.split import open_split
 from tokpack.tokenizer import load_encoding
 
 
@@ -18,16 +21,63 @@ from tokpack.tokenizer import load_encoding
 def test_pad_collate_right_pads_to_the_longest_with_the_keys_hf_models_take():
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(1, 50, (n,), generator=g) for n in (5, 2, 7, 3)]
-    batch = next(iter(DataLoader(seqs, batch_size=4, collate_fn=pad_collate)))
+    batch = next(iter(DataLoader(seqs, batch_size=4, collate_fn=functools.partial(pad_collate, pad_id=99))))
     assert batch["input_ids"].shape == (4, 7)
     assert batch["attention_mask"].sum(1).tolist() == [5, 2, 7, 3]
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
     assert (batch["labels"][batch["attention_mask"] == 1] == batch["input_ids"][batch["attention_mask"] == 1]).all()
     for row, seq in enumerate(seqs):
         assert torch.equal(batch["input_ids"][row, :len(seq)], seq)
-        assert (batch["input_ids"][row, len(seq):] == 0).all()
-    labelled = pad_collate([(seqs[0], 1), (seqs[1], 0)])
+        assert (batch["input_ids"][row, len(seq):] == 99).all()
+    labelled = pad_collate([(seqs[0], 1), (seqs[1], 0)], pad_id=99)
     assert labelled["labels"].tolist() == [1, 0] and labelled["input_ids"].shape == (2, 5)
+
+
+class CausalClassifier(torch.nn.Module):
+    """GPT2ForSequenceClassification in miniature: a causal model (each position sees only those
+    before it) whose class logits are read at each row's last token that is not ``pad_token_id``."""
+
+    def __init__(self, vocab, pad_token_id):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.emb, self.head = torch.randn(vocab, 8, generator=g), torch.randn(8, 2, generator=g)
+        self.pad_token_id = pad_token_id
+
+    def forward(self, input_ids):
+        T = input_ids.shape[1]
+        hidden = self.emb[input_ids].cumsum(1) / torch.arange(1, T + 1)[None, :, None]
+        logits = hidden @ self.head
+        last = (torch.arange(T) * (input_ids != self.pad_token_id).int()).argmax(-1)
+        return logits[torch.arange(len(input_ids)), last]
+
+
+def test_padded_classification_batches_give_the_logits_of_one_by_one_inputs(prepared):
+    n = len(DocumentDataset(prepared, 10**6, split="val"))
+    docs = DocumentDataset(prepared, 10**6, split="val", labels=[i % 2 for i in range(n)])
+    enc = load_encoding("gpt2")
+    assert docs.pad_id == enc.eot_token  # GPT-2's config has no pad token: the model is given this one
+    model = CausalClassifier(enc.n_vocab, pad_token_id=docs.pad_id)
+    samples = [docs[i] for i in range(8)]
+    assert len({len(ids) for ids, _ in samples}) == 8  # rows of 8 lengths: 7 are padded
+    batch = docs.default_collate_fn(samples)
+    one_by_one = torch.cat([model(ids[None]) for ids, _ in samples])
+    assert torch.allclose(model(batch["input_ids"]), one_by_one, atol=1e-6)
+    # Padding with 0 while the model is told 50256 reads most rows at a padding position.
+    zero_padded = pad_collate(samples, pad_id=0)
+    wrong = (~torch.isclose(model(zero_padded["input_ids"]), one_by_one, atol=1e-6)).any(1)
+    assert wrong.sum() == 7
+    loaded = next(iter(build_loader(docs, 8, shuffle=True)))
+    assert (loaded["input_ids"][loaded["attention_mask"] == 0] == docs.pad_id).all()
+
+
+def test_documents_without_meta_json_need_the_pad_id_named(prepared, tmp_path):
+    for name in ("val.bin", "val.idx"):
+        (tmp_path / name).write_bytes((prepared / name).read_bytes())
+    bare = open_split(tmp_path / "val.bin", dtype="uint16")
+    with pytest.raises(ValueError, match="no meta.json to name its end-of-text id; pass pad_id="):
+        DocumentDataset(bare, 64)
+    assert DocumentDataset(bare, 64, pad_id=7).default_collate_fn([torch.tensor([1, 2]), torch.tensor([3])])[
+        "input_ids"].tolist() == [[1, 2], [3, 7]]
 
 
 # -- documents ---------------------------------------------------------------------------------

@@ -8,28 +8,35 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tiktoken
 import torch
+from torch.nn import functional as F
 
 import tokpack
-from tokpack.evaluation import main, sweep
+from helpers import make_docs
+from tokpack.evaluation import byte_lengths, main, sweep
 from tokpack.split import open_tokens
 from tokpack.models import GPT, GPTConfig, NGram, gpt_checkpoint
 from tokpack.data.loader import build_loader
-from tokpack.tokenizer import load_encoding
+from tokpack.tokenizer import CL100K_PATTERN, load_encoding
 from tokpack.data.windows import TokenWindows
 
 V = 50257
 
 
-def _direct_loss(train: np.ndarray, val: np.ndarray, order: int, k: float = 0.01) -> float:
-    """Mean -log p over every val target, from counts taken with plain Python."""
+def _direct_losses(train: np.ndarray, val: np.ndarray, order: int, k: float = 0.01) -> np.ndarray:
+    """-log p of every val target, from counts taken with plain Python."""
     if order == 1:
         counts = Counter(train.tolist())
-        return -float(np.mean([math.log((counts[t] + k) / (len(train) + k * V)) for t in val[1:].tolist()]))
+        return -np.array([math.log((counts[t] + k) / (len(train) + k * V)) for t in val[1:].tolist()])
     pairs = Counter(zip(train[:-1].tolist(), train[1:].tolist()))
     rows = Counter(train[:-1].tolist())
-    return -float(np.mean([math.log((pairs[(a, b)] + k) / (rows[a] + k * V))
-                           for a, b in zip(val[:-1].tolist(), val[1:].tolist())]))
+    return -np.array([math.log((pairs[(a, b)] + k) / (rows[a] + k * V)) for a, b in zip(val[:-1].tolist(),
+                                                                                           val[1:].tolist())])
+
+
+def _direct_loss(train: np.ndarray, val: np.ndarray, order: int, k: float = 0.01) -> float:
+    return float(np.mean(_direct_losses(train, val, order, k)))
 
 
 @pytest.mark.parametrize("order", [1, 2])
@@ -39,11 +46,14 @@ def test_ngram_losses_match_a_direct_computation(prepared, order, T, S):
     model = NGram(prepared / "train.bin", V, order)
     result = tokpack.evaluate(model, build_loader(TokenWindows(prepared / "val.bin", T, stride=S), 4))
     assert result["tokens"] == len(val) - 1
-    assert result["loss"] == pytest.approx(_direct_loss(train, val, order), rel=1e-6)
+    losses = _direct_losses(train, val, order)
+    assert result["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     assert result["ppl"] == pytest.approx(math.exp(result["loss"]))
     assert result["bits_per_token"] == pytest.approx(result["loss"] / math.log(2))
-    text_bytes = len(load_encoding("gpt2").decode_bytes(val[1:].tolist()))
-    assert result["bits_per_byte"] == pytest.approx(result["loss"] * result["tokens"] / math.log(2) / text_bytes)
+    enc = load_encoding("gpt2")
+    text = val[1:] != enc.eot_token  # bits/byte: the text targets' loss over the text's bytes
+    text_bytes = len(enc.decode_bytes(val[1:][text].tolist()))
+    assert result["bits_per_byte"] == pytest.approx(losses[text].sum() / math.log(2) / text_bytes, rel=1e-6)
 
 
 def test_bigram_beats_unigram(prepared):
@@ -259,3 +269,75 @@ def test_ranks_in_the_environment_without_a_group_are_one_line_from_the_clis(pre
 def test_every_public_name_is_exported_and_visible_to_static_analysis():
     assert set(tokpack.__all__) == {"__version__", *tokpack._EXPORTS}
     assert all(getattr(tokpack, name) is not None for name in tokpack._EXPORTS)
+
+
+# -- bits per byte: nanochat's convention, and the same number through any tokenizer -----------
+
+def _nanochat_bpb(model, loader, token_bytes):
+    """nanochat's evaluate_bpb, as a miniature: the loss of targets with bytes, over their bytes."""
+    total_nats, total_bytes = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            loss2d = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none")
+            y = y.flatten()
+            valid = y >= 0
+            num_bytes = torch.where(valid, token_bytes[torch.where(valid, y, 0)], 0)
+            total_nats += (loss2d * (num_bytes > 0)).sum().item()
+            total_bytes += num_bytes.sum().item()
+    return total_nats / (math.log(2) * total_bytes)
+
+
+def test_bits_per_byte_is_nanochats_evaluate_bpb(prepared):
+    enc = load_encoding("gpt2")
+    token_bytes = torch.tensor([0 if i == enc.eot_token else len(enc.decode_single_token_bytes(i))
+                                for i in range(enc.n_vocab)])
+    model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), seed=3).double().eval()
+    loader = build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4)
+    assert sum(int((y == enc.eot_token).sum()) for _, y in loader) > 5  # end-of-text targets are scored
+    result = tokpack.evaluate(model, loader)
+    assert result["bits_per_byte"] == pytest.approx(_nanochat_bpb(model, loader, token_bytes), rel=1e-9)
+    # Counting <|endoftext|> as its 13 characters, with its loss, gives another number.
+    eot_as_text = byte_lengths(enc) + 13 * (np.arange(enc.n_vocab) == enc.eot_token)
+    as_text = tokpack.evaluate(model, loader, token_bytes=eot_as_text)
+    assert abs(as_text["bits_per_byte"] / result["bits_per_byte"] - 1) > 0.01
+
+
+class ByteUnigram(torch.nn.Module):
+    """A character-level reference seen through a tokenizer: a token's log-probability is the sum
+    of its bytes' log-probabilities, so any tokenization of a text gets the same total."""
+
+    def __init__(self, enc, byte_logp):
+        super().__init__()
+        table = np.full(enc.n_vocab, math.log(0.5))  # special tokens: any value, bits/byte leaves them out
+        for token in range(enc.n_vocab):
+            if token != enc.eot_token:
+                table[token] = sum(byte_logp[b] for b in enc.decode_single_token_bytes(token))
+        self.table = torch.from_numpy(table)
+
+    def target_log_probs(self, idx, targets):
+        return self.table[targets.clamp(min=0)]
+
+
+def test_bits_per_byte_does_not_depend_on_the_tokenizer(tmp_path):
+    gpt2 = load_encoding("gpt2")
+    # A second tokenizer: cl100k's split pattern over gpt2's first 3,000 merges.
+    ranks = {gpt2.decode_single_token_bytes(i): i for i in range(3000)}
+    small = tiktoken.Encoding("small", pat_str=CL100K_PATTERN, mergeable_ranks=ranks,
+                              special_tokens={"<|endoftext|>": 3000})
+    docs = make_docs(40, words=80) + ["naïve café — 日本語 ünïcödé, 12345 's 'll\n\n  tabs\tand  spaces"]
+    text = b"".join(d.encode() for d in docs)
+    counts = np.bincount(np.frombuffer(text, dtype=np.uint8), minlength=256) + 1
+    byte_logp = np.log(counts / counts.sum())
+    expected = -sum(byte_logp[b] for b in text) / math.log(2) / len(text)
+    results = {}
+    for enc in (gpt2, small):
+        ids = [t for d in docs for t in (enc.eot_token, *enc.encode_ordinary(d))]  # --eot prepend: all text scored
+        path = tmp_path / f"{enc.name}.bin"
+        np.asarray(ids, dtype=np.uint16).tofile(path)
+        loader = build_loader(TokenWindows(path, 32, stride=32, dtype="uint16"), 4)
+        model = ByteUnigram(enc, byte_logp)
+        results[enc.name] = (len(ids), tokpack.evaluate(model, loader, token_bytes=byte_lengths(enc)))
+    (n_gpt2, gpt2_result), (n_small, small_result) = results.values()
+    assert n_small > 1.2 * n_gpt2 and abs(small_result["loss"] / gpt2_result["loss"] - 1) > 0.1  # other tokens
+    assert gpt2_result["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
+    assert small_result["bits_per_byte"] == pytest.approx(expected, rel=1e-9)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import ROOT
+from tokpack.plot import png_size
 
 TINY = ["--block-size", "16", "--batch-size", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
         "--warmup-iters", "2", "--eval-interval", "3", "--eval-batch-size", "32", "--log-interval", "100"]
@@ -32,7 +33,9 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     train(prepared, tmp_path / "straight", "--max-iters", str(2 * k))
     train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--stop-at", str(k))
     assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, k + 1))
-    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--resume")
+    done = train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--resume", "--plot")
+    assert f"train_gpt: {tmp_path / 'resumed' / 'losses.png'} ({2 * k} steps, val " in done.stdout
+    assert png_size(tmp_path / "resumed" / "losses.png") == (800, 450)
     straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
     assert [r["step"] for r in straight] == list(range(1, 2 * k + 1))
     assert resumed == straight

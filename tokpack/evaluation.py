@@ -39,10 +39,18 @@ from .tokenizer import load_encoding
 
 @functools.cache
 def token_byte_lengths(encoding: str) -> np.ndarray:
-    """UTF-8 bytes of every token id, so that sums over scored tokens give decoded-text bytes."""
-    enc = load_encoding(encoding)
+    """``byte_lengths`` of an encoding by name, computed once per process."""
+    return byte_lengths(load_encoding(encoding))
+
+
+def byte_lengths(enc: Any) -> np.ndarray:
+    """UTF-8 bytes of the text of every token id of a tiktoken encoding: special tokens (end of
+    text) are not text and count 0, so sums over scored tokens give the bytes of the text alone."""
     lengths = np.zeros(enc.n_vocab, dtype=np.int64)
+    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
     for token in range(enc.n_vocab):
+        if token in specials:
+            continue
         try:
             lengths[token] = len(enc.decode_single_token_bytes(token))
         except KeyError:
@@ -115,6 +123,11 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     the device and are read once at the end (after one all-reduce under torch.distributed), so
     the loop never waits on the host. ``token_bytes`` (bytes per token id) defaults to the
     encoding in meta.json beside the loader's files; without it, bits_per_byte is None.
+
+    Two conventions: ``loss`` (and ppl, bits_per_token) is the mean over every scored target,
+    end-of-text targets included, as a trainer's loss is; ``bits_per_byte`` sums the loss over text
+    targets only and divides by their UTF-8 bytes, special tokens counting 0 bytes (nanochat's
+    ``evaluate_bpb``), so that it compares across tokenizers.
     ``progress`` is called with each batch size.
     """
     device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
@@ -122,7 +135,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
         token_bytes = _byte_lengths_for(loader)
     _check_ids(model, loader, token_bytes)
     lengths = torch.from_numpy(token_bytes).to(device) if token_bytes is not None else None
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    loss_sums = torch.zeros(2, dtype=torch.float64, device=device)  # every target, text targets
     counts = torch.zeros(2, dtype=torch.int64, device=device)  # tokens, bytes
     windows = 0
     score = _scorer(model)
@@ -133,30 +146,33 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
             for x, y in loader:
                 x, y = to_device(x, device), to_device(y, device)
                 scored = y != IGNORE_INDEX
-                loss_sum -= torch.where(scored, score(x, y), 0).sum(dtype=torch.float64)
+                losses = -torch.where(scored, score(x, y), 0)
+                loss_sums[0] += losses.sum(dtype=torch.float64)
                 counts[0] += scored.sum()
                 if lengths is not None:
-                    counts[1] += lengths[y.clamp(min=0)].masked_fill(~scored, 0).sum()
+                    nbytes = lengths[y.clamp(min=0)].masked_fill(~scored, 0)
+                    loss_sums[1] += torch.where(nbytes > 0, losses, 0).sum(dtype=torch.float64)
+                    counts[1] += nbytes.sum()
                 windows += x.shape[0]
                 if progress is not None:
                     progress(x.shape[0])
     finally:
         model.train(was_training)
-    sums = torch.cat([loss_sum.view(1), counts.double(), torch.tensor([windows], dtype=torch.float64, device=device)])
+    sums = torch.cat([loss_sums, counts.double(), torch.tensor([windows], dtype=torch.float64, device=device)])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # One all-reduce after the loop: a rank with fewer windows just arrives earlier, never hangs.
         reduced = sums if torch.distributed.get_backend() == "nccl" else sums.cpu()
         torch.distributed.all_reduce(reduced)
         sums = reduced
-    loss_sum_f, tokens, nbytes, n_windows = sums.cpu().tolist()
+    loss_sum, text_loss_sum, tokens, nbytes, n_windows = sums.cpu().tolist()
     if tokens == 0:
         raise ValueError("the loader yielded no scored tokens; check the split and the block size")
-    loss = loss_sum_f / tokens
+    loss = loss_sum / tokens
     return {
         "loss": loss,
         "ppl": math.exp(loss),
         "bits_per_token": loss / math.log(2),
-        "bits_per_byte": loss_sum_f / math.log(2) / nbytes if lengths is not None and nbytes else None,
+        "bits_per_byte": text_loss_sum / math.log(2) / nbytes if lengths is not None and nbytes else None,
         "tokens": int(tokens),
         "windows": int(n_windows),
     }
@@ -231,15 +247,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--add-k", type=float, default=0.01, help="n-gram smoothing constant (default: 0.01)")
     p.add_argument("--device", default="auto", help="device (default: auto, cuda when present, else cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
+    p.add_argument("--plot", help="also draw loss and bits/byte against stride into this PNG (needs tokpack[plot])")
     args = p.parse_args(argv)
 
     def body() -> int:
+        if args.plot:
+            from .plot import png_path
+
+            png_path(args.plot)  # a missing extra or a bad name is one line before the sweep, not after it
         with process_group(args.device) as place:
             rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
                          args.batch_size, args.add_k, place.device, args.quiet)
         if place.leader:
             print(table(rows, ["model", "split", "block_size", "stride", "loss", "ppl", "bits_per_token",
                                "bits_per_byte", "tokens", "windows"]))
+            if args.plot:
+                from .plot import plot_sweep
+
+                plot_sweep(rows, args.plot)
             print(json.dumps(rows))
         return 0
 

@@ -17,7 +17,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -176,6 +176,23 @@ def megatron_dtype(path: Path) -> np.dtype:
                          "could hold negative or fractional ids); Megatron writes "
                          f"{' or '.join(MEGATRON_TOKEN_DTYPES)}: re-create the dataset")
     return np.dtype(MEGATRON_DTYPES[code])
+
+
+def tmp_path(path: Path) -> Path:
+    """Where ``path`` is written before the rename that publishes it: unique to this process."""
+    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+
+
+def open_new(path: Path) -> BinaryIO:
+    """A file this process creates to write (a temporary name, renamed when complete): never
+    through a link and never onto a file that is there already, so tokpack truncates nothing it
+    did not create."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
+                         "if no other run is writing into this folder, remove it and rerun") from None
+    return os.fdopen(fd, "w+b")
 
 
 def remove_own(path: Path) -> bool:

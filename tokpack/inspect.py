@@ -2,6 +2,8 @@
 
     python -m tokpack.inspect data/sample                       # summary + the first 64 tokens of train
     python -m tokpack.inspect data/sample --split val --at 1000 --count 32
+    python -m tokpack.inspect data/sample --lengths --block-size 1024          # document lengths as text
+    python -m tokpack.inspect data/sample --lengths lengths.png               # and as a figure (tokpack[plot])
 """
 
 from __future__ import annotations
@@ -57,8 +59,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", default="train", help="split to peek into (default: train)")
     p.add_argument("--at", type=int, default=0, help="token offset of the peek (default: 0)")
     p.add_argument("--count", type=int, default=64, help="tokens to decode (default: 64)")
+    p.add_argument("--lengths", nargs="?", const="", metavar="PNG",
+                   help="print document-length statistics per split; with a PNG, also draw their histogram")
+    p.add_argument("--block-size", type=int, default=1024,
+                   help="the block size the long-document share is counted against (default: 1024)")
     args = p.parse_args(argv)
-    return run_cli(lambda: print(describe(args.folder, args.split, args.at, args.count)))
+
+    def body() -> None:
+        if args.lengths is None:
+            print(describe(args.folder, args.split, args.at, args.count))
+            return
+        if args.block_size < 1:
+            raise ValueError(f"--block-size {args.block_size} must be at least 1")
+        from .plot import describe_lengths, plot_lengths, png_path
+
+        if args.lengths:
+            png_path(args.lengths)  # a missing extra or a bad name is one line before the work
+        text, stats = describe_lengths(args.folder, args.block_size)
+        print(text)
+        if args.lengths:
+            print(f"tokpack.inspect: {plot_lengths(stats, args.lengths)}")
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

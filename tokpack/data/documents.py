@@ -5,13 +5,15 @@
     loader = build_loader(docs, 16, seed=0, sampler=BucketBatchSampler(docs.lengths, 16, seed=0))
     batch = next(iter(loader))   # {"input_ids", "attention_mask", "labels"}: (16, T) each
 
-``pad_collate`` right-pads to the batch's longest document; ``BucketBatchSampler`` (in
+``pad_collate`` right-pads to the batch's longest document with the split's end-of-text id
+(``docs.pad_id``: set a Hugging Face model's ``pad_token_id`` to it); ``BucketBatchSampler`` (in
 ``tokpack.data.samplers``) groups documents of similar length so that little of each batch is padding.
 Both keep the loader's seed, workers, pinning and exact resume.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,15 @@ from ..split import Split, open_split, read_index
 from .windows import IGNORE_INDEX
 
 
-def pad_collate(samples: Sequence[Any], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad 1-D id tensors to the longest: the keys Hugging Face models take.
+def pad_collate(samples: Sequence[Any], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad 1-D id tensors to the longest with ``pad_id``: the keys Hugging Face models take.
 
     Plain documents give ``input_ids``, ``attention_mask`` (arange(T) < length) and ``labels``, the
     ids with -100 at padding, as ``*ForCausalLM`` expects (it shifts them itself). (ids, class
     label) pairs give ``labels`` of shape (B,), the class ids, as ``*ForSequenceClassification``
-    expects. Module-level, so spawn and forkserver workers can pickle it.
+    expects. Module-level, so spawn and forkserver workers can pickle it. No default ``pad_id``:
+    a sequence classifier reads each row at its last token that is not ``pad_token_id``, so the
+    padding must be the id the model is told (``DocumentDataset`` gives the encoding's end of text).
     """
     labelled = isinstance(samples[0], (tuple, list))
     seqs = [s[0] for s in samples] if labelled else list(samples)
@@ -56,15 +60,14 @@ class DocumentDataset(Dataset):
     ``inverse_frequency_weights``.
     """
 
-    default_collate_fn = staticmethod(pad_collate)
-
     def __init__(self, path: str | Path | Split, max_length: int, labels: Sequence[int] | None = None,
-                 split: str | None = None):
+                 split: str | None = None, pad_id: int | None = None):
         """Args:
             path: a split's ``.bin``, a prepared folder (with ``split``), or a ``Split`` already opened.
             max_length: the longest a document is served; longer ones are truncated.
             labels: one class id per document, for classification.
             split: the split of a prepared folder.
+            pad_id: the id batches are padded with; None: the encoding's end-of-text id from meta.json.
         """
         if max_length < 1:
             raise ValueError(f"max_length {max_length} must be at least 1")
@@ -79,6 +82,14 @@ class DocumentDataset(Dataset):
             raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.split.describe()}; "
                              "give one per document")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        if pad_id is None:
+            if self.split.meta is None:
+                raise ValueError(f"{self.split.describe()} has no meta.json to name its end-of-text id; pass pad_id= "
+                                 "(the id your model pads with)")
+            pad_id = int(self.split.meta["encoding"]["eot_id"])
+        self.pad_id = pad_id
+        # What build_loader collates with: a partial of a module-level function, so workers pickle it.
+        self.default_collate_fn = functools.partial(pad_collate, pad_id=pad_id)
         self._tokens: list[np.ndarray] | None = None
 
     def fingerprint(self) -> str:

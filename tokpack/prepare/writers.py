@@ -21,7 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, remove_own
+from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
+                      remove_own, tmp_path)
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
@@ -30,11 +31,6 @@ INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .i
 def in_val(text_hash: bytes, val_fraction: float) -> bool:
     """The split rule: a document goes to val when its seeded hash falls under the fraction."""
     return int.from_bytes(text_hash, "big") < val_fraction * 2**64
-
-
-def tmp_path(path: Path) -> Path:
-    """Where ``path`` is written before the rename that publishes it: unique to this process."""
-    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
 @contextlib.contextmanager
@@ -55,17 +51,6 @@ def _close_quietly(f: BinaryIO) -> None:
         f.close()
     except OSError:
         pass
-
-
-def open_new(path: Path) -> BinaryIO:
-    """A file this process creates to write: never through a link and never onto a file that is
-    there already, so tokpack truncates nothing it did not create."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
-                         "if no other run is writing into this folder, remove it and rerun") from None
-    return os.fdopen(fd, "w+b")
 
 
 def remove_temporaries(folder: Path, every_run: bool = False) -> None:

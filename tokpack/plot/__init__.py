@@ -1,0 +1,192 @@
+"""Figures: a sweep's loss and bits/byte against stride, a training run's loss curves, and the
+document lengths of a prepared folder. PNG files, written atomically, readable without tokpack.
+
+    pip install "tokpack[plot]"                                     # matplotlib
+    python -m tokpack.plot out/sample --out losses.png              # train/val loss, n-gram baselines
+    python -m tokpack.evaluate data/sample --model bigram --stride 128 64 --plot sweep.png
+    python -m tokpack.inspect data/sample --lengths lengths.png --block-size 128
+
+Each figure's numbers come from the data and are returned (or printed) too, so that what it
+shows can be checked without looking at it. ``tokpack.plot.runs`` gathers a training run's
+numbers (it imports the evaluation, which this module must not: the evaluation draws with it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..format import open_new, remove_own, tmp_path
+from ..split import Split, open_splits, read_index
+
+FIGSIZE = (8.0, 4.5)  # inches; at DPI, 800 x 450 pixels
+DPI = 100
+
+
+def pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError('plotting needs matplotlib; pip install "tokpack[plot]"') from None
+    matplotlib.use("Agg")  # files only: no display is needed or opened
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png_path(path: str | Path) -> Path:
+    """``path``, checked before any work: a .png name in a folder that exists; and matplotlib there."""
+    pyplot()
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{path} does not end in .png; figures are PNG files, name one NAME.png")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"folder {path.parent} of {path} does not exist; create it or choose another path")
+    return path
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG under a temporary name, renamed when complete."""
+    path = png_path(path)
+    tmp = tmp_path(path)
+    try:
+        with open_new(tmp) as f:
+            fig.savefig(f, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    finally:
+        remove_own(tmp)
+        pyplot().close(fig)
+    return path
+
+
+def plot_sweep(rows: Sequence[dict[str, Any]], path: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
+    """Loss and bits/byte against stride (the context every scored token has: T - S before the
+    window's new targets), one line per model, from ``tokpack.evaluate``'s sweep rows.
+
+    Returns {model: {stride: (loss, bits_per_byte)}}: the points drawn.
+    """
+    plt = pyplot()
+    points: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for row in rows:
+        points[row["model"]][row["stride"]] = (row["loss"], row["bits_per_byte"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
+    for model, by_stride in points.items():
+        strides = sorted(by_stride, reverse=True)
+        for axis, k in ((left, 0), (right, 1)):
+            values = [by_stride[s][k] for s in strides]
+            axis.plot(strides, values, marker="o", label=model)
+            for s, v in zip(strides, values):
+                axis.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(0, 5), ha="center",
+                              fontsize=7)
+    for axis, name in ((left, "loss (nats/token)"), (right, "bits/byte (text only)")):
+        axis.set_xlabel("stride S (smaller: more context per scored token)")
+        axis.set_ylabel(name)
+        axis.invert_xaxis()
+        axis.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    block = sorted({row["block_size"] for row in rows})
+    fig.suptitle(f"{rows[0]['split']} split, block size {', '.join(map(str, block))}")
+    fig.tight_layout()
+    save_png(fig, path)
+    return dict(points)
+
+
+def read_losses(run_dir: str | Path) -> dict[int, float]:
+    """The train loss of every step of a scripts/train_gpt.py run: each rank's ``losses-rankN.jsonl``,
+    merged by step (the mean over ranks, each of which trained on its own batch)."""
+    run_dir = Path(run_dir)
+    logs = sorted(p for p in run_dir.glob("losses-rank*.jsonl") if p.name[len("losses-rank"):-len(".jsonl")].isdigit())
+    if not logs:
+        raise FileNotFoundError(f"{run_dir} holds no losses-rank*.jsonl; train with scripts/train_gpt.py first")
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for log in logs:
+        for number, line in enumerate(log.read_text("utf-8").splitlines(), 1):
+            try:
+                entry = json.loads(line)
+                by_step[int(entry["step"])].append(float(entry["loss"]))
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{log}:{number} is not a {{\"step\", \"loss\"}} line; pass the out_dir of a "
+                                 "scripts/train_gpt.py run") from None
+    return {step: sum(values) / len(values) for step, values in sorted(by_step.items())}
+
+
+def plot_losses(train: dict[int, float], val: dict[int, float], baselines: dict[str, float], path: str | Path,
+                title: str) -> Path:
+    """Train loss per step, val loss per evaluation, and baselines as horizontal lines."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=FIGSIZE)
+    axis.plot(list(train), list(train.values()), lw=0.8, alpha=0.6, label="train (per step, ranks merged)")
+    if val:
+        axis.plot(list(val), list(val.values()), marker="o", label="val")
+        last = max(val)
+        axis.annotate(f"{val[last]:.3f}", (last, val[last]), textcoords="offset points", xytext=(0, 6), ha="center")
+    for (name, loss), style in zip(baselines.items(), ("--", ":", "-.")):
+        axis.axhline(loss, color="gray", ls=style, label=f"{name} baseline {loss:.3f}")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss (nats/token)")
+    everything = [*train.values(), *val.values(), *baselines.values()]
+    axis.set_ylim(min(everything) * 0.9, max(baselines.values(), default=max(everything)) * 1.25)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    axis.set_title(title)
+    fig.tight_layout()
+    return save_png(fig, path)
+
+
+def length_stats(split: Split, block_size: int) -> dict[str, Any]:
+    """Document lengths (tokens, from the split's index) and the share of tokens that lie in
+    documents longer than ``block_size`` + 1: a window of T + 1 tokens starting at a document's
+    start cannot hold them whole, so this share decides between aligned and best-fit packing."""
+    starts = read_index(split)
+    lengths = np.diff(np.append(starts, int(split.lengths.sum())))
+    long = lengths > block_size + 1
+    return {"documents": int(len(lengths)), "tokens": int(lengths.sum()), "min": int(lengths.min()),
+            "median": float(np.median(lengths)), "mean": float(lengths.mean()), "max": int(lengths.max()),
+            "block_size": block_size, "long_documents": int(long.sum()),
+            "long_token_share": float(lengths[long].sum() / lengths.sum()), "lengths": lengths}
+
+
+def describe_lengths(folder: str | Path, block_size: int) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The length statistics of every split of a prepared folder, as text and as numbers."""
+    stats = {name: length_stats(split, block_size) for name, split in open_splits(folder).items()}
+    lines = [f"document lengths in tokens (block size {block_size}):"]
+    for name, s in stats.items():
+        lines.append(f"  {name:5s} {s['documents']:>9,} documents  min {s['min']:,}  median {s['median']:,.0f}  "
+                     f"mean {s['mean']:,.0f}  max {s['max']:,}  {s['long_token_share']:.1%} of tokens in "
+                     f"{s['long_documents']:,} documents longer than {block_size + 1}")
+    return "\n".join(lines), stats
+
+
+def plot_lengths(stats: dict[str, dict[str, Any]], path: str | Path) -> Path:
+    """A histogram of document lengths per split on a log axis, from ``describe_lengths``."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=FIGSIZE)
+    low, top = min(int(s["min"]) for s in stats.values()), max(int(s["max"]) for s in stats.values())
+    bins = np.unique(np.geomspace(low, top + 1, 40).astype(np.int64))
+    block_size = next(iter(stats.values()))["block_size"]
+    for name, s in stats.items():
+        axis.hist(s["lengths"], bins=bins, alpha=0.6,
+                  label=f"{name}: {s['documents']:,} documents, {s['long_token_share']:.1%} of tokens in longer "
+                        f"than {block_size + 1}")
+    axis.axvline(block_size + 1, color="black", ls="--", lw=1, label=f"block size + 1 = {block_size + 1}")
+    axis.set_xscale("log")
+    axis.set_xlabel("document length (tokens, log scale)")
+    axis.set_ylabel("documents")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    return save_png(fig, path)
+
+
+def png_size(path: str | Path) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG header."""
+    head = Path(path).read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path} is not a PNG file")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
