@@ -85,8 +85,8 @@ def test_a_forged_unit_record_deletes_nothing_outside_the_folder_nor_another_too
     verify_folder(out)
 
 
-@pytest.mark.parametrize("name", ["../notes.txt", "/NOTES", ".hidden_train_000000.bin", "train.bin/x",
-                                  "notes.txt"])
+@pytest.mark.parametrize("name", ["../notes.txt", "/NOTES", ".train.bin.123.tokpack-tmp", "train.bin/x",
+                                  "notes.txt", ".train.idx.u00000"])
 def test_meta_json_naming_a_file_tokpack_does_not_write_is_refused_by_every_reader_and_by_prepare(
         prepared, outside, capsys, name):
     meta = json.loads((prepared / "meta.json").read_text())

@@ -314,6 +314,9 @@ def test_llmc_shards_are_the_flat_stream_in_llmc_layout(tmp_path):
     (llmc / names[0]).write_bytes((llmc / names[0]).read_bytes()[:-2])
     with pytest.raises(VerifyError):
         verify_folder(llmc)
+    hidden = tmp_path / ".cache"  # shards named after a hidden folder are still tokpack's own names
+    assert main([str(corpus), "--out-dir", str(hidden), "--format", "llmc", "--quiet"]) == 0
+    assert TokenWindows(hidden, 64, split="train").paths[0].name == ".cache_train_000001.bin"
 
 
 def test_rerun_with_fewer_shards_leaves_no_stale_shard(tmp_path):

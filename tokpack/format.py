@@ -34,8 +34,9 @@ LOCK_NAME = ".tokpack.lock"
 TMP_SUFFIX = ".tokpack-tmp"
 # The names of the token files tokpack writes (flat, bare shards, llm.c shards with the folder's
 # name first) and of its indexes: the only names a meta.json may list, since meta.json is data on
-# disk and may be forged; any other (a path, "..", a hidden file) is refused before it is opened.
-SHARD_NAME = r"(?:[^./\\\x00][^/\\\x00]*_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
+# disk and may be forged; any other (a path, "..", another tool's file) is refused before it is
+# opened. llm.c shards start with the output folder's name, which may itself start with a dot.
+SHARD_NAME = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
 DATA_FILE = re.compile(rf"(?:train|val)\.(?:bin|idx)|{SHARD_NAME}")
 
 # llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
