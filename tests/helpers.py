@@ -4,6 +4,7 @@ and runs paused at an observed event."""
 from __future__ import annotations
 
 import base64
+import json
 import importlib.util
 import os
 import signal
@@ -71,6 +72,19 @@ def write_tiktoken_file(path: Path) -> Path:
     lines = [base64.b64encode(enc.decode_single_token_bytes(rank)) + b" %d" % rank for rank in range(50256)]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
+
+
+def write_spec(folder: Path, name: str = "mytok", pattern: str = "cl100k_base",
+               special_tokens: dict[str, int] | None = None, eot: str = "<|endoftext|>") -> Path:
+    """A spec file ``folder/NAME.toml`` over gpt2's ranks (written beside it as ``NAME.tiktoken``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_tiktoken_file(folder / f"{name}.tiktoken")
+    specials = special_tokens or {"<|endoftext|>": 100257}
+    table = "\n".join(f'"{k}" = {v}' for k, v in specials.items())
+    spec = folder / f"{name}.toml"
+    spec.write_text(f'ranks = "{name}.tiktoken"\npattern = {json.dumps(pattern)}\neot = "{eot}"\n'
+                    f"[special_tokens]\n{table}\n")
+    return spec
 
 
 def prepare_docs(folder: Path, docs: list[str], **options) -> Path:

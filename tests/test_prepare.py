@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import kill, make_docs, paused_at, prepare_cmd, run_module, write_docs, write_tiktoken_file
+from helpers import kill, make_docs, paused_at, prepare_cmd, run_module, write_docs, write_spec, write_tiktoken_file
 from tokpack import corpus as corpus_module
 from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
@@ -157,8 +157,8 @@ BAD_INPUTS = {  # the fragment of the one line -> the command line ({tmp}: the t
     "val split would be empty": ["{tmp}/good", "--val-fraction", "0.0001"],
     "strictly between 0 and 1": ["{tmp}/good", "--val-fraction", "1.5"],
     "unknown encoding 'bogus'": ["{tmp}/good", "--encoding", "bogus"],
-    "uint16 cannot hold encoding 'cl100k_base'": ["{tmp}/good", "--encoding", "{tmp}/cl100k_base.tiktoken",
-                                                  "--dtype", "uint16"],
+    "uint16 cannot hold encoding 'big'": ["{tmp}/good", "--encoding", "{tmp}/big.toml", "--dtype", "uint16"],
+    "named cl100k_base but holds another vocabulary": ["{tmp}/good", "--encoding", "{tmp}/cl100k_base.tiktoken"],
     "cannot create output folder": ["{tmp}/good", "--out-dir", "{tmp}/afile/sub"],
     "lies inside the corpus": ["{tmp}/good", "--out-dir", "{tmp}/good/prepared"],
     "cut.txt.gz is not a readable gzip file": ["{tmp}/cut.txt.gz", "{tmp}/good"],
@@ -179,6 +179,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys, fragm
     (tmp_path / "afile").write_text("x")
     (tmp_path / "ow").mkdir()
     (tmp_path / "ow" / "val.idx").write_text("not a corpus to overwrite")
+    if "'big'" in fragment:
+        write_spec(tmp_path, "big")
     if "cl100k" in fragment:
         write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
     (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(" ".join(map(str, range(5000))).encode())[:100])
@@ -344,11 +346,14 @@ def test_another_tools_token_files_are_never_overwritten_without_force(tmp_path,
 
 
 def test_uint32_summary_names_the_readers_that_work(tmp_path, capsys):
-    big = write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    big = write_spec(tmp_path, "big")
     corpus = write_docs(tmp_path / "c", make_docs(20))
-    assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--encoding", str(big), "--dtype", "uint32"]) == 0
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--encoding", str(big)]) == 0
     note = [line for line in capsys.readouterr().out.splitlines() if "uint32" in line and "note" in line]
     assert len(note) == 1 and "nanoGPT's train.py reads uint16" in note[0] and "--format llmc" in note[0]
+    assert main([str(corpus), "--out-dir", str(tmp_path / "l"), "--encoding", str(big), "--format", "llmc"]) == 0
+    note = [line for line in capsys.readouterr().out.splitlines() if "note" in line]
+    assert len(note) == 1 and "llm.c's C loader and modded-nanogpt read version 1 (uint16) only" in note[0]
 
 
 def test_the_prepare_command_never_loads_torch(tmp_path):
@@ -456,3 +461,30 @@ def test_peak_memory_is_the_same_ceiling_at_10_and_50_mb(tmp_path):
     # that grew with the input would pass 150 MB, or differ by far more than the allocator's noise.
     assert peaks[10] < 150 and peaks[50] < 150, peaks
     assert peaks[50] - peaks[10] < 12, peaks
+
+
+def test_a_spec_encoding_prepares_exact_ids_and_readers_check_its_vocabulary(tmp_path, capsys):
+    pattern = r"""'(?i:[sdtm]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s+(?!\S)|\s+"""
+    spec = write_spec(tmp_path / "tok", "nanotok", pattern, {"<|bos|>": 50256, "<|user_start|>": 50257},
+                      eot="<|bos|>")
+    docs = [f"{doc} in 2026, 12345 items" for doc in make_docs(30, words=400)]
+    corpus = write_docs(tmp_path / "c", docs)
+    out = tmp_path / "out"
+    assert main([str(corpus), "--out-dir", str(out), "--encoding", str(spec), "--eot", "prepend", "--quiet",
+                 "--piece-chars", "64"]) == 0  # tiny pieces: an unproven pattern must still never cut
+    enc = load_encoding(str(spec))
+    meta = read_meta(out)
+    assert meta["encoding"]["name"] == "nanotok" and meta["encoding"]["eot_id"] == 50256
+    expected = {tuple([50256, *enc.encode_ordinary(d)]) for d in docs}
+    for split in ("train", "val"):
+        tokens = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
+        starts = np.fromfile(out / f"{split}.idx", dtype=INDEX_DTYPE).astype(np.int64)
+        got = {tuple(part.tolist()) for part in np.split(tokens, starts[1:])}
+        assert got <= expected
+    assert "decoded: '<|bos|>" in describe(out, "train", count=8)
+    spec.write_text(spec.read_text().replace("50257", "50300"))  # the spec changed after prepare
+    with pytest.raises(SystemExit):
+        from tokpack.evaluation import main as evaluate_main
+        evaluate_main([str(out), "--model", "unigram", "--quiet"])
+    err = capsys.readouterr().err
+    assert "now loads ranks" in err and "n_vocab 50301" in err and "prepare again" in err

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import write_tiktoken_file
+from helpers import write_spec, write_tiktoken_file
 from tokpack import tokenizer
 from tokpack.corpus import pieces
 from tokpack.tokenizer import (
@@ -126,7 +127,7 @@ def test_tampered_gpt2_files_are_refused(tmp_path, monkeypatch):
         tokenizer._bundled_gpt2()
 
 
-@pytest.mark.parametrize("name", sorted(tokenizer.CUT_SAFE_ENCODINGS))
+@pytest.mark.parametrize("name", sorted(tokenizer._LOCAL_FILE_SETTINGS))
 def test_cut_safe_names_carry_the_proven_patterns_in_tiktoken_too(name, monkeypatch):
     # Cutting is allowed by encoding name; tiktoken's own constructor for each name must use the
     # very pattern (and specials) the cut proof covers. The ranks are not needed for that.
@@ -138,22 +139,60 @@ def test_cut_safe_names_carry_the_proven_patterns_in_tiktoken_too(name, monkeypa
     pattern, specials = tokenizer._LOCAL_FILE_SETTINGS[name]
     assert constructor["pat_str"] == pattern and constructor["special_tokens"] == specials
     assert pattern in (tokenizer.R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN)
+    assert pattern in tokenizer.CUT_SAFE_PATTERNS
 
 
 def test_local_tiktoken_file(tmp_path):
     enc = load_encoding(str(write_tiktoken_file(tmp_path / "r50k_base.tiktoken")))
     assert enc.encode_ordinary("local file, same ranks") == GPT2.encode_ordinary("local file, same ranks")
-    with pytest.raises(ValueError, match="name the file after its encoding"):
+    with pytest.raises(ValueError, match="is not named after a known encoding.*spec file"):
         load_encoding(str(write_tiktoken_file(tmp_path / "mystery.tiktoken")))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_encoding(str(tmp_path / "absent.tiktoken"))
+        load_encoding(str(tmp_path / "o200k_base.tiktoken"))
+
+
+def test_a_renamed_vocabulary_is_refused_naming_both_hashes(tmp_path):
+    # gpt2's ranks saved as cl100k_base.tiktoken: cl100k's pattern and ids would be claimed for them.
+    renamed = write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")
+    with pytest.raises(ValueError, match="named cl100k_base but holds another vocabulary .*306cd27f.*, "
+                                         "cl100k_base's 223921b7.*spec file"):
+        load_encoding(str(renamed))
+
+
+def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
+    # nanochat's shape: its own digit-splitting pattern and <|bos|> among several special tokens.
+    pattern = r"""'(?i:[sdtm]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+    spec = write_spec(tmp_path, "nanotok", pattern, {"<|bos|>": 50256, "<|user_start|>": 50257}, eot="<|bos|>")
+    enc = load_encoding(str(spec))
+    assert enc.name == "nanotok" and enc.eot_token == 50256 and enc.n_vocab == 50258
+    assert enc.encode_ordinary("year 2026") != GPT2.encode_ordinary("year 2026")  # digits in pairs
+    assert [enc.decode([t]) for t in enc.encode_ordinary("2026")] == ["20", "26"]
+    assert not tokenizer.can_cut(enc)  # an unproven pattern: documents are encoded whole
+    borrowed = load_encoding(str(write_spec(tmp_path / "b", "borrowed", "cl100k_base")))
+    assert borrowed._pat_str == CL100K_PATTERN and tokenizer.can_cut(borrowed)
+    (tmp_path / "bad.json").write_text(json.dumps({"ranks": "nanotok.tiktoken", "pattern": "r50k_base",
+                                                    "special_tokens": {"<|endoftext|>": 5}, "eot": "<|endoftext|>"}))
+    with pytest.raises(ValueError, match="special token id 5 .* is also a rank"):
+        load_encoding(str(tmp_path / "bad.json"))
+    for text, fragment in (('eot = "<|x|>"', "is not one of its special_tokens"),
+                           ("pattern = '('", "not a valid regex"), ("ranks = 3", "ranks in .* is missing or not a str"),
+                           ("extra = 1", "unknown key 'extra'")):
+        body = spec.read_text()
+        key = text.split(" =")[0]
+        lines = [line for line in body.splitlines() if not line.startswith(f"{key} =")]
+        (tmp_path / "broken.toml").write_text(f"{text}\n" + "\n".join(lines) + "\n")
+        with pytest.raises(ValueError, match=fragment):
+            load_encoding(str(tmp_path / "broken.toml"))
+    write_spec(tmp_path / "c", "cl100k_base")
+    with pytest.raises(ValueError, match="named like the known encoding 'cl100k_base'"):
+        load_encoding(str(tmp_path / "c" / "cl100k_base.toml"))
 
 
 def test_dtype_is_the_narrowest_that_fits(tmp_path):
     assert token_dtype(GPT2) == np.uint16
-    big = load_encoding(str(write_tiktoken_file(tmp_path / "cl100k_base.tiktoken")))
-    assert big.n_vocab == 100277 and token_dtype(big) == np.uint32
-    with pytest.raises(ValueError, match=r"uint16 cannot hold encoding 'cl100k_base'.*65535"):
+    big = load_encoding(str(write_spec(tmp_path, "big")))
+    assert big.n_vocab == 100258 and token_dtype(big) == np.uint32
+    with pytest.raises(ValueError, match=r"uint16 cannot hold encoding 'big'.*65535"):
         token_dtype(big, "uint16")
     assert token_dtype(GPT2, "uint32") == np.uint32
 

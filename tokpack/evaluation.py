@@ -34,13 +34,17 @@ from .data.runtime import rank_world, to_device
 from .data.windows import IGNORE_INDEX, TokenWindows
 from .distributed import process_group
 from .split import Split, open_splits
-from .tokenizer import load_encoding
+from .tokenizer import folder_encoding
+
+
+def token_byte_lengths(meta: dict[str, Any]) -> np.ndarray:
+    """``byte_lengths`` of a prepared folder's encoding, checked against its meta.json."""
+    return _byte_lengths_cached(folder_encoding(meta))
 
 
 @functools.cache
-def token_byte_lengths(encoding: str) -> np.ndarray:
-    """``byte_lengths`` of an encoding by name, computed once per process."""
-    return byte_lengths(load_encoding(encoding))
+def _byte_lengths_cached(enc: Any) -> np.ndarray:
+    return byte_lengths(enc)
 
 
 def byte_lengths(enc: Any) -> np.ndarray:
@@ -61,7 +65,7 @@ def byte_lengths(enc: Any) -> np.ndarray:
 def _byte_lengths_for(loader: Any) -> np.ndarray | None:
     """The encoding's byte lengths, when the loader reads a prepared split (its meta.json names it)."""
     meta = getattr(getattr(getattr(loader, "dataset", None), "split", None), "meta", None)
-    return None if meta is None else token_byte_lengths(meta["options"]["encoding"])
+    return None if meta is None else token_byte_lengths(meta)
 
 
 def _model_vocab(model: torch.nn.Module) -> int | None:
@@ -211,7 +215,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
         raise ValueError("nothing to evaluate; pass --checkpoint CKPT or --model bigram")
     meta = splits[split].meta
     assert meta is not None
-    token_bytes = token_byte_lengths(meta["options"]["encoding"])
+    token_bytes = token_byte_lengths(meta)
     rank = rank_world()[0]
     rows = []
     from tqdm import tqdm

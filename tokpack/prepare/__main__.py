@@ -28,9 +28,13 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
     lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
                  f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
-    if result["dtype"] == "uint32" and result["options"]["format"] == "flat":
-        lines.append("  note: uint32 tokens; nanoGPT's train.py reads uint16 and would misread them. Readers that "
-                     "work: tokpack's TokenWindows, or llm.c's v7 shards via --format llmc")
+    if result["dtype"] == "uint32":
+        # llm.c's C loader (and modded-nanogpt's) accept version 1 headers, uint16, only.
+        lines.append("  note: uint32 tokens. " + (
+            "nanoGPT's train.py reads uint16 and would misread them; tokpack's readers read them, and "
+            "--format llmc writes them as llm.c's version 7 shards" if result["options"]["format"] == "flat" else
+            "These are llm.c's version 7 shards: tokpack and loaders that accept version 7 read them; llm.c's C "
+            "loader and modded-nanogpt read version 1 (uint16) only") + ".")
     return "\n".join(lines)
 
 
