@@ -198,3 +198,51 @@ def test_batches_feed_hugging_face_models_as_keyword_arguments(prepared):
     assert torch.isfinite(CausalLM()(**lm_batch)["loss"])
     with pytest.raises((ValueError, RuntimeError)):  # LM labels are not class labels
         SequenceClassifier()(**lm_batch)
+
+
+# -- other tools' datasets, read by documents ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_a_dataset_megatron_wrote_is_read_by_its_documents(tmp_path, dtype):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 50000, int(n)).astype(dtype) for n in rng.integers(3, 40, 25)]
+    builder = IndexedDatasetBuilder(str(tmp_path / "web_text_document.bin"), dtype=dtype)
+    for doc in docs[:10]:
+        builder.add_document(doc, [len(doc)])
+    for doc in docs[10:]:  # documents of two sentences each, as preprocess_data.py --split-sentences makes
+        half = len(doc) // 2
+        builder.add_document(doc, [half, len(doc) - half])
+    builder.finalize(str(tmp_path / "web_text_document.idx"))
+    ds = DocumentDataset(tmp_path / "web_text_document.bin", 10**6, pad_id=0)
+    assert len(ds) == len(docs) and all(ds[i].tolist() == doc.tolist() for i, doc in enumerate(docs))
+    from tokpack.data.windows import TokenWindows  # the tokens, as windows, as before
+
+    assert TokenWindows(tmp_path / "web_text_document.bin", 8).dtype == np.dtype(dtype)
+    index = tmp_path / "web_text_document.idx"
+    data = bytearray(index.read_bytes())
+    data[-8:] = (999).to_bytes(8, "little")  # the last document index points past the sequences
+    index.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not describe the .* tokens of its .bin"):
+        DocumentDataset(tmp_path / "web_text_document.bin", 10, pad_id=0)
+
+
+def test_llmc_shards_without_an_index_are_read_by_their_leading_end_of_text(tmp_path):
+    from helpers import shard_file
+
+    rng = np.random.default_rng(1)
+    docs = [[50256, *rng.integers(0, 50000, int(n)).tolist()] for n in rng.integers(1, 30, 40)]
+    train = [t for d in docs[5:] for t in d]  # llm.c's fineweb.py: each document starts with <|endoftext|>
+    folder = tmp_path / "fineweb10B"
+    folder.mkdir()
+    shard_file(folder / "fineweb_val_000000.bin", np.array([t for d in docs[:5] for t in d]))
+    shard_file(folder / "fineweb_train_000001.bin", np.array(train[:101]))  # a document runs across shards
+    shard_file(folder / "fineweb_train_000002.bin", np.array(train[101:]))
+    read = DocumentDataset(folder, 10**6, split="train", pad_id=50256)
+    assert [read[i].tolist() for i in range(len(read))] == docs[5:]
+    assert len(DocumentDataset(folder, 10**6, split="val", pad_id=50256)) == 5
+    (folder / "fineweb_train_000001.bin").unlink()
+    shard_file(folder / "fineweb_train_000001.bin", np.array([7, 8, *train[:101]]))  # starts inside a document
+    with pytest.raises(ValueError, match="does not start with token 50256, the document start llm.c"):
+        DocumentDataset(folder, 10**6, split="train", pad_id=50256)

@@ -20,6 +20,7 @@ from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
 from tokpack.format import INDEX_DTYPE, read_meta
 from tokpack.split import open_tokens
+from tokpack.data.documents import DocumentDataset
 from tokpack.inspect import describe
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.prepare.__main__ import main
@@ -488,3 +489,29 @@ def test_a_spec_encoding_prepares_exact_ids_and_readers_check_its_vocabulary(tmp
         evaluate_main([str(out), "--model", "unigram", "--quiet"])
     err = capsys.readouterr().err
     assert "now loads ranks" in err and "n_vocab 50301" in err and "prepare again" in err
+
+
+def test_megatron_format_is_read_by_megatrons_own_indexed_dataset(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    corpus = write_docs(tmp_path / "c", make_docs(40, words=200))
+    out = tmp_path / "mega"
+    assert main([str(corpus), "--out-dir", str(out), "--format", "megatron", "--quiet"]) == 0
+    meta = read_meta(out)
+    for split in ("train", "val"):
+        info = meta["splits"][split]
+        assert info["bin"]["file"] == f"{split}_text_document.bin"
+        assert info["megatron_idx"]["file"] == f"{split}_text_document.idx"
+        theirs = IndexedDataset(str(out / f"{split}_text_document"))
+        ours = DocumentDataset(out, 10**6, split=split)
+        assert len(theirs) == len(ours) == info["documents"] and theirs.index.dtype == np.uint16
+        assert all(theirs[i].tolist() == ours[i].tolist() for i in range(len(ours)))
+    flat = _run(tmp_path, corpus, out="flat")  # the same tokens as the flat format
+    assert (out / "train_text_document.bin").read_bytes() == (flat / "train.bin").read_bytes()
+    verify_folder(out)
+    index = out / "val_text_document.idx"
+    index.write_bytes(index.read_bytes()[:-8] + (5).to_bytes(8, "little"))
+    with pytest.raises(VerifyError, match="val_text_document.idx"):
+        verify_folder(out)
+    with pytest.raises(ValueError, match="--format megatron writes one .bin/.idx pair a split.*--shard-tokens"):
+        PrepareConfig(format="megatron", shard_tokens=1000)

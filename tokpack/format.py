@@ -16,6 +16,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,13 +38,18 @@ TMP_SUFFIX = ".tokpack-tmp"
 # disk and may be forged; any other (a path, "..", another tool's file) is refused before it is
 # opened. llm.c shards start with the output folder's name, which may itself start with a dot.
 SHARD_NAME = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
-DATA_FILE = re.compile(rf"(?:train|val)\.(?:bin|idx)|{SHARD_NAME}")
+DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|{SHARD_NAME}")
+# --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
+MEGATRON_NAME = "{split}_text_document"
 
 # llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
 # magic 20240520 / version 1 for uint16 (GPT-2), 20240801 / version 7 for uint32 (llama-3).
 SHARD_HEADER_BYTES = 256 * 4
 SHARD_VERSIONS = {"uint16": 20240520, "uint32": 20240801}
 SHARD_DTYPE_VERSION = {"uint16": 1, "uint32": 7}
+# The token llm.c's writers (dev/data/fineweb.py) put before every document: GPT-2's <|endoftext|>
+# in version 1 shards, llama-3's <|begin_of_text|> in version 7 ones.
+LLMC_DOCUMENT_START = {"uint16": 50256, "uint32": 128000}
 
 # Megatron-LM's indexed datasets: a flat .bin beside an .idx that starts with this magic,
 # followed by a uint64 version and a one-byte dtype code.
@@ -52,11 +58,18 @@ MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6:
                    8: "uint16"}
 # What Megatron's preprocessing writes for token ids (uint16 under 65,500 ids, else int32).
 MEGATRON_TOKEN_DTYPES = ("uint16", "int32")
+MEGATRON_CODES = {"uint16": 8, "uint32": 4}  # tokpack's widths as Megatron declares them (ids < 2**31)
 
 
 def split_files(info: dict[str, Any]) -> list[dict[str, Any]]:
     """A split's token files as meta.json lists them: one flat ``bin``, or llm.c ``shards``."""
     return info["shards"] if "shards" in info else [info["bin"]]
+
+
+def every_file(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every file a split's meta.json entry lists: token files, the index, and with --format
+    megatron Megatron's index."""
+    return [*split_files(info), info["idx"], *([info["megatron_idx"]] if "megatron_idx" in info else [])]
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
@@ -105,7 +118,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     for name, info in splits.items():
         if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
             return f"split {name!r} needs tokens and documents counts"
-        entries = [info.get("idx"), info.get("bin"), *(info["shards"] if isinstance(info.get("shards"), list) else [])]
+        entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"),
+                   *(info["shards"] if isinstance(info.get("shards"), list) else [])]
         for entry in entries:
             file = entry.get("file") if isinstance(entry, dict) else None
             if isinstance(file, str) and not DATA_FILE.fullmatch(file):
@@ -118,6 +132,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
                 return f"split {name!r} has invalid shards"
         elif bad_file(info.get("bin")):
             return f"split {name!r} has no valid bin entry"
+        if "megatron_idx" in info and bad_file(info["megatron_idx"]):
+            return f"split {name!r} has an invalid megatron_idx entry"
     return None
 
 
@@ -194,6 +210,50 @@ def open_new(path: Path) -> BinaryIO:
         raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
                          "if no other run is writing into this folder, remove it and rerun") from None
     return os.fdopen(fd, "w+b")
+
+
+def megatron_document_starts(index: Path, tokens: int, itemsize: int) -> np.ndarray:
+    """The token offset of every document of a Megatron ``.idx`` (MMIDIDX version 1: dtype code,
+    sequence and document counts, int32 sequence lengths, int64 byte pointers, int64 document
+    indices), checked against the ``tokens`` of its ``.bin``."""
+    raw = np.memmap(index, dtype=np.uint8, mode="r")
+    head = len(MEGATRON_MAGIC) + 8 + 1 + 16
+    fix = "re-create it with Megatron's preprocess_data.py or python -m tokpack.prepare --format megatron"
+    if len(raw) < head or bytes(raw[:len(MEGATRON_MAGIC)]) != MEGATRON_MAGIC:
+        raise ValueError(f"{index} is not a Megatron index (no MMIDIDX header); {fix}")
+    version, = np.frombuffer(raw[9:17], dtype="<u8")
+    sequences, documents = (int(v) for v in np.frombuffer(raw[18:34], dtype="<u8"))
+    if version != 1 or len(raw) < head + sequences * 12 + documents * 8 or documents < 1:
+        raise ValueError(f"{index} declares version {version}, {sequences} sequences and {documents - 1} documents, "
+                         f"which its {len(raw)} bytes do not hold; {fix}")
+    lengths = np.frombuffer(raw[head:head + 4 * sequences], dtype="<i4").astype(np.int64)
+    pointers = np.frombuffer(raw[head + 4 * sequences:head + 12 * sequences], dtype="<i8")
+    document_indices = np.frombuffer(raw[head + 12 * sequences:head + 12 * sequences + 8 * documents], dtype="<i8")
+    expected = np.concatenate([[0], np.cumsum(lengths[:-1])]) * itemsize
+    if ((lengths <= 0).any() or not np.array_equal(pointers, expected) or lengths.sum() != tokens
+            or document_indices[0] != 0 or document_indices[-1] != sequences or (np.diff(document_indices) <= 0).any()):
+        raise ValueError(f"{index} does not describe the {tokens} tokens of its .bin in order (lengths, pointers or "
+                         f"document indices disagree); {fix}")
+    return pointers[document_indices[:-1]] // itemsize
+
+
+def write_megatron_index(write: Callable[[bytes], Any], starts_file: Path, documents: int, tokens: int,
+                         dtype: np.dtype, chunk: int = 1 << 20) -> None:
+    """A Megatron ``.idx``, one sequence a document as Megatron's preprocess_data.py writes it, for
+    the documents whose starts a tokpack ``.idx`` holds; streamed ``chunk`` documents at a time."""
+    write(MEGATRON_MAGIC + np.array([1], "<u8").tobytes() + bytes([MEGATRON_CODES[dtype.name]])
+          + np.array([documents, documents + 1], "<u8").tobytes())
+    for section in ("lengths", "pointers"):
+        for lo in range(0, documents, chunk):
+            count = min(chunk, documents - lo)
+            starts = np.fromfile(starts_file, dtype=INDEX_DTYPE, count=count + 1, offset=lo * 8).astype(np.int64)
+            if section == "lengths":
+                ends = starts[1:] if len(starts) > count else np.append(starts[1:], tokens)
+                write((ends - starts[:count]).astype("<i4").tobytes())
+            else:
+                write((starts[:count] * dtype.itemsize).astype("<i8").tobytes())
+    for lo in range(0, documents + 1, chunk):
+        write(np.arange(lo, min(lo + chunk, documents + 1), dtype="<i8").tobytes())
 
 
 def remove_own(path: Path) -> bool:

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .format import (INDEX_DTYPE, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB, foreign_format, megatron_dtype,
-                     read_meta, shard_header, split_files)
+from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, MEGATRON_MAGIC, META_NAME, SHARD_HEADER_BYTES,
+                     UNIT_RECORD_GLOB, foreign_format, megatron_document_starts, megatron_dtype, read_meta,
+                     shard_header, split_files)
 
 
 @dataclass(frozen=True)
@@ -324,14 +325,42 @@ def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFi
 
 
 def read_index(split: Split) -> np.ndarray:
-    """The split's document starts (int64), checked to be strictly increasing from 0 inside it."""
+    """The split's document starts (int64), checked to be strictly increasing from 0 inside it: from
+    tokpack's ``.idx``, a Megatron ``.idx`` (MMIDIDX) beside a ``.bin``, or, for llm.c shards with
+    no index, the token that starts every document in llm.c's own writers (O(tokens) to find)."""
     index = split.index_path()
-    if not index.is_file():
-        raise FileNotFoundError(f"{index} is missing: documents need the index that tokpack.prepare writes "
-                                "beside each .bin; rerun python -m tokpack.prepare")
     n = int(split.lengths.sum())
+    if split.meta is None and index.is_file() and _is_megatron(index):
+        return megatron_document_starts(index, n, split.dtype.itemsize)
+    if split.meta is None and not index.is_file() and all(f.offset == SHARD_HEADER_BYTES for f in split.files):
+        return _llmc_document_starts(split)
+    if not index.is_file():
+        fix = ("rerun python -m tokpack.prepare --force" if split.meta is not None else
+               "prepare the corpus with python -m tokpack.prepare, which writes it beside each .bin")
+        raise FileNotFoundError(f"{index} is missing: documents need the index of {split.describe()}; {fix}")
     starts = np.fromfile(index, dtype=INDEX_DTYPE).astype(np.int64)
     if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n:
         raise ValueError(f"{index} is not a strictly increasing list of document starts inside {split.describe()} "
                          f"({n} tokens); rerun python -m tokpack.prepare --force")
+    return starts
+
+
+def _is_megatron(index: Path) -> bool:
+    with open(index, "rb") as f:
+        return f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC
+
+
+def _llmc_document_starts(split: Split) -> np.ndarray:
+    """Where llm.c's writers start each document: with GPT-2's <|endoftext|> in version 1 shards,
+    llama-3's <|begin_of_text|> in version 7 ones. A split that does not start with it is refused."""
+    marker = LLMC_DOCUMENT_START[split.dtype.name]
+    found, offset = [], 0
+    for tokens in split.open():
+        for lo in range(0, len(tokens), 1 << 24):
+            found.append(np.flatnonzero(tokens[lo:lo + (1 << 24)] == marker) + offset + lo)
+        offset += len(tokens)
+    starts = np.concatenate(found).astype(np.int64)
+    if len(starts) == 0 or starts[0] != 0:
+        raise ValueError(f"{split.describe()} has no .idx and does not start with token {marker}, the document "
+                         "start llm.c's writers put first; prepare it with python -m tokpack.prepare --format llmc")
     return starts

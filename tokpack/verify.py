@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import INDEX_DTYPE, read_meta, remove_leftovers, split_files
+from .format import INDEX_DTYPE, megatron_document_starts, read_meta, remove_leftovers, split_files
 from .split import open_splits
 
 CHUNK_BYTES = 1 << 22  # verify streams: memory is this, not the size of a file
@@ -89,6 +89,15 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
             raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
         _check_file(idx_path, info["idx"])
         _check_index(idx_path, info["documents"], info["tokens"], split.describe())
+        if "megatron_idx" in info:  # Megatron's index must name the very same documents
+            megatron = folder / info["megatron_idx"]["file"]
+            _check_file(megatron, info["megatron_idx"])
+            try:
+                starts = megatron_document_starts(megatron, info["tokens"], dtype.itemsize)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            if not np.array_equal(starts, np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)):
+                raise VerifyError(f"{megatron} names other documents than {idx_path}")
         counts[name] = info["tokens"]
     return counts
 

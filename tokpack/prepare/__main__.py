@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
     p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
     p.add_argument("--format", choices=FORMATS, help=f"flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / "
-                   f"modded-nanogpt shards NAME_train_000001.bin, ... (default: {d('format')})")
+                   f"modded-nanogpt shards NAME_train_000001.bin, ...; megatron: Megatron-LM's indexed datasets "
+                   f"train_text_document.bin/.idx (default: {d('format')})")
     p.add_argument("--shard-tokens", type=int, help=f"write each split as shards of at most N tokens (default: "
                    f"{d('shard_tokens')}: llm.c's {LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
     p.add_argument("--unit-mb", type=float, help=f"input MB per resumable unit of a sharded run: a rerun keeps "

@@ -17,7 +17,7 @@ import numpy as np
 
 LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 EOT_MODES = ("auto", "append", "prepend", "none")
-FORMATS = ("flat", "llmc")
+FORMATS = ("flat", "llmc", "megatron")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class PrepareConfig:
             raise ValueError(f"--workers {self.workers} is negative; use 0 for all cores")
         if self.format not in FORMATS:
             raise ValueError(f"--format {self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.format == "megatron" and self.shard_tokens:
+            raise ValueError(f"--format megatron writes one .bin/.idx pair a split, not shards of "
+                             f"{self.shard_tokens} tokens; drop --shard-tokens")
         if self.shard_tokens < 0:
             raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
         if not self.unit_mb > 0:

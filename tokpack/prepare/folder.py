@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, read_meta, remove_own, split_files
+from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta, remove_own
 from ..verify import VerifyError, verify_folder
 from . import units
 from .writers import HashingWriter, remove_temporaries, write_json_atomic
@@ -156,7 +156,7 @@ def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> 
     If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
     and none of this run's token files.
     """
-    new = {f["file"] for info in meta["splits"].values() for f in (*split_files(info), info["idx"])}
+    new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
     stale = _listed_files(out) - new
     # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
     remove_own(out / META_NAME)
@@ -192,7 +192,7 @@ def _listed_files(out: Path) -> set[str]:
         splits = read_meta(out)["splits"]
     except (OSError, ValueError):
         return set()
-    return {f["file"] for info in splits.values() for f in info.get("shards", [info.get("bin", {})]) if "file" in f}
+    return {f["file"] for info in splits.values() for f in every_file(info)}
 
 
 def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], merge: bool) -> None:

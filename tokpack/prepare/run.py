@@ -155,6 +155,9 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
                   ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.stat().st_size for p in files}
     sharded = llmc or bool(config.shard_tokens) or world > 1
+    if config.format == "megatron" and sharded:
+        raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
+                         f"without torchrun (this is {world} processes), or use --format flat or llmc")
     count = max(world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
     inputs = _describe_inputs(groups, sizes)
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
@@ -237,6 +240,8 @@ def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, A
         info = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
         if "bin" in infos[0]:
             info["bin"] = infos[0]["bin"]
+            if "megatron_idx" in infos[0]:
+                info["megatron_idx"] = infos[0]["megatron_idx"]
         else:
             info["shards"] = [shard for i in infos for shard in i["shards"]]
         splits[split] = info

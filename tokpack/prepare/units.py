@@ -33,11 +33,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own
+from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own,
+                      write_megatron_index)
 from ..tokenizer import can_cut, encode_in_order
 from .cluster import share_of
 from .config import LLMC_SHARD_TOKENS, Plan
-from .writers import DocumentBuffer, ShardLayout, SplitWriter, in_val, write_json_atomic
+from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, in_val, write_json_atomic
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -236,9 +237,11 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
                              plan.workers, config.piece_chars)
     writers: dict[str, SplitWriter] = {}
     try:
+        megatron = config.format == "megatron"
         for s in SPLITS:
             writers[s] = SplitWriter(out, s, plan.dtype, plan.eot, enc.eot_token, layout(plan, s, unit),
-                                     f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx")
+                                     f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx",
+                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
         tokenize(stream, writers, DocumentBuffer(out, config.seed), plan, sum(plan.sizes[f] for f, _, _ in share))
         splits = {}
         for s, writer in writers.items():
@@ -249,6 +252,11 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
                 splits[s] = {"info": info, "idx": idx}
             else:
                 splits[s] = {"info": info, "idx": idx, "renames": writer.renames()}
+                if megatron:  # Megatron's own index beside tokpack's, from the starts just written
+                    index = HashingWriter(out / f"{MEGATRON_NAME.format(split=s)}.idx")
+                    write_megatron_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
+                    info["megatron_idx"] = index.close()
+                    splits[s]["renames"] += index.renames()
         if not plan.sharded:
             return {"input_sha256": digest, "splits": splits}
         # The record first, then the renames: a run killed between them leaves a record whose files

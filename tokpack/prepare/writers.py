@@ -188,6 +188,7 @@ class SplitWriter:
     eot_id: int
     layout: ShardLayout | None = None
     idx_name: str = ""
+    bin_name: str = ""
     tokens: int = 0
     documents: int = 0
 
@@ -196,7 +197,7 @@ class SplitWriter:
         if self.layout is not None:
             self.bin = ShardWriter(self.folder, self.layout, self.dtype)
         else:
-            self.bin = HashingWriter(self.folder / f"{self.split}.bin")
+            self.bin = HashingWriter(self.folder / (self.bin_name or f"{self.split}.bin"))
         self.idx = HashingWriter(self.folder / (self.idx_name or f"{self.split}.idx"))
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
