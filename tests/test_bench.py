@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 
-from helpers import run_module
+from helpers import run_module, write_gpt2_tokenizer
 
 
 def test_bench_prepare_runs_and_reports_ratios(tmp_path):
-    done = run_module("tokpack.bench", "prepare", "--mb", "0.5", "--repeat", "1", "--no-peers", cwd=tmp_path)
+    tokenizer = write_gpt2_tokenizer(tmp_path / "gpt2-hf")
+    done = run_module("tokpack.bench", "prepare", "--mb", "0.5", "--repeat", "1", "--no-peers",
+                      "--tokenizer", str(tokenizer), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {"prepare_vs_allcore", "prepare_vs_1thread", "prepare_peak_rss_mb"} <= set(figures)
+    assert {"prepare_vs_allcore", "prepare_vs_1thread", "prepare_peak_rss_mb", "resume_check_over_prepare",
+            "hf_prepare_vs_encode_batch", "hf_prepare_peak_rss_mb"} <= set(figures)
     assert figures["tokens"] > 100_000 and "tokpack time / this" in done.stdout
 
 

@@ -12,7 +12,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import write_spec, write_tiktoken_file
+from helpers import ADVERSARIAL_ATOMS, write_spec, write_tiktoken_file
 from tokpack import tokenizer
 from tokpack.corpus import pieces
 from tokpack.tokenizer import (
@@ -35,11 +35,7 @@ ENCODINGS = {
                                        special_tokens={"<|endoftext|>": 50256}),
 }
 
-# Runs of spaces and newlines, digits, punctuation, contractions, marks and non-Latin scripts.
-ATOMS = [" ", "  ", "\n", "\n\n", "\r\n", "\t", " \n ", "'s", "'ll", "'VE", "don't", "123", "4567890",
-         "!", "?!", "...", "—", "(", ")", "$", "a", "Word", "ünï", "東京", "привет", "ا", "\u0301",
-         "\u00a0", "\u3000", "<|endoftext|>", "😀", "x1", "_", "#", "//", "\u2028"]
-adversarial = st.lists(st.sampled_from(ATOMS), min_size=1, max_size=80).map("".join)
+adversarial = st.lists(st.sampled_from(ADVERSARIAL_ATOMS), min_size=1, max_size=80).map("".join)
 
 
 def _pretokens(enc: tiktoken.Encoding, text: str) -> list[str]:

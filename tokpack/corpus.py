@@ -346,6 +346,10 @@ def pieces(docs: Iterator[Iterator[str]], piece_chars: int, cut_inside: bool) ->
                     break
                 yield Piece(number, buffer[:at], False)
                 buffer, searched = buffer[at:], 0
+        if not cut_inside and len(buffer) > UNCUT_WARN_CHARS:
+            warnings.warn(f"document {number} holds over {UNCUT_WARN_CHARS:,} characters, and this encoding is "
+                          "never cut inside a document; it is encoded whole, which takes about "
+                          f"{UNCUT_BYTES_PER_CHAR} bytes of memory per character", stacklevel=2)
         if buffer:
             yield Piece(number, buffer, True)
             number += 1

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +55,17 @@ def synthetic_corpus(folder: Path, megabytes: float, shard_mb: float = 16) -> li
     return docs
 
 
-def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int) -> dict[str, Any]:
+def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int, encoding: str = "gpt2") -> dict[str, Any]:
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], workers=int(sys.argv[3]), "
-            "quiet=True)); print(json.dumps(r['stats']))")
-    done = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(workers)],
+            "encoding=sys.argv[4], quiet=True)); print(json.dumps(r['stats']))")
+    done = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(workers), encoding],
                           check=True, capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
-                  peers: bool, torchrun: Sequence[int] = ()) -> dict[str, Any]:
+                  peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None) -> dict[str, Any]:
     enc = load_encoding("gpt2")
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
@@ -85,6 +86,11 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             # What a rerun adds to prove a kept unit's input unchanged: a read and a hash, no tokenizing.
             "resume check (input re-read and hashed)": lambda: input_sha256([(f, 0, None) for f in files]),
         }
+        if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
+            hf = load_encoding(tokenizer)
+            hf_config = replace(config, encoding=tokenizer, out_dir=str(Path(tmp) / "hf"))
+            runs["tokenizers encode_batch (raw)"] = count("hf_raw", lambda: sum(map(len, hf.encode_batch(docs))))
+            runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
         for processes in torchrun:
             # Whole commands, start-up included: what a user of torchrun waits for.
             runs[f"python -m tokpack.prepare, 1 process x {workers} threads"] = _command(
@@ -108,11 +114,14 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                     runs[f"{name}, {workers} workers"] = fn
         times = interleaved(runs, repeat)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
+        assert counts.get("hf_raw") == counts.get("hf"), counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
             synthetic_corpus(rss_corpus, rss_megabytes)
         rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers)["peak_rss_mb"]
+        hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
+                  if tokenizer else None)
     tokens = counts["one"]
     ours = f"tokpack.prepare, {workers} workers"
     rows = [{"run": name, "seconds": statistics.median(t), "tokens/s": tokens / statistics.median(t),
@@ -121,15 +130,20 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
     print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {tokens:,} tokens; "
           f"medians of {repeat} interleaved rounds")
     print(table(rows, ["run", "seconds", "tokens/s", "tokpack time / this"]))
-    print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB")
+    print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB"
+          + (f"; with --tokenizer {hf_rss:.0f} MB" if hf_rss else ""))
     names = list(times)
     return {
         "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": tokens, "workers": workers,
         "rounds": repeat, "prepare_tok_s": tokens / statistics.median(times[ours]),
         "prepare_vs_1thread": ratio(times, ours, names[0]), "prepare_vs_allcore": ratio(times, ours, names[1]),
         "resume_check_over_prepare": ratio(times, ours, names[3]),
-        **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]},
+        **({"hf_prepare_vs_encode_batch": ratio(times, "tokpack.prepare --tokenizer", "tokenizers encode_batch (raw)")}
+           if tokenizer else {}),
+        **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
+           if not n.startswith(("tokenizers", "tokpack.prepare --tokenizer"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
+        **({"hf_prepare_peak_rss_mb": hf_rss} if tokenizer else {}),
     }
 
 

@@ -44,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
                    "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
     p.add_argument("--out-dir", help="output folder (default: data/sample for the sample, else data/<first input's stem>)")
-    p.add_argument("--encoding", help=f"tiktoken encoding name or .tiktoken file (default: {d('encoding')})")
+    p.add_argument("--encoding", help=f"tiktoken encoding name, NAME.tiktoken file or spec file (.toml/.json) "
+                   f"(default: {d('encoding')})")
+    p.add_argument("--tokenizer", dest="encoding", help="a Hugging Face tokenizer.json, or its folder (needs "
+                   "tokpack[hf]); instead of --encoding")
+    p.add_argument("--eot-token", help="the special token that ends (or, with --eot prepend, starts) each document, "
+                   "when a tokenizer.json's config does not name it (default: from the config)")
     p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "
                    "the narrowest that holds every id)")
     p.add_argument("--val-fraction", type=float, help=f"share of documents (or of a lone document's tail) "

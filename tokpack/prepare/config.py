@@ -27,6 +27,7 @@ class PrepareConfig:
     inputs: tuple[str, ...] = ()
     out_dir: str | None = None
     encoding: str = "gpt2"
+    eot_token: str | None = None
     dtype: str = "auto"
     val_fraction: float = 0.1
     seed: int = 1337
@@ -66,7 +67,7 @@ class PrepareConfig:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
 
     def output_options(self) -> dict[str, Any]:
-        keys = ("encoding", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
+        keys = ("encoding", "eot_token", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
                 "format", "shard_tokens", "unit_mb")
         return {k: getattr(self, k) for k in keys}
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
 from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own,
                       write_megatron_index)
-from ..tokenizer import can_cut, encode_in_order
+from ..tokenizer import HFEncoding, can_cut, encode_in_order
 from .cluster import share_of
 from .config import LLMC_SHARD_TOKENS, Plan
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, in_val, write_json_atomic
@@ -232,9 +232,15 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
                 f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
             )
         docs = iter(split_runs(next(docs), cut))
-    stream = encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)),
-                             lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(plan.dtype),
-                             plan.workers, config.piece_chars)
+    if isinstance(enc, HFEncoding):  # the library's batch encoding uses every core itself
+        def encode(texts: list[str]) -> list[np.ndarray]:
+            return [ids.astype(plan.dtype) for ids in enc.encode_batch(texts)]
+        workers = 1
+    else:
+        def encode(texts: list[str]) -> list[np.ndarray]:
+            return [enc.encode_to_numpy(text, disallowed_special=()).astype(plan.dtype) for text in texts]
+        workers = plan.workers
+    stream = encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, config.piece_chars)
     writers: dict[str, SplitWriter] = {}
     try:
         megatron = config.format == "megatron"

@@ -29,6 +29,9 @@ import regex
 import tiktoken
 import tiktoken.load
 
+from .hf import TOKENIZER_FILE, HFEncoding, is_hf_tokenizer
+from .patterns import CL100K_PATTERN, O200K_PATTERN, R50K_PATTERN
+
 ENDOFTEXT = "<|endoftext|>"
 P = TypeVar("P")
 
@@ -36,24 +39,6 @@ P = TypeVar("P")
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
-# Split patterns of the public encodings. A local .tiktoken file holds ranks only, so its
-# pattern and special tokens come from the encoding its file name names.
-R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
-    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
-O200K_PATTERN = "|".join(
-    [
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    ]
-)
 _CL100K_SPECIALS = {
     ENDOFTEXT: 100257,
     "<|fim_prefix|>": 100258,
@@ -167,7 +152,7 @@ def _from_spec(path: Path) -> tiktoken.Encoding:
     spec), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
     ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts documents).
     Only text is read: a tokenizer is never unpickled."""
-    from .config import load_toml
+    from ..config import load_toml
 
     if not path.is_file():
         raise FileNotFoundError(f"encoding spec {path} does not exist; pass an existing .toml or .json spec")
@@ -232,21 +217,30 @@ def _from_tiktoken(name: str) -> tiktoken.Encoding:
         socket.setdefaulttimeout(previous)
 
 
-def load_encoding(name: str) -> tiktoken.Encoding:
+def load_encoding(name: str, eot_token: str | None = None) -> tiktoken.Encoding:
     """A tiktoken encoding by name (``gpt2`` works offline), by ``NAME.tiktoken`` file path, or by
-    spec file path (``.toml`` / ``.json``). Loaded once per process, and again if the file changes."""
+    spec file path (``.toml`` / ``.json``); or a Hugging Face ``tokenizer.json`` (or its folder),
+    whose end-of-text token ``eot_token`` names when its config does not. Loaded once per process,
+    and again if the file changes."""
+    hf = is_hf_tokenizer(name)
+    if eot_token is not None and not hf:
+        raise ValueError(f"--eot-token applies to Hugging Face tokenizers; {name!r} names its own end of text "
+                         "(a spec file's eot key)")
     stamp = None
-    if name.endswith((".toml", ".json", ".tiktoken")) or os.sep in name:
+    if hf or name.endswith((".toml", ".json", ".tiktoken")) or os.sep in name:
+        file = Path(name) / TOKENIZER_FILE if hf and Path(name).is_dir() else Path(name)
         try:
-            info = os.stat(name)
+            info = file.stat()
             stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
         except OSError:
             pass  # the loader names the missing file
-    return _load_encoding(name, stamp)
+    return _load_encoding(name, eot_token, stamp)
 
 
 @lru_cache(maxsize=None)
-def _load_encoding(name: str, stamp: tuple[int, int, int] | None) -> tiktoken.Encoding:
+def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int] | None) -> tiktoken.Encoding:
+    if is_hf_tokenizer(name):
+        return HFEncoding(Path(name), eot_token)  # type: ignore[return-value]
     if name.endswith((".toml", ".json")):
         return _from_spec(Path(name))
     if name.endswith(".tiktoken") or os.sep in name:
@@ -263,7 +257,7 @@ def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:
     """The encoding a prepared folder was written with (meta.json's ``options.encoding``), refused
     if it now loads another vocabulary than meta.json records (a spec or file changed since)."""
     name, recorded = meta["options"]["encoding"], meta["encoding"]
-    enc = load_encoding(name)
+    enc = load_encoding(name, meta["options"].get("eot_token"))
     found = (ranks_sha256(enc), enc.n_vocab, enc.eot_token)
     expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])
     if found != expected:
@@ -276,7 +270,10 @@ def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:
 @lru_cache(maxsize=None)
 def ranks_sha256(enc: tiktoken.Encoding) -> str:
     """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
-    so equal vocabularies hash equal, whatever file they were loaded from."""
+    so equal vocabularies hash equal, whatever file they were loaded from; of a Hugging Face
+    tokenizer, its tokenizer.json's."""
+    if isinstance(enc, HFEncoding):
+        return enc.file_sha256
     specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
     digest = hashlib.sha256()
     for rank in range(enc.n_vocab):
@@ -308,10 +305,10 @@ def token_dtype(enc: tiktoken.Encoding, requested: str = "auto") -> np.dtype:
 
 def encode_in_order(stream: Iterator[P], encode: Any, workers: int, batch_chars: int) -> Iterator[tuple[P, np.ndarray]]:
     """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
-    ``workers`` threads."""
+    ``workers`` threads; ``encode`` takes a batch of texts and gives their tokens."""
 
     def run(batch: list[P]) -> list[np.ndarray]:
-        return [encode(piece.text) for piece in batch]
+        return encode([piece.text for piece in batch])
 
     # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
     # batches in flight keeps memory flat however large the corpus is.

@@ -1,0 +1,148 @@
+"""Hugging Face tokenizers, built here (nothing downloaded): exact ids, the end-of-text token,
+the recorded vocabulary, and a missing extra as one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from helpers import ADVERSARIAL_ATOMS, make_docs, write_docs, write_gpt2_tokenizer
+from tokpack.evaluation import byte_lengths
+from tokpack.evaluation import main as evaluate_main
+from tokpack.format import INDEX_DTYPE, read_meta
+from tokpack.prepare.__main__ import main
+from tokpack.corpus import pieces
+from tokpack.tokenizer import can_cut, load_encoding
+from tokpack.tokenizer.hf import HFEncoding
+
+
+TEXTS = make_docs(40, words=120) + [
+    "naïve café — 日本語 ünïcödé, 12345 items; it's 2026's\n\n  tabs\tand  spaces", "x" * 3000, "  lead"]
+
+
+def _trained(folder: Path, pre_tokenizer, decoder, specials, **kwargs) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer, tok.decoder = pre_tokenizer, decoder
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, **kwargs))
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def gpt2_hf(tmp_path_factory):
+    return load_encoding(str(write_gpt2_tokenizer(tmp_path_factory.mktemp("gpt2-hf"))))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.sampled_from(ADVERSARIAL_ATOMS), min_size=1, max_size=80).map("".join),
+       piece_chars=st.integers(2, 12))
+def test_gpt2s_own_pipeline_is_cut_safe(gpt2_hf, text, piece_chars):
+    assert can_cut(gpt2_hf)
+    parts = [p.text for p in pieces(iter([iter([text])]), piece_chars, cut_inside=True)]
+    assert [t for part in parts for t in gpt2_hf.encode_ordinary(part)] == gpt2_hf.encode_ordinary(text)
+
+
+def test_pipelines_not_proven_are_never_cut(tmp_path):
+    for pre_tokenizer in (pre_tokenizers.ByteLevel(add_prefix_space=True), pre_tokenizers.Metaspace()):
+        path = _trained(tmp_path / type(pre_tokenizer).__name__, pre_tokenizer, decoders.ByteLevel(),
+                        ["<|endoftext|>"])
+        assert not can_cut(load_encoding(str(path)))  # unproven: encoded a document at a time
+
+
+def _documents(out, split):
+    tokens = np.fromfile(out / f"{split}.bin", dtype=np.dtype(read_meta(out)["dtype"]))
+    starts = np.fromfile(out / f"{split}.idx", dtype=INDEX_DTYPE).astype(np.int64)
+    return [part.tolist() for part in np.split(tokens, starts[1:])]
+
+
+def test_gpt2_as_a_tokenizer_json_prepares_the_very_bytes_of_tiktoken_gpt2(tmp_path):
+    folder = write_gpt2_tokenizer(tmp_path / "gpt2-hf")
+    enc = load_encoding(str(folder))
+    gpt2 = load_encoding("gpt2")
+    assert isinstance(enc, HFEncoding) and enc.eot_token == 50256 and enc.n_vocab == 50257
+    assert all(enc.encode_ordinary(t) == gpt2.encode_ordinary(t) for t in TEXTS)
+    assert np.array_equal(byte_lengths(enc), byte_lengths(gpt2))  # bits/byte counts the same bytes
+    corpus = write_docs(tmp_path / "c", TEXTS)
+    assert main([str(corpus), "--out-dir", str(tmp_path / "hf"), "--tokenizer", str(folder), "--quiet"]) == 0
+    assert main([str(corpus), "--out-dir", str(tmp_path / "tt"), "--quiet"]) == 0
+    for name in ("train.bin", "val.bin", "train.idx", "val.idx"):
+        assert (tmp_path / "hf" / name).read_bytes() == (tmp_path / "tt" / name).read_bytes(), name
+    meta = read_meta(tmp_path / "hf")
+    assert meta["encoding"]["ranks_sha256"] == enc.file_sha256 and meta["dtype"] == "uint16"
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "digits"])
+def test_trained_tokenizers_give_their_own_ids_plus_the_end_of_text(tmp_path, kind, capsys):
+    if kind == "metaspace":  # SentencePiece's way: not cut-safe (a space is prepended to the first word only)
+        path = _trained(tmp_path / kind, pre_tokenizers.Metaspace(prepend_scheme="first"), decoders.Metaspace(),
+                        ["<s>", "</s>"])
+    else:  # nanochat's way: numbers in pairs of digits, then byte-level
+        pattern = Regex(r"'(?i:[sdtm]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s+")
+        path = _trained(tmp_path / kind, pre_tokenizers.Sequence([
+            pre_tokenizers.Split(pattern, "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+            decoders.ByteLevel(), ["<|endoftext|>", "<|bos|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer.from_file(str(path))
+    corpus = write_docs(tmp_path / "c", TEXTS)
+    out = tmp_path / "out"
+    argv = [str(corpus), "--out-dir", str(out), "--tokenizer", str(path), "--quiet", "--piece-chars", "50"]
+    if kind == "metaspace":  # two special tokens and no config: which ends a document is not guessed
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "names no end-of-text token unambiguously (special tokens: <s>, </s>); pass --eot-token" in \
+            capsys.readouterr().err
+        (path.parent / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert main(argv) == 0
+    eot = tok.token_to_id("</s>" if kind == "metaspace" else "<|endoftext|>")
+    expected = [tok.encode(t, add_special_tokens=False).ids + [eot] for t in TEXTS]
+    got = _documents(out, "train") + _documents(out, "val")
+    assert sorted(got) == sorted(expected)  # each document whole, never cut, whatever --piece-chars says
+    assert read_meta(out)["encoding"]["eot_id"] == eot
+    assert main([*argv, "--out-dir", str(tmp_path / "bos"), "--eot", "prepend", "--eot-token", "<s>" if
+                 kind == "metaspace" else "<|bos|>"]) == 0
+    bos = tok.token_to_id("<s>" if kind == "metaspace" else "<|bos|>")
+    assert all(doc[0] == bos for doc in _documents(tmp_path / "bos", "train"))
+
+
+def test_readers_refuse_a_tokenizer_json_that_changed_after_prepare(tmp_path, capsys):
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    corpus = write_docs(tmp_path / "c", TEXTS)
+    out = tmp_path / "out"
+    assert main([str(corpus), "--out-dir", str(out), "--tokenizer", str(folder), "--quiet"]) == 0
+    assert evaluate_main([str(out), "--model", "unigram", "--quiet"]) == 0
+    capsys.readouterr()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(["<|extra|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    with pytest.raises(SystemExit):
+        evaluate_main([str(out), "--model", "unigram", "--quiet"])
+    assert "now loads ranks" in capsys.readouterr().err
+
+
+def test_hf_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    corpus = write_docs(tmp_path / "c", make_docs(10))
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    cases = {"--eot-token '<|nope|>' is not a token of": ["--tokenizer", str(folder), "--eot-token", "<|nope|>"],
+             "--eot-token applies to Hugging Face tokenizers": ["--eot-token", "<|endoftext|>"]}
+    (tmp_path / "bad" ).mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text("{not json")
+    cases["is not a Hugging Face tokenizer.json"] = ["--tokenizer", str(tmp_path / "bad")]
+    for fragment, extra in cases.items():
+        with pytest.raises(SystemExit) as exc:
+            main([str(corpus), "--out-dir", str(tmp_path / "o"), "--quiet", *extra])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and fragment in err and "\n" not in err, err
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # the extra is not installed
+    with pytest.raises(SystemExit):
+        main([str(corpus), "--out-dir", str(tmp_path / "o"), "--quiet", "--tokenizer", str(tmp_path / "bad")])
+    assert 'needs the tokenizers library; pip install "tokpack[hf]"' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,134 @@
+"""Hugging Face tokenizers: a ``tokenizer.json`` behind the interface prepare and the readers use.
+
+    pip install "tokpack[hf]"
+    python -m tokpack.prepare corpus/ --tokenizer path/to/tokenizer.json --out-dir data/mine
+
+A document's ids are ``Tokenizer.encode(document, add_special_tokens=False).ids``, exactly, plus
+the end-of-text (or, with ``--eot prepend``, beginning-of-text) id the tokenizer names. Only
+GPT-2's own pipeline is proven cut-safe (tests/test_hf.py); with any other, documents are never
+cut inside. Pieces are encoded in batches by the library's own ``encode_batch``, which releases
+the GIL and uses every core.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .patterns import R50K_PATTERN
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def is_hf_tokenizer(name: str) -> bool:
+    """Whether ``name`` is a ``tokenizer.json`` or a folder holding one."""
+    path = Path(name)
+    return path.name.endswith(TOKENIZER_FILE) or (path.is_dir() and (path / TOKENIZER_FILE).is_file())
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the printable character that stands for each byte."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(visible), 0
+    for b in range(256):
+        if b not in visible:
+            visible.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(visible, chars)}
+
+
+class HFEncoding:
+    """A Hugging Face ``Tokenizer`` with the few members of a tiktoken ``Encoding`` tokpack uses."""
+
+    def __init__(self, path: Path, eot_token: str | None = None):
+        try:
+            import tokenizers
+        except ImportError:
+            raise ValueError(f'reading {path} needs the tokenizers library; pip install "tokpack[hf]"') from None
+        file = path / TOKENIZER_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"tokenizer file {file} does not exist; pass a tokenizer.json or its folder")
+        raw = file.read_bytes()
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+            spec = json.loads(raw)
+        except Exception as exc:  # the library raises its own types for a file it cannot read
+            raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({exc}); pass the tokenizer's own file") from None
+        self.file, self.file_sha256 = file, hashlib.sha256(raw).hexdigest()
+        self.name = file.parent.name if file.name == TOKENIZER_FILE else file.name.removesuffix(".json")
+        self.n_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        added = self.tokenizer.get_added_tokens_decoder()
+        self.specials = {token.content: int(i) for i, token in added.items() if token.special}
+        self.special_tokens_set = set(self.specials)
+        self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+        self.eot_name = self._eot(eot_token)
+        self.eot_token = self.tokenizer.token_to_id(self.eot_name)
+        # GPT-2's own pipeline (no normalizer; byte-level pre-tokenizing with GPT-2's regex, no prefix
+        # space) splits text as tiktoken's gpt2 pattern does, whose cut points are proven safe; any
+        # other pipeline has no pattern here, and its documents are never cut.
+        gpt2_like = spec.get("normalizer") is None and spec.get("pre_tokenizer") == {
+            "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        self._pat_str = R50K_PATTERN if gpt2_like else None
+
+    def _eot(self, asked: str | None) -> str:
+        """The end-of-text token: asked for, or the config's eos_token, or the one special token."""
+        if asked is not None:
+            if self.tokenizer.token_to_id(asked) is None:
+                raise ValueError(f"--eot-token {asked!r} is not a token of {self.file}; its special tokens: "
+                                 f"{', '.join(self.specials) or 'none'}")
+            return asked
+        config = self.file.parent / "tokenizer_config.json"
+        try:
+            eos = json.loads(config.read_text("utf-8")).get("eos_token") if config.is_file() else None
+        except ValueError:
+            eos = None
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and self.tokenizer.token_to_id(eos) is not None:
+            return eos
+        if "<|endoftext|>" in self.specials:
+            return "<|endoftext|>"
+        if len(self.specials) == 1:
+            return next(iter(self.specials))
+        raise ValueError(f"{self.file} names no end-of-text token unambiguously (special tokens: "
+                         f"{', '.join(self.specials) or 'none'}); pass --eot-token NAME")
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_to_numpy(self, text: str, disallowed_special: Any = ()) -> np.ndarray:
+        return np.asarray(self.encode_ordinary(text), dtype=np.uint32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Every text's ids, by the library's batch encoding (its own threads, without the GIL)."""
+        return [np.asarray(e.ids, dtype=np.uint32)
+                for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_single_token(self, token: str) -> int:
+        return self.specials[token]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        """The bytes of the text a token stands for: byte-level tokens mapped back through GPT-2's
+        alphabet; SentencePiece-style ``▁`` as a space and ``<0xNN>`` as its byte."""
+        piece = self.tokenizer.id_to_token(token)
+        if piece is None:
+            raise KeyError(token)
+        if self.byte_level:
+            decoder = _byte_decoder()
+            if all(ch in decoder for ch in piece):
+                return bytes(decoder[ch] for ch in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def __repr__(self) -> str:
+        return f"<HFEncoding {self.name!r} from {self.file}>"
