@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import run_module, write_gpt2_tokenizer
 
 
@@ -29,9 +31,12 @@ def test_bench_loader_runs_on_tiny_sizes(tmp_path):
     assert figures["memory_batches"] == 20
 
 
-def test_bench_train_needs_a_prepared_folder(tmp_path, prepared):
-    missing = run_module("tokpack.bench", "train", "--folder", str(tmp_path / "none"), cwd=tmp_path)
-    assert missing.returncode == 2 and "run python -m tokpack.prepare" in missing.stderr
+def test_bench_train_needs_a_prepared_folder(tmp_path, prepared, capsys):
+    from tokpack.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as missing:
+        main(["train", "--folder", str(tmp_path / "none")])
+    assert missing.value.code == 2 and "run python -m tokpack.prepare" in capsys.readouterr().err
     config = tmp_path / "t.toml"
     config.write_text("batch_size = 2\n[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n")
     done = run_module("tokpack.bench", "train", "--folder", str(prepared), "--config", str(config), "--steps", "2",

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import ROOT, script
 from tokpack.plot import png_size
 
 TINY = ["--block-size", "16", "--batch-size", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
@@ -53,13 +53,13 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     (["--device", "cuda"], "this torch has no CUDA device"),
     (["--n-layer", "x"], "argument --n-layer: invalid int value"),
 ])
-def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fragment):
+def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fragment, capsys):
     if args[0] == "--device" and torch.cuda.is_available():
         pytest.skip("CUDA is present")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_gpt.py"), "--data-dir", str(prepared),
-                           "--out-dir", str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=300)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+    with pytest.raises(SystemExit) as exc:  # in process: the script's main, as its __main__ calls it
+        script("train_gpt").main(["--data-dir", str(prepared), "--out-dir", str(tmp_path / "out"), *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and fragment in lines[0], lines
     assert not (tmp_path / "out").exists()
 
 

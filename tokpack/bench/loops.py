@@ -221,7 +221,7 @@ def bench_loader(folder: Path, tokens: int, block_size: int, batch_size: int, ba
     np.random.default_rng(0).integers(0, 50257, tokens, dtype=np.uint16).tofile(path)  # now in the page cache
     startup = startup_table(path, start_methods)
     figures = throughput_table(path, block_size, batch_size, batches, rounds, peers)
-    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * 10)
+    small = build_loader(TokenWindows(path, 64, dtype="uint16"), 8, seed=0, num_samples=8 * min(batches, 10))
     loops = three_loops(GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)), small, "GPT 1x32, B=8, T=64")
     worker_rows = workers_table(path, work)
     memory = memory_table(path, memory_batches, block_size, batch_size)

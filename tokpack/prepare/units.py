@@ -68,6 +68,9 @@ def _files(record: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
+_BLOCK = 1 << 20
+
+
 def input_sha256(share: list[tuple[Path, int, int | None]]) -> str:
     """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
     the byte before ``lo`` (which decides where the first line starts) to the end of the last line
@@ -94,8 +97,6 @@ def input_sha256(share: list[tuple[Path, int, int | None]]) -> str:
                 last = b"\n" if end >= 0 else block[-1:]
     return digest.hexdigest()
 
-
-_BLOCK = 1 << 20
 
 
 def load(plan: Plan, unit: int) -> dict[str, Any] | None:
