@@ -20,3 +20,8 @@ def shared_prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepared(shared_prepared: Path, tmp_path: Path) -> Path:
     """A copy of the shared folder of this test's own, free to change."""
     return Path(shutil.copytree(shared_prepared, tmp_path / "prepared"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--differential-examples", type=int, default=300,
+                     help="texts the accelerated backend is compared with tiktoken on (default: 300; try 20000)")

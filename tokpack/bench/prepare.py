@@ -72,7 +72,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         docs = synthetic_corpus(corpus, megabytes)
         files = sorted(corpus.iterdir())
         config = PrepareConfig(inputs=(str(corpus),), out_dir=str(Path(tmp) / "out"), workers=workers, quiet=True,
-                               force=True)
+                               force=True, backend="tiktoken")
         counts: dict[str, int] = {}
 
         def count(name: str, fn: Callable[[], int]) -> Callable[[], None]:
@@ -86,6 +86,12 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             # What a rerun adds to prove a kept unit's input unchanged: a read and a hash, no tokenizing.
             "resume check (input re-read and hashed)": lambda: input_sha256([(f, 0, None) for f in files]),
         }
+        fast_skip = _fast_missing()
+        if fast_skip:
+            print(f"tokpack.prepare --backend splintr: {fast_skip}")
+        else:  # the accelerated backend, checked on its default share of pieces
+            fast_config = replace(config, backend="splintr", out_dir=str(Path(tmp) / "fast"))
+            runs["tokpack.prepare --backend splintr"] = count("fast", lambda: _prepared_tokens(prepare(fast_config)))
         if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
             hf = load_encoding(tokenizer)
             hf_config = replace(config, encoding=tokenizer, out_dir=str(Path(tmp) / "hf"))
@@ -114,7 +120,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                     runs[f"{name}, {workers} workers"] = fn
         times = interleaved(runs, repeat)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
-        assert counts.get("hf_raw") == counts.get("hf"), counts
+        assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
@@ -140,11 +146,21 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         "resume_check_over_prepare": ratio(times, ours, names[3]),
         **({"hf_prepare_vs_encode_batch": ratio(times, "tokpack.prepare --tokenizer", "tokenizers encode_batch (raw)")}
            if tokenizer else {}),
+        **({} if fast_skip else {"splintr_prepare_vs_allcore": ratio(times, "tokpack.prepare --backend splintr",
+                                                                       names[1])}),
         **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
-           if not n.startswith(("tokenizers", "tokpack.prepare --tokenizer"))},
+           if not n.startswith(("tokenizers", "tokpack.prepare --"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
         **({"hf_prepare_peak_rss_mb": hf_rss} if tokenizer else {}),
     }
+
+
+def _fast_missing() -> str | None:
+    try:
+        import splintr  # noqa: F401
+    except ImportError:
+        return 'skipped: splintr-rs is not installed (pip install "tokpack[fast]")'
+    return None
 
 
 def _command(args: list[str]) -> Callable[[], None]:

@@ -48,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"(default: {d('encoding')})")
     p.add_argument("--tokenizer", dest="encoding", help="a Hugging Face tokenizer.json, or its folder (needs "
                    "tokpack[hf]); instead of --encoding")
+    p.add_argument("--backend", choices=["auto", "tiktoken", "splintr"], help=f"the BPE implementation: auto uses "
+                   f"splintr (tokpack[fast]) where it is proven, else tiktoken (default: {d('backend')})")
+    p.add_argument("--check-fraction", type=float, help=f"share of pieces an accelerated backend's ids are checked "
+                   f"against tiktoken's (default: {d('check_fraction')})")
     p.add_argument("--eot-token", help="the special token that ends (or, with --eot prepend, starts) each document, "
                    "when a tokenizer.json's config does not name it (default: from the config)")
     p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "

@@ -37,6 +37,8 @@ class PrepareConfig:
     text_column: str = "text"
     errors: str = "strict"
     workers: int = 0
+    backend: str = "auto"
+    check_fraction: float = 0.01
     piece_chars: int = 1 << 18
     unit_mb: float = 1024.0
     format: str = "flat"
@@ -52,6 +54,8 @@ class PrepareConfig:
             raise ValueError(f"--eot {self.eot!r} is not one of {', '.join(EOT_MODES)}")
         if self.errors not in ("strict", "replace"):
             raise ValueError(f"--errors {self.errors!r} is not strict or replace")
+        if not 0.0 <= self.check_fraction <= 1.0:
+            raise ValueError(f"--check-fraction {self.check_fraction} must lie in [0, 1]; try 0.01")
         if self.workers < 0:
             raise ValueError(f"--workers {self.workers} is negative; use 0 for all cores")
         if self.format not in FORMATS:
@@ -90,3 +94,4 @@ class Plan:
     fingerprint: str  # of the inputs and every option that changes the output
     workers: int
     started: float
+    backend: Any = None  # an accelerated encoder proven for this encoding (tokenizer.fast), or None: tiktoken

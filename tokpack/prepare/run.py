@@ -27,7 +27,8 @@ from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
 from ..distributed import process_group
 from ..format import FORMAT_VERSION, SPLITS, remove_leftovers
 from ..inputs import resolve_groups
-from ..tokenizer import load_encoding, ranks_sha256, token_dtype
+from ..tokenizer import HFEncoding, load_encoding, ranks_sha256, token_dtype
+from ..tokenizer.fast import choose_backend
 from . import units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
@@ -49,6 +50,12 @@ def peak_rss_mb() -> float:
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
+
+
+def tiktoken_version() -> str:
+    from importlib.metadata import version
+
+    return version("tiktoken")
 
 
 def fix_mmap_threshold() -> None:
@@ -167,8 +174,9 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
         # Each worker holds pieces in flight: beyond the cores they cost memory and add no speed.
         warnings.warn(f"--workers {config.workers} is more than the {cores} cores this process may use; "
                       f"using {cores}", stacklevel=3)
+    backend = None if isinstance(enc, HFEncoding) else choose_backend(enc, config.backend)
     return Plan(config, enc, dtype, eot, single, files, sizes, inputs, out, sharded, count, fingerprint,
-                min(config.workers or cores, cores), started)
+                min(config.workers or cores, cores), started, backend)
 
 
 def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
@@ -217,7 +225,9 @@ def _meta(plan: Plan, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "tokpack_version": __version__,
         "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
-                     "eot_id": enc.eot_token},
+                     "eot_id": enc.eot_token,
+                     "backend": plan.backend.describe() if plan.backend else {"name": "tiktoken",
+                                                                               "version": tiktoken_version()}},
         "dtype": plan.dtype.name,
         "eot": plan.eot,
         "single_document": plan.single,

@@ -36,6 +36,7 @@ from ..corpus import Piece, count_chars, documents, pieces, split_runs
 from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own,
                       write_megatron_index)
 from ..tokenizer import HFEncoding, can_cut, encode_in_order
+from ..tokenizer.fast import check_piece, sampled
 from .cluster import share_of
 from .config import LLMC_SHARD_TOKENS, Plan
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, in_val, write_json_atomic
@@ -233,15 +234,25 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
                 f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
             )
         docs = iter(split_runs(next(docs), cut))
-    if isinstance(enc, HFEncoding):  # the library's batch encoding uses every core itself
+    if plan.backend is not None:  # its batch encoding uses every core; a seeded share is checked
+        backend, seed, fraction = plan.backend, config.seed, config.check_fraction
+
+        def encode(texts: list[str]) -> list[np.ndarray]:
+            out = backend.encode_batch(texts)
+            for text, ids in zip(texts, out):
+                if sampled(text, seed, fraction):
+                    check_piece(backend, enc, text, ids, f"unit {unit}")
+            return [ids.astype(plan.dtype) for ids in out]
+        workers, batch_chars = 1, config.piece_chars * 2 * plan.workers  # pieces enough for its threads
+    elif isinstance(enc, HFEncoding):  # the library's batch encoding uses every core itself
         def encode(texts: list[str]) -> list[np.ndarray]:
             return [ids.astype(plan.dtype) for ids in enc.encode_batch(texts)]
-        workers = 1
+        workers, batch_chars = 1, config.piece_chars * 2 * plan.workers
     else:
         def encode(texts: list[str]) -> list[np.ndarray]:
             return [enc.encode_to_numpy(text, disallowed_special=()).astype(plan.dtype) for text in texts]
-        workers = plan.workers
-    stream = encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, config.piece_chars)
+        workers, batch_chars = plan.workers, config.piece_chars
+    stream = encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, batch_chars)
     writers: dict[str, SplitWriter] = {}
     try:
         megatron = config.format == "megatron"

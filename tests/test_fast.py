@@ -1,0 +1,112 @@
+"""The accelerated backend (splintr-rs): tiktoken's ids on adversarial text, byte-identical
+prepare output, a runtime check that stops a run, and fallbacks that never change ids silently."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import ADVERSARIAL_ATOMS, make_docs, write_docs, write_spec
+from tokpack.format import read_meta
+from tokpack.prepare.__main__ import main
+from tokpack.prepare.run import write_sample_corpus
+from tokpack.tokenizer import load_encoding
+from tokpack.tokenizer import fast
+
+GPT2 = load_encoding("gpt2")
+BACKEND = fast.choose_backend(GPT2, "splintr")
+# Pre-tokenizer targets: letter, digit, space and punctuation runs, contractions, categories,
+# long runs with no space, lone surrogates, and the special token written as text.
+ATOMS = [*ADVERSARIAL_ATOMS, "a" * 300, "9" * 50, " " * 40, "\ud800", "x\udfff", "'S", "’s", "\u200b", "\x00",
+         "ǅ", "Ⅻ", "𝔘𝔫", "٣", "\U0010ffff"]
+texts = st.one_of(st.lists(st.sampled_from(ATOMS), min_size=1, max_size=60).map("".join), st.text(max_size=200))
+
+
+def test_differential_examples_option_sets_the_run(pytestconfig):
+    assert pytestconfig.getoption("differential_examples") >= 1
+
+
+@pytest.fixture
+def examples(pytestconfig):
+    return pytestconfig.getoption("differential_examples")
+
+
+def test_splintr_gives_tiktokens_ids_on_adversarial_text(examples):
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batch=st.lists(texts, min_size=1, max_size=4))
+    def check(batch):
+        got = BACKEND.encode_batch(batch)
+        assert [ids.tolist() for ids in got] == [GPT2.encode_ordinary(t) for t in batch]
+
+    check()
+
+
+def _prepared_bytes(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix in (".bin", ".idx")}
+
+
+def test_prepare_with_splintr_is_byte_identical_to_tiktoken(tmp_path):
+    writable = [a for a in ATOMS if not any("\ud800" <= ch <= "\udfff" for ch in a)]  # files hold UTF-8
+    adversarial = write_docs(tmp_path / "adv", ["".join(np.random.default_rng(i).choice(writable, 40))
+                                                for i in range(30)] + make_docs(20))
+    for corpus in (write_sample_corpus(tmp_path / "sample"), adversarial):
+        runs = {}
+        for backend in ("splintr", "tiktoken"):
+            out = tmp_path / f"{corpus.name}-{backend}"
+            assert main([str(corpus), "--out-dir", str(out), "--backend", backend, "--quiet",
+                         "--check-fraction", "1"]) == 0
+            runs[backend] = _prepared_bytes(out)
+            assert read_meta(out)["encoding"]["backend"]["name"] == backend
+        assert runs["splintr"] == runs["tiktoken"] and runs["splintr"]
+
+
+def test_a_difference_found_while_running_stops_the_run_and_publishes_nothing(tmp_path, capsys, monkeypatch):
+    real = fast.SplintrBackend.encode_batch
+
+    def one_wrong_id(self, batch):
+        out = [ids.copy() for ids in real(self, batch)]
+        if batch != [fast._PROBE] and any(len(ids) > 5 for ids in out):  # past the probe at start-up
+            ids = next(ids for ids in out if len(ids) > 5)
+            ids[3] += 1
+        return out
+
+    monkeypatch.setattr(fast.SplintrBackend, "encode_batch", one_wrong_id)
+    corpus = write_docs(tmp_path / "c", make_docs(30))
+    with pytest.raises(SystemExit) as exc:
+        main([str(corpus), "--out-dir", str(tmp_path / "out"), "--backend", "splintr", "--check-fraction", "1",
+              "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in err
+    assert f"backend splintr {BACKEND.version} gave other ids than tiktoken in unit 0, at character" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_fallbacks_are_tiktoken_with_one_warning_or_one_line_when_asked(tmp_path, capsys, monkeypatch):
+    corpus = write_docs(tmp_path / "c", make_docs(10))
+    spec = write_spec(tmp_path / "tok", "mytok", "r50k_base", {"<|endoftext|>": 50256})
+    with pytest.raises(SystemExit):  # an encoding the differential test does not cover
+        main([str(corpus), "--out-dir", str(tmp_path / "o1"), "--encoding", str(spec), "--backend", "splintr"])
+    assert "proven here for gpt2, r50k_base only, not 'mytok'" in capsys.readouterr().err
+
+    def broken(self, enc):
+        raise RuntimeError("no vocabulary")
+
+    monkeypatch.setattr(fast.SplintrBackend, "__init__", broken)
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o2"), "--quiet"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "splintr" in line]
+    assert len(warning) == 1 and "failed to build gpt2 (RuntimeError: no vocabulary); encoding with tiktoken" in \
+        warning[0]
+    assert read_meta(tmp_path / "o2")["encoding"]["backend"]["name"] == "tiktoken"
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "splintr", None)  # the extra is not installed: tiktoken, no word
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o3"), "--quiet"]) == 0
+    assert "splintr" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "o3" / "meta.json").read_text())["encoding"]["backend"]["name"] == "tiktoken"
+    with pytest.raises(SystemExit):
+        main([str(corpus), "--out-dir", str(tmp_path / "o4"), "--backend", "splintr"])
+    assert 'needs splintr-rs; pip install "tokpack[fast]"' in capsys.readouterr().err

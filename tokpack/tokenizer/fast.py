@@ -1,0 +1,114 @@
+"""An accelerated BPE backend, used where it is proven to give tiktoken's ids, and checked while
+it runs: splintr-rs (``pip install "tokpack[fast]"``).
+
+    python -m tokpack.prepare corpus/ --backend splintr --check-fraction 0.01
+
+Proven here for gpt2 (and r50k_base, the same ranks): tests/test_fast.py compares it with
+tiktoken on adversarial text. It is built from the hash-checked ranks with splintr's own GPT-2
+pattern (its regex engine refuses tiktoken's) and no special tokens, so ``<|endoftext|>`` in text
+stays text; lone surrogates become U+FFFD first, as tiktoken does. During prepare a seeded share
+of the pieces is encoded with tiktoken too, and any difference stops the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("auto", "tiktoken", "splintr")
+# Encodings the differential test proves, with the splintr pattern constant each is built with.
+PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN"}
+_PROBE = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
+
+
+def _without_surrogates(text: str) -> str:
+    """tiktoken's handling of lone surrogates: replaced by U+FFFD before encoding."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+class SplintrBackend:
+    """splintr-rs over an encoding's ranks: ``encode_batch`` in its own threads (Rayon)."""
+
+    name = "splintr"
+
+    def __init__(self, enc: Any):
+        import splintr
+
+        self.version = splintr.__version__
+        ranks = sorted(enc._mergeable_ranks.items(), key=lambda item: item[1])
+        data = b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in ranks)
+        self.tokenizer = splintr.Tokenizer.from_bytes(data, getattr(splintr, PROVEN[enc.name]), None)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        ids, offsets = self.tokenizer.encode_batch_flat([_without_surrogates(t) for t in texts])
+        flat, bounds = np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+
+    def describe(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version}
+
+
+def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
+    """The backend for ``enc``: splintr where it is installed and proven (``auto``), or as asked;
+    None means tiktoken. A backend that cannot build the encoding, or gives other ids on a probe,
+    falls back to tiktoken with one warning; asked for by name, it is one line instead."""
+    if asked not in BACKENDS:
+        raise ValueError(f"--backend {asked!r} is not one of {', '.join(BACKENDS)}")
+    if asked == "tiktoken":
+        return None
+    if getattr(enc, "name", None) not in PROVEN or enc._pat_str != _tiktoken_pattern(enc.name):
+        if asked == "splintr":
+            raise ValueError(f"--backend splintr is proven here for {', '.join(PROVEN)} only, not {enc.name!r}; "
+                             "use --backend tiktoken")
+        return None
+    try:
+        import splintr  # noqa: F401
+    except ImportError:
+        if asked == "splintr":
+            raise ValueError('--backend splintr needs splintr-rs; pip install "tokpack[fast]"') from None
+        return None
+    try:
+        backend = SplintrBackend(enc)
+        agrees = backend.encode_batch([_PROBE])[0].tolist() == enc.encode_ordinary(_PROBE)
+    except Exception as exc:  # any failure to build: tiktoken is always there
+        problem = f"it failed to build {enc.name} ({type(exc).__name__}: {exc})"
+    else:
+        if agrees:
+            return backend
+        problem = f"it gives other ids than tiktoken for {enc.name} on a probe text"
+    if asked == "splintr":
+        raise ValueError(f"--backend splintr: {problem}; use --backend tiktoken")
+    warnings.warn(f"the splintr backend is not used: {problem}; encoding with tiktoken", stacklevel=3)
+    return None
+
+
+def _tiktoken_pattern(name: str) -> str:
+    from . import _LOCAL_FILE_SETTINGS
+
+    return _LOCAL_FILE_SETTINGS[name][0]
+
+
+def sampled(text: str, seed: int, fraction: float) -> bool:
+    """Whether a piece is among the seeded ``fraction`` checked against tiktoken (by its content,
+    so the same pieces are checked on every run)."""
+    return fraction > 0 and zlib.crc32(text.encode("utf-8", "surrogatepass"), seed & 0xFFFFFFFF) < fraction * 2**32
+
+
+def check_piece(backend: SplintrBackend, enc: Any, text: str, ids: np.ndarray, where: str) -> None:
+    """Refuse the run if ``ids`` are not tiktoken's for ``text``, naming the backend and the offset."""
+    expected = enc.encode_ordinary(text)
+    if ids.tolist() == expected:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(ids.tolist(), expected)) if a != b), min(len(ids), len(expected)))
+    offset = len(enc.decode(expected[:first]))
+    raise ValueError(f"backend {backend.name} {backend.version} gave other ids than tiktoken in {where}, at character "
+                     f"{offset} of a piece ({text[offset:offset + 20]!r}); nothing was published: rerun with "
+                     "--backend tiktoken and report it")
