@@ -1,4 +1,5 @@
-"""The benchmarks run end to end on tiny sizes; their figures are printed, never asserted."""
+"""The benchmarks run end to end on tiny sizes; their figures are printed, never asserted. One
+runs as the command, the others call its main in process (the same code, without a start-up)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import json
 import pytest
 
 from helpers import run_module, write_gpt2_tokenizer
+from tokpack.bench.__main__ import main
+
+
+def _figures(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_bench_prepare_runs_and_reports_ratios(tmp_path):
@@ -20,35 +27,24 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
     assert figures["tokens"] > 100_000 and "tokpack time / this" in done.stdout
 
 
-def test_bench_loader_runs_on_tiny_sizes(tmp_path):
-    done = run_module("tokpack.bench", "loader", "--tokens", "200000", "--block-size", "64", "--batch-size", "8",
-                      "--batches", "5", "--memory-batches", "20", "--work", "1", "--rounds", "1", "--no-peers",
-                      "--start-methods", "fork",
-                      cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+def test_bench_loader_runs_on_tiny_sizes(capsys):
+    figures = _figures(capsys, ["loader", "--tokens", "200000", "--block-size", "64", "--batch-size", "8",
+                                "--batches", "5", "--memory-batches", "20", "--work", "1", "--rounds", "1",
+                                "--no-peers", "--start-methods", "fork"])
     assert {"loader_vs_nanogpt", "loader_vs_raw", "worker_anon_growth_mb", "loader_hidden"} <= set(figures)
     assert figures["memory_batches"] == 20
 
 
 def test_bench_train_needs_a_prepared_folder(tmp_path, prepared, capsys):
-    from tokpack.bench.__main__ import main
-
     with pytest.raises(SystemExit) as missing:
         main(["train", "--folder", str(tmp_path / "none")])
     assert missing.value.code == 2 and "run python -m tokpack.prepare" in capsys.readouterr().err
     config = tmp_path / "t.toml"
     config.write_text("batch_size = 2\n[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n")
-    done = run_module("tokpack.bench", "train", "--folder", str(prepared), "--config", str(config), "--steps", "2",
-                      cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 2
+    assert _figures(capsys, ["train", "--folder", str(prepared), "--config", str(config), "--steps", "2"])["steps"] == 2
 
 
-def test_bench_open_reports_the_cost_per_shard_and_of_a_state(tmp_path):
-    done = run_module("tokpack.bench", "open", "--shards", "5", "20", "--shard-tokens", "16", "--rounds", "1",
-                      cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+def test_bench_open_reports_the_cost_per_shard_and_of_a_state(capsys):
+    figures = _figures(capsys, ["open", "--shards", "5", "20", "--shard-tokens", "16", "--rounds", "1"])
     assert [row["shards"] for row in figures["rows"]] == [5, 20]
     assert {"open_per_shard_growth", "state_dict_growth"} <= set(figures)
