@@ -25,3 +25,15 @@ def prepared(shared_prepared: Path, tmp_path: Path) -> Path:
 def pytest_addoption(parser):
     parser.addoption("--differential-examples", type=int, default=300,
                      help="texts the accelerated backend is compared with tiktoken on (default: 300; try 20000)")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _keep_the_test_process_allocator():
+    """The prepare command pins glibc's mmap threshold for its process; called in this process it
+    would slow every later test's large allocations, so here it does nothing (the memory test runs
+    the command in a fresh process, where it does)."""
+    import tokpack.prepare.__main__ as command
+
+    real, command.fix_mmap_threshold = command.fix_mmap_threshold, lambda: None
+    yield
+    command.fix_mmap_threshold = real

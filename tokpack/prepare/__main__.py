@@ -16,7 +16,7 @@ from typing import Any
 from ..cli import add_config_option, parser, run_cli
 from ..config import build_config, default_of
 from .config import EOT_MODES, FORMATS, LLMC_SHARD_TOKENS, PrepareConfig
-from .run import prepare
+from .run import fix_mmap_threshold, prepare
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config_path = args.pop("config")
         args["inputs"] = tuple(args["inputs"]) or None
         config = build_config(PrepareConfig, config_path, args)
+        fix_mmap_threshold()  # this process only prepares: keep its peak flat
         result = prepare(config)
         if not config.quiet and result["stats"]["leader"]:
             print(summary(result))

@@ -59,13 +59,16 @@ def tiktoken_version() -> str:
 
 
 def fix_mmap_threshold() -> None:
-    """Keep glibc's mmap threshold at its 128 KiB default for the run.
+    """Keep glibc's mmap threshold at its 128 KiB default for the rest of the process.
 
     glibc raises the threshold whenever a large block is freed; from then on the pieces of text
     and the token arrays (a few MB each, every size) are carved from the heap arenas of the worker
     threads, where they fragment, and peak memory grew with the input (+20 MB at 300 MB of one
     document). With the threshold fixed, each large block is mapped and goes back when freed, so
-    the peak stays flat. Elsewhere than glibc this does nothing.
+    the peak stays flat. The ``tokpack.prepare`` command calls it; ``prepare()`` does not, since
+    it would also make every later large allocation of the caller's process (a training loop's
+    tensors) a fresh mapping: call it yourself in a process that only prepares. Elsewhere than
+    glibc this does nothing.
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -113,7 +116,6 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     On one process or, under torchrun, on every rank of its group (joined here, gloo).
     """
     started = time.perf_counter()
-    fix_mmap_threshold()
     with process_group() as dist:
         ranks = Ranks(dist)
         plans: list[Plan] = []
