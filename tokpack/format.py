@@ -165,11 +165,8 @@ def shard_header(path: Path) -> tuple[np.dtype, int] | None:
 
 def foreign_format(path: Path) -> str | None:
     """The name of a known non-tokpack format whose header would otherwise be read as tokens."""
-    index = path.with_suffix(".idx")
-    if index.is_file():
-        with open(index, "rb") as f:
-            if f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC:
-                return "a Megatron indexed dataset (its .idx starts with MMIDIDX)"
+    if is_megatron_index(path.with_suffix(".idx")):
+        return "a Megatron indexed dataset (its .idx starts with MMIDIDX)"
     if re.fullmatch(r"chunk-\d+-\d+\.bin", path.name) or _is_litdata_index(path.parent / "index.json"):
         return "a litdata chunk (written by litdata.optimize; read it with litdata's StreamingDataset)"
     return None
@@ -181,6 +178,14 @@ def _is_litdata_index(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(index, dict) and "chunks" in index and "config" in index
+
+
+def is_megatron_index(index: Path) -> bool:
+    """Whether ``index`` is a Megatron ``.idx`` (it starts with MMIDIDX), not tokpack's."""
+    if not index.is_file():
+        return False
+    with open(index, "rb") as f:
+        return f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC
 
 
 def megatron_dtype(path: Path) -> np.dtype:

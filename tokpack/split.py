@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, MEGATRON_MAGIC, META_NAME, SHARD_HEADER_BYTES,
-                     UNIT_RECORD_GLOB, foreign_format, megatron_document_starts, megatron_dtype, read_meta,
+from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
+                     foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
                      shard_header, split_files)
 
 
@@ -330,7 +330,7 @@ def read_index(split: Split) -> np.ndarray:
     no index, the token that starts every document in llm.c's own writers (O(tokens) to find)."""
     index = split.index_path()
     n = int(split.lengths.sum())
-    if split.meta is None and index.is_file() and _is_megatron(index):
+    if split.meta is None and is_megatron_index(index):
         return megatron_document_starts(index, n, split.dtype.itemsize)
     if split.meta is None and not index.is_file() and all(f.offset == SHARD_HEADER_BYTES for f in split.files):
         return _llmc_document_starts(split)
@@ -343,11 +343,6 @@ def read_index(split: Split) -> np.ndarray:
         raise ValueError(f"{index} is not a strictly increasing list of document starts inside {split.describe()} "
                          f"({n} tokens); rerun python -m tokpack.prepare --force")
     return starts
-
-
-def _is_megatron(index: Path) -> bool:
-    with open(index, "rb") as f:
-        return f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC
 
 
 def _llmc_document_starts(split: Split) -> np.ndarray:

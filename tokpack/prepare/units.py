@@ -234,19 +234,16 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
                 f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
             )
         docs = iter(split_runs(next(docs), cut))
-    if plan.backend is not None:  # its batch encoding uses every core; a seeded share is checked
-        backend, seed, fraction = plan.backend, config.seed, config.check_fraction
-
+    # An accelerated backend or a Hugging Face tokenizer encodes a batch on every core itself: one
+    # thread hands it batches of enough pieces for its threads; a backend's sampled pieces are checked.
+    batcher = plan.backend or (enc if isinstance(enc, HFEncoding) else None)
+    if batcher is not None:
         def encode(texts: list[str]) -> list[np.ndarray]:
-            out = backend.encode_batch(texts)
+            out = batcher.encode_batch(texts)
             for text, ids in zip(texts, out):
-                if sampled(text, seed, fraction):
-                    check_piece(backend, enc, text, ids, f"unit {unit}")
+                if plan.backend is not None and sampled(text, config.seed, config.check_fraction):
+                    check_piece(plan.backend, enc, text, ids, f"unit {unit}")
             return [ids.astype(plan.dtype) for ids in out]
-        workers, batch_chars = 1, config.piece_chars * 2 * plan.workers  # pieces enough for its threads
-    elif isinstance(enc, HFEncoding):  # the library's batch encoding uses every core itself
-        def encode(texts: list[str]) -> list[np.ndarray]:
-            return [ids.astype(plan.dtype) for ids in enc.encode_batch(texts)]
         workers, batch_chars = 1, config.piece_chars * 2 * plan.workers
     else:
         def encode(texts: list[str]) -> list[np.ndarray]:

@@ -16,7 +16,6 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -101,9 +100,6 @@ class HFEncoding:
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def encode_to_numpy(self, text: str, disallowed_special: Any = ()) -> np.ndarray:
-        return np.asarray(self.encode_ordinary(text), dtype=np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Every text's ids, by the library's batch encoding (its own threads, without the GIL)."""
