@@ -172,7 +172,9 @@ def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
         load_encoding(str(tmp_path / "bad.json"))
     for text, fragment in (('eot = "<|x|>"', "is not one of its special_tokens"),
                            ("pattern = '('", "not a valid regex"), ("ranks = 3", "ranks in .* is missing or not a str"),
-                           ("extra = 1", "unknown key 'extra'")):
+                           ("extra = 1", "unknown key 'extra'"),
+                           ("ranks = '../nanotok.tiktoken'", "is not a plain file name"),
+                           (f"ranks = '{tmp_path / 'nanotok.tiktoken'}'", "is not a plain file name")):
         body = spec.read_text()
         key = text.split(" =")[0]
         lines = [line for line in body.splitlines() if not line.startswith(f"{key} =")]

@@ -148,8 +148,8 @@ _SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
 
 
 def _from_spec(path: Path) -> tiktoken.Encoding:
-    """An encoding described by a TOML or JSON spec: ``ranks`` (a .tiktoken file, relative to the
-    spec), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
+    """An encoding described by a TOML or JSON spec: ``ranks`` (a .tiktoken file beside the spec,
+    named alone), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
     ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts documents).
     Only text is read: a tokenizer is never unpickled."""
     from ..config import load_toml
@@ -187,6 +187,9 @@ def _from_spec(path: Path) -> tiktoken.Encoding:
     except regex.error as exc:
         raise ValueError(f"pattern in {path} is not a valid regex ({exc}); give a regex or a known encoding's "
                          "name") from None
+    if Path(spec["ranks"]).name != spec["ranks"] or spec["ranks"] in (".", ".."):
+        raise ValueError(f"ranks {spec['ranks']!r} in {path} is not a plain file name; put the .tiktoken file "
+                         "beside the spec and name it alone")
     ranks = _ranks(path.parent / spec["ranks"])
     clash = sorted(set(ranks.values()) & set(specials.values()))
     if clash:
