@@ -5,7 +5,8 @@
     python scripts/figures.py --no-training      # draw from an existing out/sample run
 
 Writes docs/figures/losses.png (train and val loss, n-gram baselines), sweep.png (loss and
-bits/byte against stride for the GPT and the baselines) and lengths.png (document lengths).
+bits/byte against stride for the GPT and the baselines, across documents and each document
+alone) and lengths.png (document lengths).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> int:
         train_gpt.main(["--config", CONFIG])
     print(f"figures: losses {describe_losses(draw_run(RUN, FIGURES / 'losses.png'))}")
     evaluate([str(DATA), "--checkpoint", str(RUN / "ckpt.pt"), "--model", "bigram", "--model", "unigram",
-              "--block-size", BLOCK_SIZE, "--stride", "128", "64", "32", "16", "--quiet",
+              "--block-size", BLOCK_SIZE, "--stride", "128", "64", "32", "16", "--documents", "--quiet",
               "--plot", str(FIGURES / "sweep.png")])
     inspect([str(DATA), "--lengths", str(FIGURES / "lengths.png"), "--block-size", BLOCK_SIZE])
     return 0

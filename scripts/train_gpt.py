@@ -9,6 +9,11 @@ Every ``eval_interval`` steps (and at the end) the val split is scored with ``to
 and a checkpoint is written with the model, the optimizer, the step and the loader's state, so
 ``--resume`` continues with exactly the batches the uninterrupted run would have seen. Under
 torchrun each rank draws its own reproducible stream and DDP averages the gradients.
+
+``[data] packing`` chooses the rows: ``"none"`` (nanoGPT's windows at random starts, across
+document boundaries), or ``"aligned"`` / ``"bestfit"`` (``PackedDocuments``: every row starts at a
+document, and with ``document_mask`` attention and positions stay inside each document; the val
+split is then also scored document by document).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from tokpack import Split, TokenWindows, build_loader, evaluate, to_device
+from tokpack import PackedDocuments, Split, TokenWindows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
 from tokpack.config import build_config, default_of
 from tokpack.distributed import process_group
@@ -31,6 +36,20 @@ from tokpack.plot import pyplot
 from tokpack.plot.runs import describe_losses, draw_run
 from tokpack.split import open_splits
 from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``[data]`` in TOML: how training rows are cut from the documents."""
+
+    packing: str = "none"  # none: windows at random starts (nanoGPT); aligned or bestfit: PackedDocuments
+    document_mask: bool = True  # with packing: attention and positions within each document only
+    buffer_size: int = 1000  # documents best fit chooses from
+    split_long: bool = False  # with packing: documents longer than a row are served as pieces, not cut
+
+    def __post_init__(self) -> None:
+        if self.packing not in ("none", "aligned", "bestfit"):
+            raise ValueError(f"[data] packing {self.packing!r} is not one of none, aligned, bestfit")
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,7 @@ class TrainConfig:
     stop_at: int = 0  # stop after this step as if interrupted, writing a checkpoint (0: never)
     log_interval: int = 10
     model: GPTConfig = field(default_factory=GPTConfig)  # [model] in TOML; vocab_size comes from the data
+    data: DataConfig = field(default_factory=DataConfig)
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
@@ -72,8 +92,9 @@ def save(path: Path, payload: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = parser("python scripts/train_gpt.py", __doc__)
     p.add_argument("--config", help="a configs/*.toml with TrainConfig keys and a [model] table; flags override it")
-    for cls, f in [*((TrainConfig, f) for f in fields(TrainConfig) if f.name != "model"),
-                   *((GPTConfig, f) for f in fields(GPTConfig) if f.name != "vocab_size")]:
+    for cls, f in [*((TrainConfig, f) for f in fields(TrainConfig) if f.name not in ("model", "data")),
+                   *((GPTConfig, f) for f in fields(GPTConfig) if f.name != "vocab_size"),
+                   *((DataConfig, f) for f in fields(DataConfig))]:
         default = default_of(cls, f.name)
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f"(default: {default})")
@@ -111,12 +132,18 @@ def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, r
 
     model_args = replace(c.model, vocab_size=train_split.meta["encoding"]["n_vocab"])
     T = model_args.block_size
-    train = TokenWindows(train_split, T)
-    val = TokenWindows(val_split, T, stride=c.eval_stride or T)
-    # Endless random starts: the run's length is max_iters, so --resume --max-iters N can extend it.
+    packed = c.data.packing != "none"
+    masked = packed and c.data.document_mask
+    # Endless either way (random starts, or packed rows): the run's length is max_iters, so
+    # --resume --max-iters N can extend it.
+    train = (PackedDocuments(train_split, T, packing=c.data.packing, buffer_size=c.data.buffer_size,
+                             split_long=c.data.split_long) if packed else TokenWindows(train_split, T))
     loader = build_loader(train, c.batch_size, seed=c.seed, num_workers=c.num_workers,
                           persistent_workers=c.num_workers > 0)
-    val_loader = build_loader(val, c.eval_batch_size)
+    val_loaders = {"val": build_loader(TokenWindows(val_split, T, stride=c.eval_stride or T), c.eval_batch_size)}
+    if masked:  # a document-masked model is also scored as it was trained: each document alone
+        val_loaders["val_documents"] = build_loader(PackedDocuments(val_split, T, stride=c.eval_stride or T),
+                                                    c.eval_batch_size)
 
     step, evals = 0, []
     if resume:
@@ -145,20 +172,23 @@ def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, r
                                                  config=asdict(c)))
 
     def run_eval() -> None:
-        result = evaluate(model, val_loader, device)
-        evals.append({"step": step, **result})
-        if master:
-            print(f"step {step}: val loss {result['loss']:.4f}, ppl {result['ppl']:.1f}, "
-                  f"{result['bits_per_byte']:.3f} bits/byte")
+        for name, val_loader in val_loaders.items():
+            result = evaluate(model, val_loader, device)
+            evals.append({"step": step, **result} if name == "val" else {"step": step, "scope": "documents", **result})
+            if master:
+                print(f"step {step}: {name} loss {result['loss']:.4f}, ppl {result['ppl']:.1f}, "
+                      f"{result['bits_per_byte']:.3f} bits/byte")
 
     started = time.perf_counter()
     with open(out / f"losses-rank{rank}.jsonl", "a" if resume else "w") as log:
         batches = iter(loader)
         while step < c.max_iters and not (c.stop_at and step >= c.stop_at):
-            x, y = to_device(next(batches), device)
+            batch = to_device(next(batches), device)
+            x, y = batch[0], batch[1]
+            documents = {"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens} if masked else {}
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, c)
-            loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+            loss = F.cross_entropy(net(x, **documents).flatten(0, 1), y.flatten(), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)

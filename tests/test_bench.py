@@ -48,3 +48,12 @@ def test_bench_open_reports_the_cost_per_shard_and_of_a_state(capsys):
     figures = _figures(capsys, ["open", "--shards", "5", "20", "--shard-tokens", "16", "--rounds", "1"])
     assert [row["shards"] for row in figures["rows"]] == [5, 20]
     assert {"open_per_shard_growth", "state_dict_growth"} <= set(figures)
+
+
+def test_bench_packing_runs_and_matches_nanochats_rows(capsys):
+    figures = _figures(capsys, ["packing", "--tokens", "60000", "--mean-length", "80", "--block-size", "64",
+                                "--batch-size", "4", "--batches", "3", "--buffer-size", "16", "--rounds", "1"])
+    assert figures["identical_to_nanochat"] is True
+    assert {"packed_vs_nanochat", "packed_vs_windows", "packed_vs_windows_2_workers", "resume_s"} <= set(figures)
+    assert [p["packing"] for p in figures["packings"]][:2] == ["aligned", "bestfit"]
+    assert all(p["utilisation"] == 1.0 for p in figures["packings"][:3])

@@ -51,11 +51,13 @@ def _free_port():
 def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     single = tmp_path / "single"
     prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(single), quiet=True, val_fraction=0.2))
+    budget = tmp_path / "budget"  # a val token budget: the same documents whichever rank reads them
+    prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(budget), quiet=True, val_tokens=5000))
     runs = {}
     # 2 ranks here and 4 over two nodes below (one process under torchrun is the plain run); the
     # unit tests cut the input for 2, 3 and 7 units.
     out = tmp_path / "w2"
-    done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-fraction", "0.2", nproc=2, quiet=False),
+    done = subprocess.run(_torchrun(str(corpus), "--out-dir", str(out), "--val-tokens", "5000", nproc=2, quiet=False),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"tokpack.prepare -> {out}") == 1, done.stdout  # the summary is rank 0's alone
@@ -72,13 +74,15 @@ def test_any_world_size_gives_the_single_process_bytes(tmp_path, corpus):
     for world, folder in runs.items():
         verify_folder(folder)
         meta = read_meta(folder)
+        reference = budget if world == 2 else single
+        assert meta["val"] == read_meta(reference)["val"]
         if world > 1:
             shards = meta["splits"]["train"]["shards"]
             assert len({s["file"].split("_")[1] for s in shards}) > 1, world  # several ranks wrote train shards
         for split in ("train", "val"):
-            assert _split_bytes(folder, split) == (single / f"{split}.bin").read_bytes(), (world, split)
-            assert (folder / f"{split}.idx").read_bytes() == (single / f"{split}.idx").read_bytes(), (world, split)
-            assert meta["splits"][split]["documents"] == read_meta(single)["splits"][split]["documents"]
+            assert _split_bytes(folder, split) == (reference / f"{split}.bin").read_bytes(), (world, split)
+            assert (folder / f"{split}.idx").read_bytes() == (reference / f"{split}.idx").read_bytes(), (world, split)
+            assert meta["splits"][split]["documents"] == read_meta(reference)["splits"][split]["documents"]
         assert not [p for p in folder.iterdir() if p.name.startswith(".")]
 
 

@@ -110,20 +110,23 @@ def test_bad_sweeps_are_one_line_and_exit_2(prepared, tmp_path, capsys, fragment
 
 @pytest.mark.e2e
 def test_sums_over_ranks_equal_one_process(prepared):
-    single = sweep(prepared, baselines=["bigram"], block_size=16, strides=[16], batch_size=2, quiet=True)[0]
+    """Windows across documents, and each document alone (packed rows): the same sums on 1, 2 and 3 processes."""
+    rows = sweep(prepared, baselines=["bigram"], block_size=16, strides=[16], batch_size=2, quiet=True, documents=True)
+    single, documents = rows
+    assert (single["scope"], documents["scope"]) == ("stream", "documents")
     windows = single["windows"]
     assert windows % 3 != 0  # shares are uneven for 2 and 3 ranks
     for world in (2, 3):  # one process is `single`, the same command's code in this process
         done = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
              "-m", "tokpack.evaluate", str(prepared), "--model", "bigram", "--block-size", "16",
-             "--batch-size", "2", "--quiet"],
+             "--batch-size", "2", "--quiet", "--documents"],
             capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        row = json.loads(done.stdout.strip().splitlines()[-1])[0]
-        assert row["tokens"] == single["tokens"] and row["windows"] == windows
-        assert row["loss"] == pytest.approx(single["loss"], rel=1e-12)
-        assert row["bits_per_byte"] == pytest.approx(single["bits_per_byte"], rel=1e-12)
+        for row, one in zip(json.loads(done.stdout.strip().splitlines()[-1]), rows, strict=True):
+            assert row["tokens"] == one["tokens"] and row["windows"] == one["windows"] and row["scope"] == one["scope"]
+            assert row["loss"] == pytest.approx(one["loss"], rel=1e-12)
+            assert row["bits_per_byte"] == pytest.approx(one["bits_per_byte"], rel=1e-12)
 
 
 def test_gpt_shapes_and_limits():

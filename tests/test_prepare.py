@@ -19,7 +19,7 @@ from tokpack import corpus as corpus_module
 from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
 from tokpack.format import INDEX_DTYPE, read_meta
-from tokpack.split import open_tokens
+from tokpack.split import open_split, open_tokens
 from tokpack.data.documents import DocumentDataset
 from tokpack.inspect import describe
 from tokpack.prepare import PrepareConfig, prepare
@@ -386,6 +386,26 @@ def test_parquet_and_zstd_inputs_prepare_like_jsonl(tmp_path):
     assert len({(o / "val.bin").read_bytes() for o in outs}) == 1
 
 
+@pytest.mark.parametrize("total", [2 * 1000 + 1, 3 * 1000 + 499, 3 * 1000 + 500, 1000, 999])
+def test_a_writers_last_shard_is_never_under_half_the_shard_size(tmp_path, total):
+    from tokpack.prepare.writers import ShardLayout, ShardWriter
+
+    tokens = np.random.default_rng(total).integers(0, 50257, total).astype(np.uint16)
+    writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, 1000, header=True), np.dtype(np.uint16))
+    for piece in np.array_split(tokens, 7):  # writes that straddle shard boundaries
+        writer.write(piece)
+    shards = writer.close()
+    for old, new in writer.renames():
+        os.replace(old, new)
+    sizes = [s["tokens"] for s in shards]
+    assert sum(sizes) == total and all(s <= 1000 for s in sizes)
+    assert all(s >= 500 for s in sizes) or len(sizes) == 1  # a unit under one shard stays whole
+    assert sizes[:-2] == [1000] * (len(sizes) - 2)
+    read = open_split(tmp_path, "train")  # llm.c headers agree with the balanced counts
+    assert [f.tokens for f in read.files] == sizes
+    assert np.concatenate([np.asarray(t) for t in read.open()]).tolist() == tokens.tolist()
+
+
 def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path):
     from tokpack.data.documents import DocumentDataset
     from tokpack.evaluation import sweep
@@ -397,7 +417,8 @@ def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path
     for split in ("train", "val"):
         shards = meta["splits"][split]["shards"]
         assert [s["file"] for s in shards] == [f"{split}_{k:06d}.bin" for k in range(len(shards))]
-        assert all(s["tokens"] == 700 for s in shards[:-1]) and len(shards) > 1
+        assert all(s["tokens"] == 700 for s in shards[:-2]) and len(shards) > 1
+        assert all(350 <= s["tokens"] <= 700 for s in shards)  # balanced: none under half
         joined = b"".join((sharded / s["file"]).read_bytes() for s in shards)
         assert joined == (flat / f"{split}.bin").read_bytes()  # bare shards: the flat split, cut
         assert (sharded / f"{split}.idx").read_bytes() == (flat / f"{split}.idx").read_bytes()
@@ -410,7 +431,9 @@ def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path
     # Documents run on across shard boundaries and are read across them, whole.
     whole, cut = (DocumentDataset(f, 10**6, split="train") for f in (flat, sharded))
     assert len(cut) == len(whole) and all(torch.equal(cut[i], whole[i]) for i in range(len(whole)))
-    spanning = [i for i in range(len(cut)) if cut.starts[i] // 700 != (cut.ends[i] - 1) // 700]
+    ends = np.cumsum([s["tokens"] for s in meta["splits"]["train"]["shards"]])
+    shard_of = lambda t: int(np.searchsorted(ends, t, side="right"))  # noqa: E731
+    spanning = [i for i in range(len(cut)) if shard_of(cut.starts[i]) != shard_of(cut.ends[i] - 1)]
     assert spanning
     row = {r["model"]: r for r in sweep(sharded, baselines=["bigram"], block_size=16, quiet=True)}
     assert row["bigram"]["tokens"] == sum(s["tokens"] for s in meta["splits"]["val"]["shards"]) - len(

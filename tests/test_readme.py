@@ -56,3 +56,21 @@ def test_stateful_dataloader_snippet_resumes_exactly(tmp_path, prepared):
     code = "if __name__ == '__main__':\n" + textwrap.indent(example("torchdata") + check, "    ")
     done = run(tmp_path, prepared, code)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_packed_loop_trains_resumes_and_scores_each_document(tmp_path, prepared):
+    prelude = 'data_dir, block_size, batch_size, device, max_iters = "data/sample", 32, 4, "cpu", 3\n'
+    check = textwrap.dedent("""
+        fresh = iter(train_loader())
+        for _ in range(max_iters):
+            next(fresh)
+        expected, resumed = next(fresh), next(iter(train_loader(state)))
+        assert all(torch.equal(a, b) for a, b in zip(expected[:4], resumed[:4]))
+        assert (expected.x[:, 0] == 50256).all()  # every row starts at a document, with its BOS
+        from tokpack.split import open_split
+        n = int(open_split(data_dir, "val").lengths.sum())
+        assert result["tokens"] == n  # an append folder: each document's tokens, each after its inserted BOS
+        print("ok", result["loss"])
+    """)
+    done = run(tmp_path, prepared, prelude + example("packed") + check)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

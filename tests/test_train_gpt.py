@@ -27,13 +27,18 @@ def losses(out, rank=0):
     return [json.loads(line) for line in (out / f"losses-rank{rank}.jsonl").read_text().splitlines()]
 
 
+PACKED = ["--packing", "bestfit", "--split-long", "true", "--buffer-size", "8"]
+
+
 @pytest.mark.e2e
 def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path):
+    """With packed, document-masked rows (the sample config's); windows resume in test_loader."""
     k = 4
-    train(prepared, tmp_path / "straight", "--max-iters", str(2 * k))
-    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--stop-at", str(k))
+    train(prepared, tmp_path / "straight", "--max-iters", str(2 * k), *PACKED)
+    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--stop-at", str(k), *PACKED)
     assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, k + 1))
-    done = train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--resume", "--plot")
+    done = train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k), "--resume", "--plot", *PACKED)
+    assert "PackedDocuments(" in done.stdout and "val_documents loss" in done.stdout
     assert f"train_gpt: {tmp_path / 'resumed' / 'losses.png'} ({2 * k} steps, val " in done.stdout
     assert png_size(tmp_path / "resumed" / "losses.png") == (800, 450)
     straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
@@ -43,8 +48,8 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     b = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
     assert a["step"] == b["step"] == 2 * k and a["loader"] == b["loader"]
     assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
-    assert [e["loss"] for e in a["evals"]] == [e["loss"] for e in b["evals"]] and len(a["evals"]) == 3
-    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k + 2), "--resume")  # a longer run continues
+    assert [e["loss"] for e in a["evals"]] == [e["loss"] for e in b["evals"]] and len(a["evals"]) == 6
+    train(prepared, tmp_path / "resumed", "--max-iters", str(2 * k + 2), "--resume", *PACKED)  # a longer run continues
     assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, 2 * k + 3))
 
 
@@ -52,6 +57,7 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     (["--resume"], "--resume needs"),
     (["--device", "cuda"], "this torch has no CUDA device"),
     (["--n-layer", "x"], "argument --n-layer: invalid int value"),
+    (["--packing", "greedy"], "[data] packing 'greedy' is not one of none, aligned, bestfit"),
 ])
 def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fragment, capsys):
     if args[0] == "--device" and torch.cuda.is_available():

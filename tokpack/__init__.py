@@ -43,6 +43,8 @@ _EXPORTS = {
     "inverse_frequency_weights": "data.samplers",
     "DocumentDataset": "data.documents",
     "pad_collate": "data.documents",
+    "PackedDocuments": "data.packing",
+    "PackedBatch": "data.packing",
     "MixedWindows": "data.mixing",
     "TokenStream": "data.streams",
     "build_stream_loader": "data.streams",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from .data.documents import DocumentDataset, pad_collate
     from .data.loader import TokenLoader, build_loader
     from .data.mixing import MixedWindows
+    from .data.packing import PackedBatch, PackedDocuments
     from .data.runtime import rank_world, seed_worker, to_device
     from .data.samplers import (BucketBatchSampler, EpochSampler, InOrderSampler, MixtureSampler,
                                 RandomStartSampler, ResumableBatchSampler, WeightedSampler, inverse_frequency_weights)
@@ -77,6 +80,7 @@ __all__ = [
     "TokenWindows", "collate_windows", "build_loader", "TokenLoader", "seed_worker", "to_device", "rank_world",
     "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler", "WeightedSampler",
     "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset", "pad_collate",
+    "PackedDocuments", "PackedBatch",
     "MixedWindows", "TokenStream", "build_stream_loader", "evaluate", "PrepareConfig", "load_encoding",
     "read_meta", "Split", "open_split", "open_tokens",
 ]

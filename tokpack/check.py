@@ -2,8 +2,9 @@
 
     python -m tokpack.check data/sample [--batches 24] [--block-size 64] [--batch-size 8]
 
-Hashes the first N batches of the train loader (random starts, and shuffled epochs) and the val
-loader (in order), and compares, in one table: a fresh run against a second fresh run, a run
+Hashes the first N batches of the train loaders (random starts, shuffled epochs, packed
+documents) and the val loaders (in order, and document by document), and compares, in one
+table: a fresh run against a second fresh run, a run
 resumed from its state_dict at a random step, num_workers 0 against 2, and, for evaluation, one
 rank against the union of two simulated ranks. Exits 1 on any difference.
 """
@@ -16,17 +17,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .cli import parser, run_cli, table
 from .data.loader import TokenLoader, build_loader
+from .data.packing import PackedDocuments
 from .data.windows import TokenWindows
 from .split import open_splits
 
 
 def batch_hash(batch: Any) -> str:
-    """A short hash of a batch's tensors: a tuple of them, or a dict (in key order)."""
+    """A short hash of a batch's tensors (and numbers): a tuple of them, or a dict (in key order)."""
     digest = hashlib.sha256()
     for tensor in batch.values() if isinstance(batch, dict) else batch:
-        digest.update(tensor.numpy().tobytes())
+        digest.update(torch.as_tensor(tensor).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -59,11 +63,15 @@ def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, ba
     splits = open_splits(folder)
     train = TokenWindows(splits["train"], block_size)
     train_epochs = TokenWindows(splits["train"], block_size, stride=block_size)
-    val = TokenWindows(splits["val"], block_size, stride=block_size)
+    packed = PackedDocuments(splits["train"], block_size, packing="bestfit", buffer_size=64)
+    evaluations = {"val (in order)": TokenWindows(splits["val"], block_size, stride=block_size),
+                   "val (per document)": PackedDocuments(splits["val"], block_size, stride=block_size)}
     setups: dict[str, Callable[..., TokenLoader]] = {
         "train (random starts)": lambda **kw: build_loader(train, batch_size, seed, num_samples=batch_size * 5, **kw),
         "train (epochs)": lambda **kw: build_loader(train_epochs, batch_size, seed, shuffle=True, **kw),
-        "val (in order)": lambda **kw: build_loader(val, batch_size, seed, **kw),
+        "train (packed, best fit)": lambda **kw: build_loader(packed, batch_size, seed, **kw),
+        **{name: (lambda val=val, **kw: build_loader(val, batch_size, seed, **kw))
+           for name, val in evaluations.items()},
     }
     at = random.Random(seed).randrange(1, batches)
     rows: dict[str, dict[str, Any]] = {}
@@ -80,7 +88,8 @@ def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, ba
             if w != workers[0]:
                 record(f"workers={w} == workers={workers[0]}", name, take(build(num_workers=w), batches) == fresh)
         union = None
-        if name.startswith("val"):
+        if name in evaluations:
+            val = evaluations[name]
             one_epoch = lambda **kw: [batch_hash(b) for b in build_loader(val, 1, seed, **kw)]  # noqa: E731
             union = one_epoch() == [h for r in range(2) for h in one_epoch(rank=r, world_size=2)]
         record("1 rank == union of 2 ranks (per window)", name, union)

@@ -20,7 +20,7 @@ import inspect
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from .cli import parser, run_cli, table
 from .data.loader import build_loader
+from .data.packing import PackedBatch, PackedDocuments
 from .data.runtime import rank_world, to_device
 from .data.windows import IGNORE_INDEX, TokenWindows
 from .distributed import process_group
@@ -88,25 +89,32 @@ def _check_ids(model: torch.nn.Module, loader: Any, token_bytes: np.ndarray | No
                              "model's encoding (a wrong dtype reads garbage ids too)")
 
 
-def _scorer(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """Per-position log-probabilities of the targets (float32 or wider), from whatever ``model`` is.
 
     Models with ``target_log_probs`` (the n-gram baselines) are gathered from directly. Others give
     logits: as a tensor, the first item of a tuple (nanoGPT's ``(logits, loss)``), or ``.logits``
     (Hugging Face). A forward that takes ``targets`` (nanoGPT's) is given them, with -1 where we
-    ignore a label, since without targets it returns the last position's logits alone.
+    ignore a label, since without targets it returns the last position's logits alone. Packed
+    batches pass their ``position_ids`` and ``cu_seqlens`` on; a model that takes neither is refused
+    for them, since it would attend across documents.
     """
     direct = getattr(model, "target_log_probs", None)
     if direct is not None:
-        return direct
+        return lambda x, y, **packed: direct(x, y)  # an n-gram sees only the previous token
     forward = getattr(getattr(model, "_orig_mod", model), "forward", model)
     try:
-        takes_targets = "targets" in inspect.signature(forward).parameters
+        takes = set(inspect.signature(forward).parameters)
     except (TypeError, ValueError):
-        takes_targets = False
+        takes = set()
 
-    def score(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = model(x, targets=y.masked_fill(y == IGNORE_INDEX, -1)) if takes_targets else model(x)
+    def score(x: torch.Tensor, y: torch.Tensor, **packed: torch.Tensor) -> torch.Tensor:
+        if packed and not {"position_ids", "cu_seqlens"} <= takes:
+            raise ValueError(f"{type(model).__name__}.forward takes no position_ids and cu_seqlens, so on packed rows "
+                             "it would attend across documents; evaluate it on TokenWindows, or give it both")
+        if "targets" in takes:
+            packed["targets"] = y.masked_fill(y == IGNORE_INDEX, -1)
+        out = model(x, **packed)
         logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
         if logits.shape[:2] != x.shape:
             raise ValueError(f"{type(model).__name__} gave logits of shape {tuple(logits.shape)} for inputs of "
@@ -117,6 +125,12 @@ def _scorer(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], to
                                 reduction="none").view(y.shape)
 
     return score
+
+
+def to_device_batches(loader: Iterable[Any], device: torch.device) -> Iterator[Any]:
+    """The loader's batches on ``device``: (x, y) pairs, window batches or packed batches."""
+    for batch in loader:
+        yield to_device(batch if isinstance(batch, tuple) else tuple(batch), device)
 
 
 def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.device | None = None,
@@ -147,10 +161,12 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     model.eval()
     try:
         with torch.no_grad():
-            for x, y in loader:
-                x, y = to_device(x, device), to_device(y, device)
+            for batch in to_device_batches(loader, device):
+                x, y = batch[0], batch[1]
+                packed = ({"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens}
+                          if isinstance(batch, PackedBatch) else {})
                 scored = y != IGNORE_INDEX
-                losses = -torch.where(scored, score(x, y), 0)
+                losses = -torch.where(scored, score(x, y, **packed), 0)
                 loss_sums[0] += losses.sum(dtype=torch.float64)
                 counts[0] += scored.sum()
                 if lengths is not None:
@@ -206,8 +222,10 @@ def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Seq
 
 def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequence[str] = (), split: str = "val",
           block_size: int | None = None, strides: Sequence[int] | None = None, batch_size: int = 4,
-          add_k: float = 0.01, device: str = "cpu", quiet: bool = False) -> list[dict[str, Any]]:
-    """One result row per (model, stride)."""
+          add_k: float = 0.01, device: str = "cpu", quiet: bool = False,
+          documents: bool = False) -> list[dict[str, Any]]:
+    """One result row per (model, stride), and with ``documents`` a second one scoring each
+    document alone (packed rows with a document mask, ``PackedDocuments(stride=S)``)."""
     splits = open_splits(folder)
     if split not in splits:
         raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
@@ -228,12 +246,15 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
             raise ValueError(f"--block-size {T} is longer than {name}'s block size {model_block}; "
                              f"use --block-size {model_block} or less")
         for S in strides or [T]:
-            windows = TokenWindows(splits[split], T, stride=S)
-            loader = build_loader(windows, batch_size)
-            with tqdm(total=len(windows), unit="win", desc=f"{name} T={T} S={S}", disable=quiet or rank != 0,
-                      file=sys.stderr, leave=False) as bar:
-                result = evaluate(model, loader, device, token_bytes, progress=bar.update)
-            rows.append({"model": name, "split": split, "block_size": T, "stride": S, **result})
+            scopes = {"stream": TokenWindows(splits[split], T, stride=S)}
+            if documents:
+                scopes["documents"] = PackedDocuments(splits[split], T, stride=S)
+            for scope, dataset in scopes.items():
+                loader = build_loader(dataset, batch_size)
+                with tqdm(total=len(loader), unit="batch", desc=f"{name} T={T} S={S} {scope}",
+                          disable=quiet or rank != 0, file=sys.stderr, leave=False) as bar:
+                    result = evaluate(model, loader, device, token_bytes, progress=lambda _: bar.update())
+                rows.append({"model": name, "split": split, "block_size": T, "stride": S, "scope": scope, **result})
     return rows
 
 
@@ -250,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=4, help="windows per batch (default: 4)")
     p.add_argument("--add-k", type=float, default=0.01, help="n-gram smoothing constant (default: 0.01)")
     p.add_argument("--device", default="auto", help="device (default: auto, cuda when present, else cpu)")
+    p.add_argument("--documents", action="store_true",
+                   help="also score each document alone: packed rows, document-masked attention (default: off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: off)")
     p.add_argument("--plot", help="also draw loss and bits/byte against stride into this PNG (needs tokpack[plot])")
     args = p.parse_args(argv)
@@ -261,9 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             png_path(args.plot)  # a missing extra or a bad name is one line before the sweep, not after it
         with process_group(args.device) as place:
             rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
-                         args.batch_size, args.add_k, place.device, args.quiet)
+                         args.batch_size, args.add_k, place.device, args.quiet, args.documents)
         if place.leader:
-            print(table(rows, ["model", "split", "block_size", "stride", "loss", "ppl", "bits_per_token",
+            print(table(rows, ["model", "split", "block_size", "stride", "scope", "loss", "ppl", "bits_per_token",
                                "bits_per_byte", "tokens", "windows"]))
             if args.plot:
                 from .plot import plot_sweep

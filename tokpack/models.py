@@ -50,10 +50,14 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(c.dropout)
         self.n_head, self.dropout = c.n_head, c.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        if isinstance(mask, torch.Tensor) or mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            y = _flex_attention()(q, k, v, block_mask=mask)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -75,21 +79,57 @@ class Block(nn.Module):
         self.ln_1, self.attn = nn.LayerNorm(c.n_embd, bias=c.bias), SelfAttention(c)
         self.ln_2, self.mlp = nn.LayerNorm(c.n_embd, bias=c.bias), MLP(c)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
+
+
+def _flex_attention() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention
+
+
+def document_ids(cu_seqlens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Each token's segment, from boundaries over the flattened (B, T) tokens."""
+    positions = torch.arange(shape.numel(), device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return (torch.searchsorted(cu_seqlens, positions, right=True) - 1).view(shape)
+
+
+def document_mask(cu_seqlens: torch.Tensor, shape: torch.Size, attention: str = "sdpa") -> Any:
+    """Block-diagonal causal attention: a token sees the earlier tokens of its own segment only.
+
+    ``"sdpa"``: a (B, 1, T, T) boolean mask for ``scaled_dot_product_attention`` (O(B * T^2) memory,
+    any device); ``"flex"``: a FlexAttention ``BlockMask``, which skips the blocks outside documents.
+    """
+    doc = document_ids(cu_seqlens, shape)
+    if attention == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_document(b: Any, h: Any, q: Any, k: Any) -> Any:
+            return (q >= k) & (doc[b, q] == doc[b, k])
+
+        return create_block_mask(same_document, shape[0], None, shape[1], shape[1], device=str(doc.device))
+    causal = torch.ones(shape[1], shape[1], dtype=torch.bool, device=doc.device).tril()
+    return (causal & (doc[:, :, None] == doc[:, None, :]))[:, None]
 
 
 class GPT(nn.Module):
     """A decoder-only transformer: ids (B, T) -> logits (B, T, vocab_size).
 
     Parameter names and layout are nanoGPT's (``transformer.h.0.attn.c_attn.weight``, ...), so its
-    checkpoints load as they are; the forward contract is plain: logits for every position.
+    checkpoints load as they are; the forward contract is plain: logits for every position. Packed
+    rows pass ``position_ids`` (positions restart in each document) and ``cu_seqlens`` (document
+    boundaries over the flattened tokens), which makes attention block-diagonal: no token sees
+    another document. ``attention`` builds that mask: ``"sdpa"`` (any device), ``"flex"``
+    (FlexAttention), or ``"auto"``, flex on CUDA and SDPA elsewhere.
     """
 
-    def __init__(self, config: GPTConfig, seed: int = 0):
+    def __init__(self, config: GPTConfig, seed: int = 0, attention: str = "auto"):
         super().__init__()
-        self.config = config
+        if attention not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"attention {attention!r} is not one of auto, sdpa, flex")
+        self.config, self.attention = config, attention
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
@@ -110,14 +150,20 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         T = idx.shape[1]
-        if T > self.config.block_size:
+        if T > self.config.block_size and position_ids is None:
             raise ValueError(f"sequence of {T} tokens is longer than the model's block_size {self.config.block_size}")
         t = self.transformer
-        x = t.drop(t.wte(idx) + t.wpe(torch.arange(T, device=idx.device)))
+        positions = torch.arange(T, device=idx.device) if position_ids is None else position_ids
+        mask = None
+        if cu_seqlens is not None:
+            flex = self.attention == "flex" or (self.attention == "auto" and idx.is_cuda)
+            mask = document_mask(cu_seqlens, idx.shape, "flex" if flex else "sdpa")
+        x = t.drop(t.wte(idx) + t.wpe(positions))
         for block in t.h:
-            x = block(x)
+            x = block(x, mask)
         return self.lm_head(t.ln_f(x))
 
     def num_params(self) -> int:

@@ -3,6 +3,7 @@
     python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024]
     python -m tokpack.bench loader [--memory-batches 10000]
     python -m tokpack.bench open [--shards 200 2000]
+    python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024]
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
@@ -24,6 +25,7 @@ from pathlib import Path
 from ..cli import parser, run_cli
 from ..prepare.run import default_workers
 from .loops import bench_loader, bench_open, bench_train
+from .packing import bench_packing
 from .prepare import bench_prepare
 
 
@@ -64,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     op.add_argument("--shards", type=int, nargs="+", default=[200, 2000], help="shard counts (default: 200 2000)")
     op.add_argument("--shard-tokens", type=int, default=64, help="tokens per shard (default: 64)")
     op.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    kp = sub.add_parser("packing", help="PackedDocuments against nanochat's best-fit loop and plain windows")
+    kp.add_argument("--tokens", type=int, default=2_000_000, help="tokens of synthetic documents (default: 2000000)")
+    kp.add_argument("--mean-length", type=float, default=600.0, help="mean document length (default: 600)")
+    kp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
+    kp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
+    kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
+    kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
+    kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -75,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
                                        args.memory_batches, args.work, args.rounds, not args.no_peers,
                                        args.start_methods)
+        elif args.what == "packing":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_packing(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
+                                        args.buffer_size, args.rounds, args.mean_length)
         elif args.what == "open":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)

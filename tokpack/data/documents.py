@@ -51,6 +51,41 @@ def pad_collate(samples: Sequence[Any], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+class DocumentIndex:
+    """A split's documents: their starts and ends (from its ``.idx``, read once) and reads of any
+    token range across its files, memory-mapped lazily in each process."""
+
+    def __init__(self, split: Split):
+        self.split = split
+        self.offsets = np.concatenate([[0], np.cumsum(split.lengths)])  # of each file in the split
+        self.starts = read_index(split)
+        self.ends = np.append(self.starts[1:], int(self.offsets[-1]))
+        self._tokens: list[np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tokens": None}  # workers reopen the memmaps, never copy them
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def tokens(self) -> list[np.ndarray]:
+        if self._tokens is None:
+            self._tokens = self.split.open()
+        return self._tokens
+
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the split, across file boundaries."""
+        tokens = self.tokens()
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            local = start - int(self.offsets[first])
+            take = min(stop, int(self.offsets[first + 1])) - start
+            parts.append(tokens[first][local:local + take])
+            start, first = start + take, first + 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class DocumentDataset(Dataset):
     """The documents of a prepared split (from its ``.idx``), each truncated to ``max_length``.
 
@@ -71,15 +106,12 @@ class DocumentDataset(Dataset):
         """
         if max_length < 1:
             raise ValueError(f"max_length {max_length} must be at least 1")
-        self.split = open_split(path, split)
-        self.offsets = np.concatenate([[0], np.cumsum(self.split.lengths)])  # of each file in the split
-        n = int(self.offsets[-1])
-        starts = read_index(self.split)
-        self.starts, self.ends = starts, np.append(starts[1:], n)
+        self.index = DocumentIndex(open_split(path, split))
+        self.split, self.starts, self.ends = self.index.split, self.index.starts, self.index.ends
         self.max_length = max_length
         self.lengths = np.minimum(self.ends - self.starts, max_length)
-        if labels is not None and len(labels) != len(starts):
-            raise ValueError(f"{len(labels)} labels for {len(starts)} documents in {self.split.describe()}; "
+        if labels is not None and len(labels) != len(self.starts):
+            raise ValueError(f"{len(labels)} labels for {len(self.starts)} documents in {self.split.describe()}; "
                              "give one per document")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         if pad_id is None:
@@ -90,33 +122,16 @@ class DocumentDataset(Dataset):
         self.pad_id = pad_id
         # What build_loader collates with: a partial of a module-level function, so workers pickle it.
         self.default_collate_fn = functools.partial(pad_collate, pad_id=pad_id)
-        self._tokens: list[np.ndarray] | None = None
 
     def fingerprint(self) -> str:
         """The split's fingerprint: resume states taken on other data are refused."""
         return self.split.fingerprint
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokens": None}  # workers reopen the memmaps, never copy them
-
     def __len__(self) -> int:
         return len(self.starts)
 
-    def _span(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) of the split, across file boundaries."""
-        if self._tokens is None:
-            self._tokens = self.split.open()
-        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        parts = []
-        while start < stop:
-            local = start - int(self.offsets[first])
-            take = min(stop, int(self.offsets[first + 1])) - start
-            parts.append(self._tokens[first][local:local + take])
-            start, first = start + take, first + 1
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
     def __getitem__(self, i: int) -> Any:
         start = int(self.starts[i])
-        tokens = self.split.check_ids(self._span(start, start + int(self.lengths[i])))
+        tokens = self.split.check_ids(self.index.span(start, start + int(self.lengths[i])))
         ids = torch.from_numpy(tokens.astype(np.int64))
         return ids if self.labels is None else (ids, int(self.labels[i]))

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .runtime import mix_seed, resolve_pin_memory, seed_worker, to_device, worker_context
+from .packing import PackedDocuments, PackedRows
 from .samplers import STATE_VERSION, ResumableBatchSampler, check_state, index_sampler
 from .windows import CompactWindows, TokenWindows, collate_windows
 
@@ -56,8 +57,11 @@ class TokenLoader:
         for item in self.dataloader:
             if isinstance(item, CompactWindows):  # from workers: widen here, after the copy to the device
                 item = (item if self.device is None else item.to(self.device)).widen()
-            elif self.device is not None:
-                item = to_device(item, self.device)
+            else:
+                if isinstance(item, PackedRows):  # from workers: the document structure is computed here
+                    item = item.widen()
+                if self.device is not None:
+                    item = to_device(item, self.device)
             self.batch += 1
             if self.batch >= per_epoch:  # roll over now, so a state taken here resumes in the next epoch
                 self.epoch, self.batch = self.epoch + 1, 0
@@ -134,9 +138,11 @@ def build_loader(
         if persistent_workers or prefetch_factor is not None:
             warnings.warn("persistent_workers and prefetch_factor have no effect with num_workers=0", stacklevel=2)
         persistent_workers, prefetch_factor = False, None
-    # Workers send a TokenWindows batch as its stored tokens (2 or 4 bytes each), not as int64 x
-    # and y (16 bytes); a subclass that overrides __getitems__ gets its own batches unchanged.
-    compact = num_workers > 0 and getattr(type(dataset), "__getitems__", None) is TokenWindows.__getitems__
+    # Workers send TokenWindows and PackedDocuments batches as their stored tokens (2 or 4 bytes
+    # each), not as int64 x and y (16 bytes); a subclass that overrides __getitems__ gets its own
+    # batches unchanged.
+    compact = num_workers > 0 and getattr(type(dataset), "__getitems__", None) in (
+        TokenWindows.__getitems__, PackedDocuments.__getitems__)
     read = copy.copy(dataset) if compact else dataset
     if compact:
         read.compact = True  # type: ignore[attr-defined]

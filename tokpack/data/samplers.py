@@ -139,7 +139,8 @@ class SamplerIterator(Iterator[list[int]]):
         if not self.claimed:
             self.claimed = True
             self.sampler.epoch, self.sampler.start_batch = self.epoch + 1, 0
-        indices = Batch(next(self._batches))
+        batch = next(self._batches)
+        indices = batch if isinstance(batch, Batch) else Batch(batch)
         indices.seed = self.sampler.batch_seed(self.epoch, self.batch)
         self.batch += 1
         return indices

@@ -67,14 +67,16 @@ def save_png(fig: Any, path: str | Path) -> Path:
 
 def plot_sweep(rows: Sequence[dict[str, Any]], path: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
     """Loss and bits/byte against stride (the context every scored token has: T - S before the
-    window's new targets), one line per model, from ``tokpack.evaluate``'s sweep rows.
+    window's new targets), one line per model (and per model scored document by document), from
+    ``tokpack.evaluate``'s sweep rows.
 
     Returns {model: {stride: (loss, bits_per_byte)}}: the points drawn.
     """
     plt = pyplot()
     points: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
     for row in rows:
-        points[row["model"]][row["stride"]] = (row["loss"], row["bits_per_byte"])
+        label = row["model"] + (" (per document)" if row.get("scope") == "documents" else "")
+        points[label][row["stride"]] = (row["loss"], row["bits_per_byte"])
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
     for model, by_stride in points.items():
         strides = sorted(by_stride, reverse=True)

@@ -25,7 +25,7 @@ def draw_run(run_dir: str | Path, path: str | Path, device: str = "cpu") -> dict
     run_dir = Path(run_dir)
     train = read_losses(run_dir)
     model, ckpt = load_gpt(run_dir / "ckpt.pt", device)
-    val = {int(e["step"]): float(e["loss"]) for e in ckpt.get("evals", [])}
+    val = {int(e["step"]): float(e["loss"]) for e in ckpt.get("evals", []) if "scope" not in e}
     data_dir = ckpt.get("config", {}).get("data_dir")
     if not isinstance(data_dir, str):
         raise ValueError(f"{run_dir / 'ckpt.pt'} names no data_dir in its config; pass a scripts/train_gpt.py run")

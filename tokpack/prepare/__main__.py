@@ -24,7 +24,12 @@ def summary(result: dict[str, Any]) -> str:
     lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']}, "
              f"{result['options']['format']})"]
     for split, info in result["splits"].items():
-        shards = f"  {len(info['shards'])} shards" if "shards" in info else ""
+        shards = ""
+        if "shards" in info:
+            # llm.c's loader needs processes x B x T + 1 tokens in every shard it opens.
+            smallest = min(s["tokens"] for s in info["shards"])
+            shards = (f"  {len(info['shards'])} shards, the smallest {smallest:,} tokens "
+                      f"(llm.c: processes x B x T up to {smallest - 1:,})")
         lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
     lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
                  f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
@@ -58,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "the narrowest that holds every id)")
     p.add_argument("--val-fraction", type=float, help=f"share of documents (or of a lone document's tail) "
                    f"that goes to val (default: {d('val_fraction')})")
+    p.add_argument("--val-tokens", type=int, help="a fixed val budget instead: the documents first in hash order "
+                   "until they hold at least N tokens, e.g. modded-nanogpt's 10485760 (default: 0, off)")
+    p.add_argument("--val-inputs", nargs="+", help="these files, folders or globs are the val split, whole (nanochat's "
+                   "last parquet file, llm.c's first shard); the rest is train (default: none)")
     p.add_argument("--seed", type=int, help=f"seed of the per-document split hash (default: {d('seed')})")
     p.add_argument("--eot", choices=EOT_MODES, help=f"where <|endoftext|> goes around each document (default: "
                    f"{d('eot')}: append, prepend with --format llmc, none for a corpus of one document)")
@@ -83,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         config_path = args.pop("config")
         args["inputs"] = tuple(args["inputs"]) or None
+        args["val_inputs"] = tuple(args["val_inputs"] or ()) or None
         config = build_config(PrepareConfig, config_path, args)
         fix_mmap_threshold()  # this process only prepares: keep its peak flat
         result = prepare(config)

@@ -30,6 +30,8 @@ class PrepareConfig:
     eot_token: str | None = None
     dtype: str = "auto"
     val_fraction: float = 0.1
+    val_tokens: int = 0
+    val_inputs: tuple[str, ...] = ()
     seed: int = 1337
     eot: str = "auto"
     doc_sep: str | None = None
@@ -48,6 +50,11 @@ class PrepareConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
+        object.__setattr__(self, "val_inputs", tuple(map(str, self.val_inputs)))
+        if self.val_tokens < 0:
+            raise ValueError(f"--val-tokens {self.val_tokens} is negative; use 0 for --val-fraction, or N > 0")
+        if self.val_tokens and self.val_inputs:
+            raise ValueError("--val-tokens and --val-inputs each choose the val split; pass one of them")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction {self.val_fraction} must lie strictly between 0 and 1; try 0.1")
         if self.eot not in EOT_MODES:
@@ -71,7 +78,7 @@ class PrepareConfig:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
 
     def output_options(self) -> dict[str, Any]:
-        keys = ("encoding", "eot_token", "dtype", "val_fraction", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
+        keys = ("encoding", "eot_token", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
                 "format", "shard_tokens", "unit_mb")
         return {k: getattr(self, k) for k in keys}
 
@@ -95,3 +102,4 @@ class Plan:
     workers: int
     started: float
     backend: Any = None  # an accelerated encoder proven for this encoding (tokenizer.fast), or None: tiktoken
+    holdout: Any = None  # the val rule (prepare.holdout.Holdout)

@@ -29,7 +29,7 @@ from ..format import FORMAT_VERSION, SPLITS, remove_leftovers
 from ..inputs import resolve_groups
 from ..tokenizer import HFEncoding, load_encoding, ranks_sha256, token_dtype
 from ..tokenizer.fast import choose_backend
-from . import units
+from . import holdout, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
@@ -126,8 +126,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         meta = _run(plan, ranks)
     for split, info in meta["splits"].items():
         if info["tokens"] < SHORT_SPLIT:
-            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful "
-                          "windows; raise --val-fraction or add documents", stacklevel=2)
+            warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful windows; "
+                          "give it more (--val-fraction, --val-tokens, --val-inputs) or add documents", stacklevel=2)
     elapsed = time.perf_counter() - started
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed, "peak_rss_mb": peak_rss_mb(),
@@ -145,8 +145,19 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     enc = load_encoding(config.encoding, config.eot_token)
     dtype = token_dtype(enc, config.dtype)
     groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
+    val_files: list[Path] = []
+    if config.val_inputs:
+        val_files = [f for _, found in resolve_groups(config.val_inputs) for f in found]
+        listed = {f for _, found in groups for f in found}
+        groups += [(str(f), [f]) for f in val_files if f not in listed]  # val inputs not among the inputs
+        if all(f in set(val_files) for _, found in groups for f in found):
+            raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
+                             "name only the val files")
     files = tuple(f for _, found in groups for f in found)
-    single = is_single_document(files, config.doc_sep)
+    single = not config.val_inputs and is_single_document(files, config.doc_sep)
+    if single and config.val_tokens:
+        raise ValueError(f"--val-tokens chooses whole documents, but {files[0]} is one document; "
+                         "use --val-fraction, or --doc-sep to cut it into documents")
     if config.doc_sep and all(map(is_records, files)):
         warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
                       stacklevel=3)
@@ -170,15 +181,21 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     count = max(world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
     inputs = _describe_inputs(groups, sizes)
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
-                                     "inputs": inputs["listing_sha256"]})
+                                     "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files))})
     cores = default_workers()
     if config.workers > cores:
         # Each worker holds pieces in flight: beyond the cores they cost memory and add no speed.
         warnings.warn(f"--workers {config.workers} is more than the {cores} cores this process may use; "
                       f"using {cores}", stacklevel=3)
     backend = None if isinstance(enc, HFEncoding) else choose_backend(enc, config.backend)
+    if config.val_inputs:
+        rule = holdout.by_inputs(val_files, config.val_inputs)
+    elif config.val_tokens:
+        rule = holdout.by_tokens(config.val_tokens, files, enc, eot, config.seed, config.output_options())
+    else:
+        rule = holdout.by_fraction(config.val_fraction)
     return Plan(config, enc, dtype, eot, single, files, sizes, inputs, out, sharded, count, fingerprint,
-                min(config.workers or cores, cores), started, backend)
+                min(config.workers or cores, cores), started, backend, rule)
 
 
 def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
@@ -233,8 +250,9 @@ def _meta(plan: Plan, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "dtype": plan.dtype.name,
         "eot": plan.eot,
         "single_document": plan.single,
+        "val": plan.holdout.describe(),
         "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
-        "splits": _combined(parts, plan.config),
+        "splits": _combined(parts, plan.holdout),
         "inputs": {**plan.inputs, "units_sha256": [part["input_sha256"] for part in parts]},
         "options": plan.config.output_options(),
     }
@@ -244,7 +262,7 @@ def _input_folders(config: PrepareConfig) -> list[Path]:
     return [Path(i) for i in config.inputs if Path(i).is_dir()]
 
 
-def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, Any]:
+def _combined(parts: list[dict[str, Any]], rule: holdout.Holdout) -> dict[str, Any]:
     """meta.json's splits from every unit's part, in input order (the index comes at publishing)."""
     splits = {}
     for split in SPLITS:
@@ -262,8 +280,7 @@ def _combined(parts: list[dict[str, Any]], config: PrepareConfig) -> dict[str, A
         raise ValueError("the corpus holds no text; pass non-empty files")
     for split, info in splits.items():
         if not info["documents"]:
-            raise ValueError(
-                f"the {split} split would be empty: all {seen} documents hashed to the other "
-                f"split with --val-fraction {config.val_fraction}; add documents or change --val-fraction"
-            )
+            option = {"fraction": "--val-fraction", "tokens": "--val-tokens", "inputs": "--val-inputs"}[rule.kind]
+            raise ValueError(f"the {split} split would be empty: all {seen} documents went to the other split with "
+                             f"{option} {rule.value}; add documents or change {option}")
     return splits

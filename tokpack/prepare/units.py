@@ -39,7 +39,7 @@ from ..tokenizer import HFEncoding, can_cut, encode_in_order
 from ..tokenizer.fast import check_piece, sampled
 from .cluster import share_of
 from .config import LLMC_SHARD_TOKENS, Plan
-from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, in_val, write_json_atomic
+from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -221,8 +221,9 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
     share = share_of(files, plan.sizes, unit, plan.units)
     # Hashed before it is tokenized, which then reads it from the page cache.
     digest = input_sha256(share)
-    docs: Iterator[Iterator[str]] = documents(share, config.errors, config.doc_sep, config.jsonl_key,
-                                              config.text_column)
+    read = lambda entries: documents(entries, config.errors, config.doc_sep, config.jsonl_key,  # noqa: E731
+                                     config.text_column)
+    docs: Iterator[Iterator[str]] = read(share)
     if plan.single and share:
         n = count_chars(files[0], config.errors)
         if n == 0:
@@ -249,7 +250,13 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
         def encode(texts: list[str]) -> list[np.ndarray]:
             return [enc.encode_to_numpy(text, disallowed_special=()).astype(plan.dtype) for text in texts]
         workers, batch_chars = plan.workers, config.piece_chars
-    stream = encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, batch_chars)
+    def stream(docs: Iterator[Iterator[str]]) -> Iterator[tuple[Piece, np.ndarray]]:
+        return encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, batch_chars)
+
+    # By file, the val inputs' documents go to val and the others to train, each in input order.
+    passes = ([("val", [e for e in share if e[0] in plan.holdout.files]),
+               ("train", [e for e in share if e[0] not in plan.holdout.files])]
+              if plan.holdout.kind == "inputs" else [(None, share)])
     writers: dict[str, SplitWriter] = {}
     try:
         megatron = config.format == "megatron"
@@ -257,7 +264,9 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
             writers[s] = SplitWriter(out, s, plan.dtype, plan.eot, enc.eot_token, layout(plan, s, unit),
                                      f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx",
                                      f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
-        tokenize(stream, writers, DocumentBuffer(out, config.seed), plan, sum(plan.sizes[f] for f, _, _ in share))
+        for only, entries in passes:
+            tokenize(stream(docs if only is None else read(entries)), writers, DocumentBuffer(out, config.seed), plan,
+                     sum(plan.sizes[f] for f, _, _ in entries), only)
         splits = {}
         for s, writer in writers.items():
             info = writer.close()
@@ -289,8 +298,9 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
-             plan: Plan, total_bytes: int) -> None:
-    """Every piece into its split's writer: a lone document by its cut, others by their hash."""
+             plan: Plan, total_bytes: int, only: str | None = None) -> None:
+    """Every piece into its split's writer: a lone document by its cut, others by their hash, or
+    all into split ``only``."""
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=plan.config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
@@ -310,7 +320,7 @@ def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, Spli
                 continue
             buffer.add(raw, tokens)
             if piece.last:
-                split = "val" if in_val(buffer.hash.digest(), plan.config.val_fraction) else "train"
+                split = only or ("val" if plan.holdout.is_val(buffer.hash.digest()) else "train")
                 buffer.drain_into(writers[split])
                 buffer.reset()
     finally:

@@ -21,16 +21,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .holdout import document_hash
 from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
                       remove_own, tmp_path)
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
-
-
-def in_val(text_hash: bytes, val_fraction: float) -> bool:
-    """The split rule: a document goes to val when its seeded hash falls under the fraction."""
-    return int.from_bytes(text_hash, "big") < val_fraction * 2**64
 
 
 @contextlib.contextmanager
@@ -108,7 +104,13 @@ class ShardLayout:
 class ShardWriter:
     """A split as shard files (llm.c's: 256 int32 header words, magic, version, token count, then
     the tokens; or bare tokens). Documents run on across shard boundaries, so the shards' tokens,
-    concatenated, are the flat split."""
+    concatenated, are the flat split.
+
+    A full shard is held open until the next one fills too: if the writer closes with a last shard
+    under half of ``max_tokens``, the two share their tokens evenly, so no shard of a writer falls
+    below half (llm.c's loader aborts on a shard shorter than processes x B x T + 1 tokens, and
+    modded-nanogpt's on a short validation shard). Costs one extra pass over one shard, in blocks.
+    """
 
     def __init__(self, folder: Path, layout: ShardLayout, dtype: np.dtype):
         self.folder, self.dtype, self.layout = folder, dtype, layout
@@ -119,6 +121,7 @@ class ShardWriter:
         self.paths: list[Path] = []
         self._file: BinaryIO | None = None
         self._count = 0
+        self._held: tuple[BinaryIO, int] | None = None  # a full shard, not yet finished
 
     def _open(self) -> None:
         path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
@@ -139,39 +142,70 @@ class ShardWriter:
             self._count += min(room, len(data))
             data = data[room:]
             if self._count == self.shard_tokens:
-                self._finish()
+                if self._held is not None:
+                    self._finish(*self._held, self.shard_tokens)
+                self._held, self._file = (self._file, len(self.paths) - 1), None  # type: ignore[assignment]
 
-    def _finish(self) -> None:
-        f = self._file
-        assert f is not None
+    def _balance(self) -> None:
+        """Move the held shard's last tokens to the front of the open, short one: halves of their sum."""
+        assert self._held is not None and self._file is not None
+        (held, index), f = self._held, self._file
+        head, size = SHARD_HEADER_BYTES if self.layout.header else 0, self.dtype.itemsize
+        keep = (self.shard_tokens + self._count + 1) // 2
+        moved = (self.shard_tokens - keep) * size
+        with named_errors(self.paths[-1]):
+            pos = head + self._count * size
+            while pos > head:  # shift the open shard's tokens up by `moved`, from the end backwards
+                n = min(1 << 22, pos - head)
+                pos -= n
+                f.seek(pos)
+                chunk = f.read(n)
+                f.seek(pos + moved)
+                f.write(chunk)
+            held.seek(head + keep * size)
+            f.seek(head)
+            while chunk := held.read(1 << 22):
+                f.write(chunk)
+            held.truncate(head + keep * size)
+        self._count += self.shard_tokens - keep
+        self._held = None
+        self._finish(held, index, keep)
+
+    def _finish(self, f: BinaryIO, index: int, count: int) -> None:
         if self.layout.header:
             header = np.zeros(SHARD_HEADER_BYTES // 4, dtype="<i4")
-            header[:3] = (self.magic, self.version, self._count)
+            header[:3] = (self.magic, self.version, count)
             f.seek(0)
             f.write(header.tobytes())
-        with named_errors(self.paths[-1]):
+        with named_errors(self.paths[index]):
             f.flush()
             os.fsync(f.fileno())
         f.seek(0)
         digest = hashlib.sha256()
         while chunk := f.read(1 << 22):
             digest.update(chunk)
-        self.shards.append({"file": self.paths[-1].name, "bytes": f.tell(), "sha256": digest.hexdigest(),
-                            "tokens": self._count})
+        self.shards.append({"file": self.paths[index].name, "bytes": f.tell(), "sha256": digest.hexdigest(),
+                            "tokens": count})
         f.close()
-        self._file = None
 
     def close(self) -> list[dict[str, Any]]:
+        if self._held is not None and self._file is not None and 2 * self._count < self.shard_tokens:
+            self._balance()
+        if self._held is not None:
+            self._finish(*self._held, self.shard_tokens)
+            self._held = None
         if self._file is not None:
-            self._finish()
+            self._finish(self._file, len(self.paths) - 1, self._count)
+            self._file = None
         return self.shards
 
     def renames(self) -> list[tuple[str, str]]:
         return [(str(tmp_path(path)), str(path)) for path in self.paths]
 
     def discard(self) -> None:
-        if self._file is not None:
-            _close_quietly(self._file)
+        for f in (self._file, self._held[0] if self._held else None):
+            if f is not None:
+                _close_quietly(f)
         for path in self.paths:
             remove_own(tmp_path(path))
 
@@ -249,7 +283,7 @@ class DocumentBuffer:
         """Empty, for the next document; its split hash is keyed by the seed."""
         self.parts: list[np.ndarray] = []
         self.held = self.spilled = 0
-        self.hash = hashlib.blake2b(digest_size=8, key=self.key)
+        self.hash = document_hash(self.key)
         if self._spill is not None:
             self._spill.seek(0)
             self._spill.truncate()

@@ -1,0 +1,336 @@
+"""PackedDocuments against each client's own rule, written as a miniature: modded-nanogpt's
+BOS-aligned flat batches, nanochat's best fit (the bench's peer, ``tokpack.bench.packing``),
+Hugging Face's flattening collator, and scoring each document alone."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from helpers import make_docs, prepare_docs
+from tokpack.bench.packing import nanochat_bestfit
+from tokpack.check import resumed, take
+from tokpack.data.loader import build_loader
+from tokpack.data.packing import PackedDocuments, document_stream
+from tokpack.evaluation import evaluate
+from tokpack.models import GPT, GPTConfig
+from tokpack.split import open_split, read_index
+
+EOT = 50256
+
+
+@pytest.fixture(scope="module")
+def prepended(tmp_path_factory):
+    """Documents led by <|endoftext|>, as llm.c and modded-nanogpt store them."""
+    return prepare_docs(tmp_path_factory.mktemp("prepend"), make_docs(120, seed=3, words=90), eot="prepend",
+                        val_fraction=0.2)
+
+
+@pytest.fixture(scope="module")
+def few(tmp_path_factory):
+    """A handful of short documents, each ended by <|endoftext|> (--eot append): cheap to score one by one."""
+    return prepare_docs(tmp_path_factory.mktemp("few"), make_docs(16, seed=5, words=45), val_fraction=0.5)
+
+
+def stored(folder, split="train"):
+    return np.concatenate([np.asarray(t) for t in open_split(folder, split).open()]).astype(np.int64)
+
+
+# -- modded-nanogpt: BOS-aligned flat batches ---------------------------------------------------
+
+def modded_batches(tokens, num_tokens, max_seq_len, max_num_docs):
+    """modded-nanogpt's distributed_data_generator on one rank, as a miniature: from each BOS in
+    order, a document cut at the next BOS, at max_seq_len and at the batch's N + 1 tokens; the next
+    batch starts at the next BOS; cum_lengths padded with N to max_num_docs."""
+    bos_idx = np.flatnonzero(tokens == EOT)
+    i = 0
+    while True:
+        starts, ends, cur_len = [], [], 0
+        while cur_len <= num_tokens:
+            if i >= len(bos_idx):
+                return
+            cur = bos_idx[i]
+            starts.append(cur)
+            i += 1
+            end = min(bos_idx[i] if i < len(bos_idx) else len(tokens), cur + max_seq_len, cur + num_tokens - cur_len + 1)
+            ends.append(end)
+            cur_len += end - cur
+        buf = np.concatenate([tokens[s:e] for s, e in zip(starts, ends)])
+        ends[-1] -= 1
+        cum = np.cumsum(np.array(ends) - np.array(starts))
+        padded = np.full(max_num_docs, num_tokens)
+        padded[0] = 0
+        padded[1:len(cum) + 1] = cum
+        yield buf[:-1], buf[1:], padded
+
+
+def test_flat_aligned_batches_are_modded_nanogpts(prepended):
+    N, max_seq_len, max_docs = 96, 40, 12
+    data = PackedDocuments(prepended, N, split="train", packing="aligned", max_doc_len=max_seq_len, form="flat",
+                           max_docs=max_docs - 1)
+    assert not data.insert_bos  # --eot prepend: every document already starts with BOS
+    ours = take_batches(build_loader(data, 1, seed=0, shuffle=False), 30)
+    theirs = list(itertools.islice(modded_batches(stored(prepended), N, max_seq_len, max_docs), 30))
+    assert len(theirs) == 30
+    starts = set(read_index(open_split(prepended, "train")).tolist())
+    for batch, (x, y, cum) in zip(ours, theirs):
+        assert batch.x.shape == (1, N)
+        assert batch.x[0].tolist() == x.tolist() and batch.y[0].tolist() == y.tolist()
+        assert batch.cu_seqlens.tolist() == cum.tolist()
+        bounds = batch.cu_seqlens[batch.cu_seqlens < N].long()
+        assert batch.x[0, 0] == EOT and (batch.x[0, bounds] == EOT).all()
+        assert batch.max_seqlen == int(np.diff(cum).max()) <= max_seq_len
+    # Each row's documents start where the index says documents start.
+    first = [row[0][0] for row in itertools.islice(data.rows(), 30)]
+    assert {int(data.index.starts[d]) for d in first} <= starts
+
+
+def take_batches(loader, n):
+    return list(itertools.islice(iter(loader), n))
+
+
+# -- nanochat: best fit ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("buffer_size", [1, 8, 64])
+def test_bestfit_rows_are_nanochats_with_no_padding(prepared, buffer_size):
+    T, rows = 48, 40
+    data = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=buffer_size)
+    assert data.insert_bos  # --eot append: the dataset leads each document with the BOS
+    tokens = stored(prepared)
+    bounds = list(zip(data.index.starts.tolist(), data.index.ends.tolist()))
+    docs = [[EOT, *tokens[s:e].tolist()] for s, e in bounds]  # as nanochat's tokenizer hands them over
+    counts = {}
+    theirs = list(itertools.islice(nanochat_bestfit(docs, 4, T, buffer_size, counts), rows // 4))
+    batches = take_batches(build_loader(data, 4, seed=0, shuffle=False), rows // 4)
+    for ours, (x, y) in zip(batches, theirs, strict=True):
+        assert torch.equal(ours.x, x) and torch.equal(ours.y, y)
+    stats = data.stats(rows, shuffle=False)
+    assert stats["utilisation"] == 1.0 and stats["cropped"] == pytest.approx(counts["cropped"] / counts["placed"])
+    assert all((b.x[:, 0] == EOT).all() for b in batches)
+
+
+def test_aligned_rows_start_at_documents_and_state_what_they_drop(prepared):
+    T = 32
+    data = PackedDocuments(prepared, T, split="train", packing="aligned")
+    lengths = (data.index.ends - data.index.starts + 1).tolist()  # with the inserted BOS
+    rows = list(itertools.islice(data.rows(), 50))
+    # The rule: documents in order (epoch after epoch), each cut to T + 1; the one reaching the
+    # row's end is cut there.
+    expected, row, room = [], [], T + 1
+    for doc, n in itertools.islice(itertools.cycle(enumerate(lengths)), 10**4):
+        take = min(n, T + 1, room)
+        row.append((doc, 0, take, 0))
+        room -= take
+        if room == 0:
+            expected.append(tuple(row))
+            row, room = [], T + 1
+    assert rows == expected[:50]
+    dropped = sum(lengths[d] - n for r in rows for d, _, n, _ in r)
+    assert data.stats(50, shuffle=False)["cropped"] == pytest.approx(dropped / sum(lengths[d] for r in rows for d, *_ in r))
+
+
+# -- the batch's document structure ---------------------------------------------------------------
+
+def test_position_ids_cu_seqlens_and_the_boundary_mask_follow_the_documents(prepared):
+    T = 40
+    plain = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=16)
+    masked = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=16, mask_boundary=True)
+    rows = list(itertools.islice(plain.rows(), 6))
+    a, b = plain.__getitems__(rows), masked.__getitems__(rows)
+    assert torch.equal(a.x, b.x) and torch.equal(a.position_ids, b.position_ids)
+    flat_x, flat_pos, flat_y, flat_masked = a.x.reshape(-1), a.position_ids.reshape(-1), a.y.reshape(-1), b.y.reshape(-1)
+    cu = a.cu_seqlens.tolist()
+    assert cu[0] == 0 and cu[-1] == 6 * T and a.cu_seqlens.dtype == torch.int32
+    assert set(range(0, 6 * T, T)) <= set(cu)  # every row starts a segment
+    for s, e in zip(cu[:-1], cu[1:]):
+        assert flat_pos[s:e].tolist() == list(range(e - s))
+        assert flat_x[s] == EOT
+        # Only the last target of a segment may lie across a boundary (its row goes on): masked then.
+        if e % T:
+            assert flat_masked[e - 1] == -100 and flat_y[e - 1] == flat_x[e] == EOT
+        assert (flat_masked[s:e - 1] == flat_y[s:e - 1]).all() and (flat_y[s:e - 1] != -100).all()
+    assert a.max_seqlen == max(e - s for s, e in zip(cu[:-1], cu[1:]))
+
+
+class HFStyleLM(torch.nn.Module):
+    """A Hugging Face causal LM's contract in miniature: forward(input_ids, position_ids, labels)
+    shifts the labels itself, and, given one flattened row, finds the packed sequences where
+    position_ids restart at 0 (as its flash-attention path does)."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, input_ids, position_ids, labels):
+        flat = position_ids.reshape(-1)
+        starts = torch.cat([torch.nonzero(flat == 0)[:, 0], torch.tensor([flat.numel()])]).to(torch.int32)
+        logits = self.gpt(input_ids, position_ids, starts)
+        return F.cross_entropy(logits[0, :-1].double(), labels[0, 1:], ignore_index=-100, reduction="sum")
+
+
+def test_the_hf_form_trains_an_hf_style_model_on_each_document_alone(prepared):
+    T = 32
+    gpt = GPT(GPTConfig(vocab_size=50304, block_size=2 * T, n_layer=1, n_head=2, n_embd=16)).double()
+    hf = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, form="hf")
+    rows = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, mask_boundary=True)
+    batch = next(iter(build_loader(hf, 3, seed=0)))
+    assert set(batch) == {"input_ids", "labels", "position_ids"} and batch["input_ids"].shape == (1, 3 * T)
+    reference = next(iter(build_loader(rows, 3, seed=0)))
+    assert torch.equal(batch["input_ids"][0], reference.x.reshape(-1))
+    starts = reference.cu_seqlens[:-1].long()
+    assert (batch["labels"][0, starts] == -100).all() and (batch["position_ids"][0, starts] == 0).all()
+    with torch.no_grad():
+        loss = HFStyleLM(gpt)(**batch)
+        alone = 0.0
+        x = reference.x.reshape(-1)
+        cu = reference.cu_seqlens.tolist()
+        for s, e in zip(cu[:-1], cu[1:]):
+            logits = gpt(x[s:e][None])[0]
+            alone += F.cross_entropy(logits[:-1], x[s + 1:e], reduction="sum").item()
+    assert loss.item() == pytest.approx(alone, rel=1e-9)
+
+
+# -- exact per-document evaluation ------------------------------------------------------------------
+
+def test_packed_masked_evaluation_equals_each_document_scored_alone(few):
+    T = 12
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50304, block_size=T, n_layer=1, n_head=2, n_embd=16), seed=1).double()
+    tokens = stored(few, "val")
+    split = open_split(few, "val")
+    starts = read_index(split).tolist()
+    docs = [[EOT, *tokens[s:e].tolist()] for s, e in zip(starts, [*starts[1:], len(tokens)])]
+    assert max(map(len, docs)) > 3 * T  # documents longer than a row are scored as sliding windows
+    for S in (T, 5):
+        # Each document alone: windows of T + 1 at stride S, targets scored once (TokenWindows' rule);
+        # windows of one length go through the model together.
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for doc in docs:
+                d = torch.tensor(doc)
+                starts = list(range(0, max(len(doc) - T - 1, 0) + S, S)) if len(doc) > T + 1 else [0]
+                starts = [s for s in starts if s == 0 or s + T - S + 1 < len(doc)]
+                for group in ([s for s in starts if s + T + 1 <= len(doc)], [s for s in starts if s + T + 1 > len(doc)]):
+                    if not group:
+                        continue
+                    pieces = torch.stack([d[s:s + min(T + 1, len(doc) - s)] for s in group])
+                    losses = F.cross_entropy(model(pieces[:, :-1]).transpose(1, 2), pieces[:, 1:], reduction="none")
+                    for row, s in enumerate(group):
+                        skip = 0 if s == 0 else T - S
+                        total += losses[row, skip:].sum().item()
+                        count += losses.shape[1] - skip
+        data = PackedDocuments(few, T, split="val", stride=S)
+        one = evaluate(model, build_loader(data, 3), "cpu")
+        assert one["tokens"] == count == sum(len(d) - 1 for d in docs)
+        assert one["loss"] * one["tokens"] == pytest.approx(total, rel=1e-9)
+        shares = [evaluate(model, build_loader(data, 3, rank=r, world_size=2), "cpu") for r in range(2)]
+        assert sum(s["tokens"] for s in shares) == count
+        assert sum(s["loss"] * s["tokens"] for s in shares) == pytest.approx(total, rel=1e-9)
+        stats = data.stats(10**6)
+        assert stats["cropped"] == 0 and stats["utilisation"] < 1.0  # evaluation rows are padded, never cropped
+
+
+def test_a_model_without_position_ids_is_refused_on_packed_rows(prepared):
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50304, 8)
+
+        def forward(self, x):
+            return self.emb(x)
+
+    data = PackedDocuments(prepared, 16, split="val", stride=16)
+    with pytest.raises(ValueError, match="takes no position_ids and cu_seqlens"):
+        evaluate(Plain(), build_loader(data, 2), "cpu")
+
+
+# -- samplers, workers, ranks and resume ------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_at_random_batches_gives_the_uninterrupted_batches(prepared, workers):
+    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    build = lambda: build_loader(data, 4, seed=7, num_workers=workers)  # noqa: E731
+    fresh = take(build(), 12)
+    rng = np.random.default_rng(workers)
+    for at in rng.integers(1, 12, size=2).tolist():
+        assert resumed(build, 12, at) == fresh
+    assert len(set(fresh)) == 12
+
+
+def test_training_rows_are_a_function_of_the_seed_and_rank_shares_are_disjoint(prepared):
+    data = PackedDocuments(prepared, 32, split="train", packing="aligned")
+    n = len(data)
+
+    def one_epoch(seed, rank=0, world=1):
+        return [d for d, _ in itertools.islice(document_stream(data.lengths, seed, rank, world, True), n // world)]
+
+    assert sorted(one_epoch(1)) == list(range(n)) and one_epoch(1) != one_epoch(2) and one_epoch(1) == one_epoch(1)
+    shares = [set(one_epoch(1, r, 2)) for r in range(2)]
+    assert not shares[0] & shares[1] and len(shares[0]) == len(shares[1]) == n // 2
+    a = take(build_loader(data, 2, seed=1, rank=0, world_size=2), 3)
+    b = take(build_loader(data, 2, seed=1, rank=1, world_size=2), 3)
+    assert not set(a) & set(b)
+
+
+def test_a_state_taken_under_another_packing_is_refused(prepared):
+    a = build_loader(PackedDocuments(prepared, 32, split="train", packing="aligned"), 2, seed=0)
+    b = build_loader(PackedDocuments(prepared, 32, split="train", packing="bestfit"), 2, seed=0)
+    take(a, 2)
+    with pytest.raises(ValueError, match="packing"):
+        b.load_state_dict(a.state_dict())
+
+
+# -- hostile and foreign input -----------------------------------------------------------------------
+
+def test_forged_rows_and_settings_are_refused_in_one_line(prepared):
+    data = PackedDocuments(prepared, 16, split="train")
+    for rows in ([((0, 0, 5, 0),)], [((10**6, 0, 17, 0),)], [((0, 10**6, 17, 0),)], [((0, 0, 17, 0), (1, 0, 17, 0))]):
+        with pytest.raises(ValueError, match="packed rows must be"):
+            data.__getitems__(rows)
+    for kwargs, fragment in (({"packing": "greedy"}, "not one of aligned, bestfit"), ({"form": "2d"}, "not one of rows"),
+                             ({"stride": 17}, "must lie in 1..block_size"), ({"max_docs": 4}, "form='flat'")):
+        with pytest.raises(ValueError, match=fragment):
+            PackedDocuments(prepared, 16, split="train", **kwargs)
+    crowded = PackedDocuments(prepared, 64, split="train", packing="bestfit", form="flat", max_docs=1)
+    with pytest.raises(ValueError, match="more than max_docs=1"):
+        next(iter(build_loader(crowded, 1, seed=0)))
+
+
+def test_foreign_folders_without_meta_need_the_bos_named(prepared, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("train.bin", "train.idx"):
+        shutil.copy(prepared / name, bare / name)
+    split = open_split(bare / "train.bin", dtype="uint16")
+    with pytest.raises(ValueError, match="pass bos_id="):
+        PackedDocuments(split, 16)
+    data = PackedDocuments(split, 16, bos_id=EOT)
+    assert data.insert_bos and next(iter(build_loader(data, 2, seed=0))).x.shape == (2, 16)
+
+
+def test_split_long_serves_long_documents_as_bos_led_pieces_that_tile_them(prepared):
+    T = 24
+    data = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=32, split_long=True)
+    assert len(data) > len(data.index) and data.lengths.max() == T + 1
+    tokens = stored(prepared)
+    # The pieces, in order, are the stored tokens, each exactly once.
+    pieces = [tokens[s:s + n - b] for s, n, b in zip(data.unit_starts, data.lengths, data.unit_bos)]
+    assert np.concatenate(pieces).tolist() == tokens.tolist()
+    rows = list(itertools.islice(data.rows(0, 0, 1, True), 40))
+    batch = data.__getitems__(rows)
+    x = torch.cat([batch.x, batch.y[:, -1:]], 1)
+    cropped = 0
+    for r, row in enumerate(rows):
+        pos = 0
+        for unit, offset, n, _ in row:
+            assert offset == 0 and x[r, pos] == EOT  # each piece led by its BOS
+            assert x[r, pos + 1:pos + n].tolist() == pieces[unit][:n - 1].tolist()
+            cropped += int(data.lengths[unit]) - n
+            pos += n
+    assert cropped / sum(int(data.lengths[u]) for row in rows for u, *_ in row) < 0.05

@@ -1,0 +1,139 @@
+"""``python -m tokpack.bench packing``: PackedDocuments against nanochat's best-fit loop and plain windows.
+
+    python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024] [--batch-size 8]
+
+On one synthetic split of documents with log-normal lengths (BOS-led, as ``--eot prepend`` writes
+them): rows per second of tokpack's best fit (the loader's batches, document structure included)
+against nanochat's loop on the same documents, already tokenized in memory as it holds them; the
+loader's batches per second against plain windows; and each packing's utilisation and cropped
+share. Costs: a choice is O(log buffer) (nanochat's scan is O(buffer)); a batch's structure
+O(B * T); a resume replays the packing arithmetic, O(documents before the position).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..cli import table
+from ..data.loader import build_loader
+from ..data.packing import PackedDocuments
+from ..data.windows import TokenWindows
+from ..format import INDEX_DTYPE
+from ..split import open_split
+from .timing import interleaved, ratio
+
+BOS = 50256
+
+
+def synthetic_documents(folder: Path, tokens: int, mean_length: float, seed: int = 0) -> Path:
+    """``train.bin`` and ``train.idx`` of random documents, each led by BOS, lengths log-normal."""
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(2, rng.lognormal(np.log(mean_length) - 0.5, 1.0, tokens // 2).astype(np.int64))
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), tokens)) + 1]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    data = rng.integers(0, BOS, int(lengths.sum()), dtype=np.uint16)
+    data[starts] = BOS
+    path = folder / "train.bin"
+    data.tofile(path)
+    starts.astype(INDEX_DTYPE).tofile(folder / "train.idx")
+    return path
+
+
+def nanochat_bestfit(docs: Iterable[list[int]], B: int, T: int, buffer_size: int,
+                     counts: dict[str, int] | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
+    """nanochat's BOS-aligned best-fit loop (``tokenizing_distributed_data_loader_bos_bestfit``) on
+    documents already tokenized (cycled), refilling one document at a time: scan the buffer for the
+    largest that fits, else crop the shortest. ``counts`` gathers the tokens placed and cropped."""
+    source = itertools.cycle(docs)
+    counts = {} if counts is None else counts
+    counts.update(placed=0, cropped=0)
+    doc_buffer: list[list[int]] = []
+    row_buffer = torch.empty((B, T + 1), dtype=torch.long)
+    while True:
+        for row in range(B):
+            pos = 0
+            while pos < T + 1:
+                while len(doc_buffer) < buffer_size:
+                    doc_buffer.append(next(source))
+                remaining = T + 1 - pos
+                best, best_len = -1, 0
+                for i, doc in enumerate(doc_buffer):
+                    if remaining >= len(doc) > best_len:
+                        best, best_len = i, len(doc)
+                if best >= 0:
+                    doc = doc_buffer.pop(best)
+                    row_buffer[row, pos:pos + len(doc)] = torch.tensor(doc, dtype=torch.long)
+                    pos += len(doc)
+                    counts["placed"] += len(doc)
+                else:
+                    shortest = min(range(len(doc_buffer)), key=lambda i: len(doc_buffer[i]))
+                    doc = doc_buffer.pop(shortest)
+                    row_buffer[row, pos:] = torch.tensor(doc[:remaining], dtype=torch.long)
+                    pos += remaining
+                    counts["placed"] += len(doc)
+                    counts["cropped"] += len(doc) - remaining
+        yield row_buffer[:, :-1].clone(), row_buffer[:, 1:].clone()
+
+
+def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffer_size: int, rounds: int,
+                  mean_length: float) -> dict[str, Any]:
+    path = synthetic_documents(folder, tokens, mean_length)
+    split = open_split(path, dtype="uint16")
+    packed = PackedDocuments(split, T, packing="bestfit", buffer_size=buffer_size, bos_id=BOS)
+    flat = np.fromfile(path, dtype=np.uint16)
+    ends = np.append(packed.index.starts[1:], len(flat))
+    docs = [flat[s:e].tolist() for s, e in zip(packed.index.starts.tolist(), ends.tolist())]
+    theirs = nanochat_bestfit(docs, B, T, buffer_size)
+    ours = iter(build_loader(packed, B, seed=0, shuffle=False))
+    plain = TokenWindows(split, T)
+    windows = iter(build_loader(plain, B, seed=0))
+    # With workers the packing and the reads happen there; the training process widens the batch.
+    ours2 = iter(build_loader(packed, B, seed=0, num_workers=2, persistent_workers=True))
+    windows2 = iter(build_loader(plain, B, seed=0, num_workers=2, persistent_workers=True))
+    next(ours2), next(windows2)  # the workers start outside the timing
+    first, reference = next(ours), next(theirs)
+    same = torch.equal(first.x, reference[0]) and torch.equal(first.y, reference[1])
+    runs = {
+        "tokpack PackedDocuments bestfit (with position_ids, cu_seqlens)": lambda: [next(ours) for _ in range(batches)],
+        "nanochat best-fit loop (documents in memory)": lambda: [next(theirs) for _ in range(batches)],
+        "tokpack TokenWindows (no document structure)": lambda: [next(windows) for _ in range(batches)],
+        "tokpack PackedDocuments bestfit, 2 workers": lambda: [next(ours2) for _ in range(batches)],
+        "tokpack TokenWindows, 2 workers": lambda: [next(windows2) for _ in range(batches)],
+    }
+    times = interleaved(runs, rounds)
+    names = list(times)
+    rows = [{"run": name, "rows/s": batches * B / statistics.median(t), "packed / this": ratio(times, names[0], name),
+             "packed, 2 workers / this": ratio(times, names[3], name)} for name, t in times.items()]
+    print(f"B={B}, T={T}, {len(docs):,} documents of {len(flat):,} tokens (mean {len(flat) / len(docs):.0f}), "
+          f"buffer {buffer_size}, {batches} batches a run, medians of {rounds} interleaved rounds; "
+          f"first batch identical to nanochat's: {'yes' if same else 'NO'}")
+    print(table(rows, ["run", "rows/s", "packed / this", "packed, 2 workers / this"]))
+    packings = []
+    for name, options in (("aligned", {"packing": "aligned"}), ("bestfit", {"packing": "bestfit"}),
+                          ("bestfit, split_long", {"packing": "bestfit", "split_long": True}),
+                          ("evaluation (stride T)", {"stride": T})):
+        data = PackedDocuments(split, T, buffer_size=buffer_size, bos_id=BOS, **options)
+        packings.append({"packing": name, **data.stats(len(flat) // (T + 1) if "stride" not in options else 10**9)})
+    print(f"packings over one epoch's worth of rows ({len(flat) // (T + 1):,}; evaluation: every document once):")
+    print(table(packings, ["packing", "rows", "utilisation", "cropped"]))
+    # A resume replays the packing of the lengths up to its position: timed at the end of an epoch.
+    position = len(flat) // (T + 1) // B
+    start = time.perf_counter()
+    loader = build_loader(packed, B, seed=0, shuffle=False)
+    loader.load_state_dict({**loader.state_dict(), "batch": position})
+    next(iter(loader))
+    resume_s = time.perf_counter() - start
+    print(f"resume at batch {position:,} ({len(docs):,} documents replayed): {resume_s:.2f} s")
+    return {"bench": "packing", "B": B, "T": T, "tokens": len(flat), "documents": len(docs),
+            "identical_to_nanochat": same, "packed_vs_nanochat": ratio(times, names[0], names[1]),
+            "packed_vs_windows": ratio(times, names[0], names[2]),
+            "packed_vs_windows_2_workers": ratio(times, names[3], names[4]), "packings": packings,
+            "resume_s": resume_s, "resume_documents": len(docs)}

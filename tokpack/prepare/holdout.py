@@ -1,0 +1,96 @@
+"""Which documents are validation: one rule per run, decided once in the plan.
+
+    python -m tokpack.prepare corpus/ --val-fraction 0.01                # by a seeded hash of each document
+    python -m tokpack.prepare corpus/ --val-tokens 10485760              # a fixed budget (modded-nanogpt's)
+    python -m tokpack.prepare shards/*.parquet --val-inputs shards/last.parquet   # nanochat's last file
+
+Each document's split follows from its own text (its seeded hash) or its own file, never from
+where it lies in the run, so the split is the same on one process and under torchrun. A token
+budget is turned into a hash threshold before tokenizing: the documents with the smallest hashes,
+in hash order, until they hold at least N tokens. Finding it reads the corpus once more and
+encodes only documents that enter the running set of smallest hashes (about k ln(n / k) of n
+documents for k in val), holding O(k) numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..corpus import documents
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """The split rule: a document is val when its hash is below ``below``, or when it comes from
+    one of ``files`` (then ``below`` is None)."""
+
+    kind: str  # "fraction", "tokens" or "inputs"
+    below: int | None
+    files: frozenset[Path] = frozenset()
+    value: Any = None  # the fraction, the token budget, or the val inputs as given
+
+    def is_val(self, text_hash: bytes) -> bool:
+        assert self.below is not None
+        return int.from_bytes(text_hash, "big") < self.below
+
+    def describe(self) -> dict[str, Any]:
+        """meta.json's record of the rule."""
+        out: dict[str, Any] = {"rule": self.kind, "value": self.value}
+        if self.kind == "tokens":
+            out["hash_below"] = self.below
+        if self.kind == "inputs":
+            out["files"] = len(self.files)
+        return out
+
+
+def by_fraction(fraction: float) -> Holdout:
+    # A hash h is val when h < fraction * 2**64, which for whole numbers is h < ceil(that).
+    return Holdout("fraction", math.ceil(fraction * 2**64), value=fraction)
+
+
+def by_inputs(files: Sequence[Path], given: Sequence[str]) -> Holdout:
+    return Holdout("inputs", None, frozenset(files), list(given))
+
+
+def document_hash(key: bytes) -> Any:
+    """The hash a document's split is decided by: keyed by the seed, over its UTF-8 text."""
+    return hashlib.blake2b(digest_size=8, key=key)
+
+
+def by_tokens(budget: int, files: Sequence[Path], enc: Any, eot: str, seed: int, options: dict[str, Any]) -> Holdout:
+    """The threshold that makes val the smallest-hash documents holding at least ``budget`` tokens."""
+    key = seed.to_bytes(8, "little", signed=True)
+    extra = 0 if eot == "none" else 1
+    chosen: list[tuple[int, int]] = []  # (-hash, tokens): a max-heap of the smallest hashes
+    held = 0
+    for runs in documents(list(files), options["errors"], options["doc_sep"], options["jsonl_key"],
+                          options["text_column"]):
+        text = "".join(runs)
+        if not text:
+            continue
+        digest = document_hash(key)
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        h = int.from_bytes(digest.digest(), "big")
+        if held >= budget and h >= -chosen[0][0]:
+            continue  # larger than every hash the budget needs
+        tokens = _count(enc, text) + extra
+        heapq.heappush(chosen, (-h, tokens))
+        held += tokens
+        while held - chosen[0][1] >= budget:  # the largest hash is not needed to reach the budget
+            held -= heapq.heappop(chosen)[1]
+    if held < budget:
+        raise ValueError(f"--val-tokens {budget:,} is more than the corpus's {held:,} tokens; "
+                         "use a smaller budget")
+    return Holdout("tokens", -chosen[0][0] + 1, value=budget)
+
+
+def _count(enc: Any, text: str) -> int:
+    if hasattr(enc, "encode_to_numpy"):
+        return len(enc.encode_to_numpy(text, disallowed_special=()))
+    return len(enc.encode_batch([text])[0])
