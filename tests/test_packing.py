@@ -334,3 +334,33 @@ def test_split_long_serves_long_documents_as_bos_led_pieces_that_tile_them(prepa
             cropped += int(data.lengths[unit]) - n
             pos += n
     assert cropped / sum(int(data.lengths[u]) for row in rows for u, *_ in row) < 0.05
+
+
+def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from helpers import shard_file
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 50000, int(n)).tolist() for n in rng.integers(2, 30, 40)]
+    # llm.c's writers lead every document with <|endoftext|>; no .idx: it is found by that token.
+    folder = tmp_path / "fineweb"
+    folder.mkdir()
+    stream = [t for d in docs for t in (EOT, *d)]
+    shard_file(folder / "fineweb_train_000001.bin", np.array(stream[:300]))
+    shard_file(folder / "fineweb_train_000002.bin", np.array(stream[300:]))  # a document runs across
+    # Megatron's builder: documents as they are, no BOS: the dataset inserts it.
+    builder = IndexedDatasetBuilder(str(tmp_path / "web_text_document.bin"), dtype=np.uint16)
+    for doc in docs:
+        builder.add_document(np.array(doc, dtype=np.uint16), [len(doc)])
+    builder.finalize(str(tmp_path / "web_text_document.idx"))
+    for data in (PackedDocuments(folder, 16, split="train", packing="aligned"),
+                 PackedDocuments(tmp_path / "web_text_document.bin", 16, packing="aligned", bos_id=EOT)):
+        assert len(data.index) == len(docs)
+        batch = next(iter(build_loader(data, 6, seed=0, shuffle=False)))
+        x = torch.cat([batch.x, batch.y[:, -1:]], 1)
+        for r, row in enumerate(itertools.islice(data.rows(), 6)):
+            pos = 0
+            for doc, _, n, _ in row:
+                assert x[r, pos:pos + n].tolist() == [EOT, *docs[doc]][:n]
+                pos += n

@@ -1,16 +1,18 @@
 """Evaluation: every target token of a split scored exactly once, on one process or many.
 
     python -m tokpack.evaluate data/sample --model bigram --model unigram   # baselines, no training
-    python -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt --stride 128 64
+    python -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt --stride 128 64 --documents
     python -m tokpack.evaluate data/shakespeare --checkpoint out-shakespeare/ckpt.pt   # nanoGPT's too
     torchrun --standalone --nproc_per_node=2 -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt
 
 ``evaluate(model, loader, device=...)`` runs every window of an evaluation loader through the
 model, sums the per-token cross-entropy in float64 over labels that are not -100, all-reduces
 the sums when torch.distributed is initialised (each rank scores its own windows; uneven shares
-are fine), and returns loss, ppl, bits_per_token, bits_per_byte, tokens and windows. ``sweep``
-runs it over checkpoints, baselines and strides; the command line runs ``sweep`` and, under
-torchrun, initialises the process group itself.
+are fine), and returns loss, ppl, bits_per_token, bits_per_byte, tokens and windows. Packed
+batches (``PackedDocuments``) carry their documents to the model, so each is scored alone.
+``sweep`` runs it over checkpoints, baselines and strides (with ``--documents``, also document by
+document); the command line runs ``sweep`` and, under torchrun, initialises the process group
+itself.
 """
 
 from __future__ import annotations
@@ -127,9 +129,12 @@ def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     return score
 
 
-def to_device_batches(loader: Iterable[Any], device: torch.device) -> Iterator[Any]:
+def _on_device(loader: Iterable[Any], device: torch.device) -> Iterator[Any]:
     """The loader's batches on ``device``: (x, y) pairs, window batches or packed batches."""
     for batch in loader:
+        if isinstance(batch, dict):
+            raise ValueError("evaluate takes (x, y) batches (TokenWindows, or PackedDocuments with form='rows' or "
+                             "'flat'), not a dict of model inputs")
         yield to_device(batch if isinstance(batch, tuple) else tuple(batch), device)
 
 
@@ -161,7 +166,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     model.eval()
     try:
         with torch.no_grad():
-            for batch in to_device_batches(loader, device):
+            for batch in _on_device(loader, device):
                 x, y = batch[0], batch[1]
                 packed = ({"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens}
                           if isinstance(batch, PackedBatch) else {})

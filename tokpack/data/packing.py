@@ -6,8 +6,8 @@
     val = PackedDocuments("data/sample", 256, split="val", stride=128)   # every target once, per document
 
 A row is T + 1 tokens (x = row[:-1], y = row[1:]) made of segments, each the head of one document
-led by the encoding's end-of-text token as BOS (already there with ``--eot prepend``, inserted
-otherwise). The packings:
+(or with ``split_long`` one piece of it) led by the encoding's end-of-text token as BOS (already
+there with ``--eot prepend``, inserted otherwise). The packings:
 
 - ``"aligned"``: documents in order, each cut to ``max_doc_len`` tokens, concatenated; the document
   that reaches a row's end is cut there and the next row starts at the next document.
@@ -18,9 +18,11 @@ otherwise). The packings:
   that with a document mask every target is scored exactly once, as if each document were scored
   alone.
 
-Packing is a pure function of (seed, position) over the document lengths alone, computed in the
-loader's sampler: workers only read tokens. Resume replays the packing arithmetic up to the
-position (O(documents before it), no token read); the state is O(buffer_size) at any corpus size.
+Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
+hands out batches by their place in the row stream; the dataset packs them where it reads them
+(in each worker, so the training process only widens). Resume replays the packing arithmetic up
+to the position (O(documents before it), no token read); the packing holds O(buffer_size) at any
+corpus size, beside the document index. A batch's structure costs O(B * T).
 """
 
 from __future__ import annotations
@@ -321,7 +323,8 @@ class PackedDocuments(Dataset):
             raise ValueError("max_docs pads the flat form's cu_seqlens; pass form='flat' or drop max_docs")
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
-        self.bos_id, self.insert_bos = self._bos(bos_id)
+        self.bos_id, lead = self._bos(bos_id)
+        self.insert_bos = bool(lead.any())
         self.block_size, self.stride, self.packing, self.form = T, stride, packing, form
         cut = max_doc_len is not None or packing == "aligned" or split_long
         self.max_doc_len = (T + 1 if max_doc_len is None else max_doc_len) if cut else None
@@ -333,36 +336,41 @@ class PackedDocuments(Dataset):
         # stored token, whether a BOS is inserted before it, and its length with that BOS.
         stored = self.index.ends - self.index.starts
         if split_long:
-            cap, lead = self.max_doc_len, int(self.insert_bos)
+            cap = self.max_doc_len
             head = cap - lead  # stored tokens of a document's first piece
             counts = 1 + -(-np.maximum(stored - head, 0) // (cap - 1))
             doc = np.repeat(np.arange(len(stored)), counts)
             k = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
-            skip = np.where(k == 0, 0, head + (k - 1) * (cap - 1))
+            skip = np.where(k == 0, 0, head[doc] + (k - 1) * (cap - 1))
             self.unit_starts = self.index.starts[doc] + skip
-            self.unit_bos = (k > 0) | self.insert_bos
-            self.lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head, cap - 1)) + self.unit_bos
+            self.unit_bos = (k > 0) | lead[doc]
+            self.lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head[doc], cap - 1)) + self.unit_bos
         else:
-            self.unit_starts, self.unit_bos = self.index.starts, np.full(len(stored), self.insert_bos)
-            self.lengths = stored + int(self.insert_bos)
+            self.unit_starts, self.unit_bos = self.index.starts, lead
+            self.lengths = stored + lead
         self.default_collate_fn = collate_packed
         self._cursor: tuple[Any, Iterator[Row], int] | None = None  # (stream, its rows, the next row's number)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None}  # each worker packs its own way forward
 
-    def _bos(self, bos_id: int | None) -> tuple[int, bool]:
-        """The BOS id, and whether the dataset inserts it (documents that do not start with it)."""
-        meta = self.split.meta
+    def _bos(self, bos_id: int | None) -> tuple[int, np.ndarray]:
+        """The BOS id, and for each document whether the dataset inserts it: a prepared folder says
+        (``--eot prepend`` has it first); elsewhere each document's first token is read (O(documents))."""
+        meta, starts = self.split.meta, self.index.starts
         if bos_id is None and meta is not None:
-            return int(meta["encoding"]["eot_id"]), meta["eot"] != "prepend"
+            return int(meta["encoding"]["eot_id"]), np.full(len(starts), meta["eot"] != "prepend")
         if bos_id is None:
             if not all(f.offset for f in self.split.files):
                 raise ValueError(f"{self.split.describe()} has no meta.json to name its BOS token; pass bos_id= "
                                  "(the end-of-text id of its encoding)")
             bos_id = LLMC_DOCUMENT_START[self.split.dtype.name]
-        firsts = np.array([self.index.span(int(s), int(s) + 1)[0] for s in self.index.starts[:CHUNK]])
-        return bos_id, not (firsts == bos_id).all()
+        files, offsets = self.index.tokens(), self.index.offsets
+        file_of = np.searchsorted(offsets, starts, side="right") - 1
+        firsts = np.empty(len(starts), dtype=np.int64)
+        for f in np.unique(file_of):
+            firsts[file_of == f] = files[f][starts[file_of == f] - offsets[f]]
+        return bos_id, firsts != bos_id
 
     def describe_packing(self) -> str:
         """The settings rows depend on: a resume state taken under others is refused."""

@@ -78,14 +78,21 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: str | Path) -> dict[str, di
         label = row["model"] + (" (per document)" if row.get("scope") == "documents" else "")
         points[label][row["stride"]] = (row["loss"], row["bits_per_byte"])
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
+    colours: dict[str, Any] = {}
     for model, by_stride in points.items():
+        # A model scored document by document: its colour, dashed, values written below the points.
+        base, alone = model.removesuffix(" (per document)"), model.endswith(" (per document)")
         strides = sorted(by_stride, reverse=True)
         for axis, k in ((left, 0), (right, 1)):
             values = [by_stride[s][k] for s in strides]
-            axis.plot(strides, values, marker="o", label=model)
+            line, = axis.plot(strides, values, marker="o", linestyle="--" if alone else "-", color=colours.get(base),
+                              label=None if alone else base)
+            colours.setdefault(base, line.get_color())
             for s, v in zip(strides, values):
-                axis.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(0, 5), ha="center",
-                              fontsize=7)
+                axis.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(0, -11 if alone else 5),
+                              ha="center", fontsize=7)
+    if any(model.endswith(" (per document)") for model in points):
+        left.plot([], [], linestyle="--", color="grey", label="dashed: each document alone")
     for axis, name in ((left, "loss (nats/token)"), (right, "bits/byte (text only)")):
         axis.set_xlabel("stride S (smaller: more context per scored token)")
         axis.set_ylabel(name)

@@ -221,9 +221,10 @@ def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
     share = share_of(files, plan.sizes, unit, plan.units)
     # Hashed before it is tokenized, which then reads it from the page cache.
     digest = input_sha256(share)
-    read = lambda entries: documents(entries, config.errors, config.doc_sep, config.jsonl_key,  # noqa: E731
-                                     config.text_column)
-    docs: Iterator[Iterator[str]] = read(share)
+    def read(entries: list[tuple[Path, int, int | None]]) -> Iterator[Iterator[str]]:
+        return documents(entries, config.errors, config.doc_sep, config.jsonl_key, config.text_column)
+
+    docs = read(share)
     if plan.single and share:
         n = count_chars(files[0], config.errors)
         if n == 0:

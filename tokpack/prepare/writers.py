@@ -21,9 +21,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .holdout import document_hash
 from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
                       remove_own, tmp_path)
+from .holdout import document_hash
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
