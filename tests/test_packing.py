@@ -227,9 +227,10 @@ def test_packed_masked_evaluation_equals_each_document_scored_alone(few):
         one = evaluate(model, build_loader(data, 3), "cpu")
         assert one["tokens"] == count == sum(len(d) - 1 for d in docs)
         assert one["loss"] * one["tokens"] == pytest.approx(total, rel=1e-9)
-        shares = [evaluate(model, build_loader(data, 3, rank=r, world_size=2), "cpu") for r in range(2)]
-        assert sum(s["tokens"] for s in shares) == count
-        assert sum(s["loss"] * s["tokens"] for s in shares) == pytest.approx(total, rel=1e-9)
+        for world in (2, 3):
+            shares = [evaluate(model, build_loader(data, 3, rank=r, world_size=world), "cpu") for r in range(world)]
+            assert sum(s["tokens"] for s in shares) == count
+            assert sum(s["loss"] * s["tokens"] for s in shares) == pytest.approx(total, rel=1e-9)
         stats = data.stats(10**6)
         assert stats["cropped"] == 0 and stats["utilisation"] < 1.0  # evaluation rows are padded, never cropped
 

@@ -252,7 +252,7 @@ def test_sample_corpus_end_to_end_cli(tmp_path):
 
 
 def test_killed_run_never_leaves_a_folder_verify_accepts(tmp_path):
-    corpus = write_docs(tmp_path / "c", make_docs(200, words=3000))
+    corpus = write_docs(tmp_path / "c", make_docs(120, words=3000))
     out = tmp_path / "out"
     cmd = prepare_cmd(corpus, out, "--force")
 

@@ -61,10 +61,7 @@ def test_stateful_dataloader_snippet_resumes_exactly(tmp_path, prepared):
 def test_packed_loop_trains_resumes_and_scores_each_document(tmp_path, prepared):
     prelude = 'data_dir, block_size, batch_size, device, max_iters = "data/sample", 32, 4, "cpu", 3\n'
     check = textwrap.dedent("""
-        fresh = iter(train_loader())
-        for _ in range(max_iters):
-            next(fresh)
-        expected, resumed = next(fresh), next(iter(train_loader(state)))
+        expected, resumed = next(batches), next(iter(train_loader(state)))  # the loop's next batch, restored
         assert all(torch.equal(a, b) for a, b in zip(expected[:4], resumed[:4]))
         assert (expected.x[:, 0] == 50256).all()  # every row starts at a document, with its BOS
         from tokpack.split import open_split
