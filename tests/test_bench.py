@@ -23,7 +23,8 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"prepare_vs_allcore", "prepare_vs_1thread", "prepare_peak_rss_mb", "resume_check_over_prepare",
-            "hf_prepare_vs_encode_batch", "hf_prepare_peak_rss_mb"} <= set(figures)
+            "hf_prepare_vs_encode_batch", "hf_prepare_peak_rss_mb", "splintr_prepare_vs_best_raw",
+            "splintr_one_document_vs_raw"} <= set(figures)
     assert figures["tokens"] > 100_000 and "tokpack time / this" in done.stdout
 
 

@@ -20,6 +20,7 @@ from tokpack.tokenizer import fast
 
 GPT2 = load_encoding("gpt2")
 BACKEND = fast.choose_backend(GPT2, "splintr")
+ENCODINGS = ["gpt2", "cl100k_base", "o200k_base"]  # r50k_base holds gpt2's ranks and pattern
 # Pre-tokenizer targets: letter, digit, space and punctuation runs, contractions, categories,
 # long runs with no space, lone surrogates, and the special token written as text.
 ATOMS = [*ADVERSARIAL_ATOMS, "a" * 300, "9" * 50, " " * 40, "\ud800", "x\udfff", "'S", "’s", "\u200b", "\x00",
@@ -36,14 +37,30 @@ def examples(pytestconfig):
     return pytestconfig.getoption("differential_examples")
 
 
-def test_splintr_gives_tiktokens_ids_on_adversarial_text(examples):
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_splintr_gives_tiktokens_ids_on_adversarial_text(examples, name):
+    enc = load_encoding(name)
+    backend = fast.choose_backend(enc, "splintr")
+
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(batch=st.lists(texts, min_size=1, max_size=4))
     def check(batch):
-        got = BACKEND.encode_batch(batch)
-        assert [ids.tolist() for ids in got] == [GPT2.encode_ordinary(t) for t in batch]
+        got = backend.encode_batch(batch)
+        assert [ids.tolist() for ids in got] == [enc.encode_ordinary(t) for t in batch]
 
     check()
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])
+def test_the_vocabularies_splintr_ships_load_offline_only_if_they_hash_as_tiktoken_pins(name, monkeypatch):
+    from tokpack import tokenizer
+
+    enc = tokenizer._bundled_by_splintr(name)
+    assert tokenizer.ranks_sha256(enc) == tokenizer.PINNED_RANKS_SHA256[name]
+    assert enc.encode("hello <|endoftext|>", allowed_special="all")[-1] == enc.eot_token
+    monkeypatch.setitem(tokenizer.PINNED_RANKS_SHA256, name, "0" * 64)  # a vocabulary that is not the published one
+    with pytest.warns(UserWarning, match=f"ships a {name} vocabulary that hashes"):
+        assert tokenizer._bundled_by_splintr(name) is None
 
 
 def _prepared_bytes(folder):
@@ -54,11 +71,12 @@ def test_prepare_with_splintr_is_byte_identical_to_tiktoken(tmp_path):
     writable = [a for a in ATOMS if not any("\ud800" <= ch <= "\udfff" for ch in a)]  # files hold UTF-8
     adversarial = write_docs(tmp_path / "adv", ["".join(np.random.default_rng(i).choice(writable, 40))
                                                 for i in range(30)] + make_docs(20))
-    for corpus in (write_sample_corpus(tmp_path / "sample"), adversarial):
+    for corpus, encoding in ((write_sample_corpus(tmp_path / "sample"), "gpt2"), (adversarial, "gpt2"),
+                             (adversarial, "cl100k_base")):
         runs = {}
         for backend in ("splintr", "tiktoken"):
-            out = tmp_path / f"{corpus.name}-{backend}"
-            assert main([str(corpus), "--out-dir", str(out), "--backend", backend, "--quiet",
+            out = tmp_path / f"{corpus.name}-{encoding}-{backend}"
+            assert main([str(corpus), "--out-dir", str(out), "--backend", backend, "--quiet", "--encoding", encoding,
                          "--check-fraction", "1"]) == 0
             runs[backend] = _prepared_bytes(out)
             assert read_meta(out)["encoding"]["backend"]["name"] == backend
@@ -91,7 +109,7 @@ def test_fallbacks_are_tiktoken_with_one_warning_or_one_line_when_asked(tmp_path
     spec = write_spec(tmp_path / "tok", "mytok", "r50k_base", {"<|endoftext|>": 50256})
     with pytest.raises(SystemExit):  # an encoding the differential test does not cover
         main([str(corpus), "--out-dir", str(tmp_path / "o1"), "--encoding", str(spec), "--backend", "splintr"])
-    assert "proven here for gpt2, r50k_base only, not 'mytok'" in capsys.readouterr().err
+    assert "proven here for gpt2, r50k_base, cl100k_base, o200k_base only, not 'mytok'" in capsys.readouterr().err
 
     def broken(self, enc):
         raise RuntimeError("no vocabulary")

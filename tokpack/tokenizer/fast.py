@@ -3,10 +3,11 @@ it runs: splintr-rs (``pip install "tokpack[fast]"``).
 
     python -m tokpack.prepare corpus/ --backend splintr --check-fraction 0.01
 
-Proven here for gpt2 (and r50k_base, the same ranks): tests/test_fast.py compares it with
-tiktoken on adversarial text. It is built from the hash-checked ranks with splintr's own GPT-2
-pattern (its regex engine refuses tiktoken's) and no special tokens, so ``<|endoftext|>`` in text
-stays text; lone surrogates become U+FFFD first, as tiktoken does. During prepare a seeded share
+Proven here for gpt2 (and r50k_base, the same ranks), cl100k_base and o200k_base: tests/test_fast.py
+compares it with tiktoken on adversarial text. It is built from the hash-checked ranks with
+splintr's own pattern for the encoding (its regex engine refuses tiktoken's) and no special
+tokens, so ``<|endoftext|>`` in text stays text; lone surrogates become U+FFFD first, as tiktoken
+does. During prepare a seeded share
 of the pieces is encoded with tiktoken too, and any difference stops the run.
 """
 
@@ -21,7 +22,8 @@ import numpy as np
 
 BACKENDS = ("auto", "tiktoken", "splintr")
 # Encodings the differential test proves, with the splintr pattern constant each is built with.
-PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN"}
+PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN", "cl100k_base": "CL100K_BASE_PATTERN",
+          "o200k_base": "O200K_BASE_PATTERN"}
 _PROBE = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
 
 
