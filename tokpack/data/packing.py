@@ -20,7 +20,8 @@ there with ``--eot prepend``, inserted otherwise). The packings:
 
 Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
 hands out batches by their place in the row stream; the dataset packs them where it reads them
-(in each worker, so the training process only widens). Resume replays the packing arithmetic up
+(in each worker) and sends stored-width tokens with the segment starts; the training process
+widens them and derives position_ids from the starts. Resume replays the packing arithmetic up
 to the position (O(documents before it), no token read); the packing holds O(buffer_size) at any
 corpus size, beside the document index. A batch's structure costs O(B * T).
 """
@@ -166,12 +167,12 @@ class PackedBatch(NamedTuple):
 
 
 class PackedRows(NamedTuple):
-    """Rows as stored (uint16 or uint32, B x (T + 1)) with their document structure, computed where
-    they were read: what a worker sends. ``widen()`` makes the int64 batch in the main process."""
+    """Rows as stored (uint16 or uint32, B x (T + 1)) with their segment starts: what a worker sends,
+    about the bytes of plain windows. ``widen()`` makes the int64 batch in the main process,
+    position_ids included (every row starts a segment, so the starts alone determine them)."""
 
     tokens: np.ndarray
-    position_ids: np.ndarray  # (B * T,) int32
-    cu_seqlens: np.ndarray  # int32
+    cu_seqlens: np.ndarray  # int32, segment starts over the flattened B * T tokens, then B * T
     masked: np.ndarray  # flat positions of y set to -100
     max_seqlen: int
     form: str
@@ -181,43 +182,24 @@ class PackedRows(NamedTuple):
         B, width = self.tokens.shape
         T = width - 1
         x, y = self.tokens[:, :-1].astype(np.int64).reshape(-1), self.tokens[:, 1:].astype(np.int64).reshape(-1)
-        y[self.masked] = IGNORE_INDEX
-        position_ids = self.position_ids.astype(np.int64)
+        if len(self.masked):
+            y[self.masked] = IGNORE_INDEX
+        cu_seqlens = self.cu_seqlens
+        position_ids = np.arange(B * T) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
         if self.form == "hf":
             labels = x.copy()
             labels[1:][y[:-1] == IGNORE_INDEX] = IGNORE_INDEX
-            labels[self.cu_seqlens[:-1]] = IGNORE_INDEX  # as DataCollatorWithFlattening: no target across a boundary
-            return {name: torch.from_numpy(a).view(1, -1)
+            labels[cu_seqlens[:-1]] = IGNORE_INDEX  # as DataCollatorWithFlattening: no target across a boundary
+            return {name: torch.from_numpy(a.reshape(1, -1))
                     for name, a in (("input_ids", x), ("labels", labels), ("position_ids", position_ids))}
-        cu_seqlens = self.cu_seqlens
         if self.max_docs is not None:
             if len(cu_seqlens) - 1 > self.max_docs:
                 raise ValueError(f"a batch holds {len(cu_seqlens) - 1} documents, more than max_docs={self.max_docs}; "
                                  "raise max_docs (modded-nanogpt sizes it at about one per 300 tokens)")
             cu_seqlens = np.append(cu_seqlens, np.full(self.max_docs + 1 - len(cu_seqlens), B * T, np.int32))
         shape = (1, B * T) if self.form == "flat" else (B, T)
-        return PackedBatch(*(torch.from_numpy(a).view(shape) for a in (x, y, position_ids)),
+        return PackedBatch(*(torch.from_numpy(a.reshape(shape)) for a in (x, y, position_ids)),
                            torch.from_numpy(cu_seqlens), self.max_seqlen)
-
-
-def structure(segments: np.ndarray, B: int, T: int, mask_end: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """position_ids, cu_seqlens, the masked targets and the longest segment of B rows, from their
-    segments (row, start, tokens, masked leading targets). O(B * T)."""
-    row, start, length, skip = segments.T
-    seen = start < T  # segments with tokens in x (one starting at a row's last token is in y only)
-    starts = row[seen] * T + start[seen]
-    spans = np.minimum(start[seen] + length[seen], T) - start[seen]
-    position_ids = (np.arange(B * T) - np.repeat(starts, spans)).astype(np.int32)
-    masked = []
-    lead = np.minimum(skip[seen], spans)
-    if lead.any():  # evaluation: targets an earlier window scored, and padding
-        first, lead = starts[lead > 0], lead[lead > 0]
-        masked.append(np.repeat(first - np.cumsum(lead) + lead, lead) + np.arange(int(lead.sum())))
-    if mask_end:  # the target of a segment's last token is the next segment's first
-        last = start + length - 1
-        masked.append((row * T + last)[last < T])
-    flat = np.concatenate(masked) if masked else np.empty(0, dtype=np.int64)
-    return position_ids, np.append(starts, B * T).astype(np.int32), flat, int(spans.max())
 
 
 def collate_packed(batch: Any) -> Any:
@@ -228,8 +210,7 @@ def collate_packed(batch: Any) -> Any:
 class RowRequest(Batch):
     """A batch of packed rows by its place: rows ``first`` .. ``first + count`` of a row stream
     (``stream``: seed, rank, world size and shuffle of training rows; None: evaluation rows). The
-    dataset packs them where it reads them, in a worker when there are workers, so the training
-    process only widens the batch."""
+    dataset packs them where it reads them, in a worker when there are workers."""
 
     stream: tuple[int, int, int, bool] | None
 
@@ -445,41 +426,56 @@ class PackedDocuments(Dataset):
         return taken
 
     def gather(self, rows: Sequence[Row], checked: bool = False) -> PackedRows:
-        """The rows' tokens as stored, BOS inserted, one (B, T + 1) array, with their structure: one
-        slice copy a segment (a handful a row). Rows from elsewhere than this dataset's own packing
-        (``checked`` False) are first checked to lie inside its units and to fill their rows."""
-        width, count = self.block_size + 1, len(self.lengths)
-        table = [(r, unit, offset, n, skip) for r, row in enumerate(rows) for unit, offset, n, skip in row]
-        seg = np.array(table, dtype=np.int64).reshape(-1, 5)
-        row, unit, offset, n = seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 3]
-        real = unit >= 0
-        safe = np.where(real, unit, 0)
-        if not checked and (len(seg) == 0 or (unit < -1).any() or (unit >= count).any() or (n < 1).any()
-                            or (offset < 0).any()
-                            or (offset + n > np.where(real, self.lengths[np.minimum(safe, count - 1)], n)).any()
-                            or (np.bincount(row, weights=n, minlength=len(rows)) != width).any()):
-            raise ValueError(f"packed rows must be tuples of (unit, offset, tokens, masked) segments inside this "
-                             f"split's {count} units that fill {width} tokens each; pass rows from the dataset's sampler")
-        start = np.cumsum(n) - n - row * width  # each segment's start in its row
+        """The rows' tokens as stored, BOS inserted, one (B, T + 1) array, with their segment starts
+        and masked targets: one slice copy a segment (a handful a row) and a fixed number of array
+        operations a batch. Rows from elsewhere than this dataset's own packing (``checked`` False)
+        are first checked to lie inside its units and to fill their rows."""
+        T, count = self.block_size, len(self.lengths)
+        width, B = T + 1, len(rows)
+        seg = np.array([s for row in rows for s in row], dtype=np.int64).reshape(-1, 4)
+        unit, offset, n, skip = seg.T
+        if not checked:
+            row_of = np.repeat(np.arange(B), [len(row) for row in rows])
+            inside = np.where(unit >= 0, self.lengths[np.clip(unit, 0, count - 1)], n)
+            if (B == 0 or (unit < -1).any() or (unit >= count).any() or (n < 1).any() or (offset < 0).any()
+                    or (offset + n > inside).any() or (np.bincount(row_of, weights=n, minlength=B) != width).any()):
+                raise ValueError(f"packed rows must be tuples of (unit, offset, tokens, masked) segments inside this "
+                                 f"split's {count} units that fill {width} tokens each; pass rows from the dataset's "
+                                 "sampler")
+        at = np.cumsum(n) - n  # each segment's place in the flattened rows, which it tiles
+        padding = unit < 0
+        safe = np.where(padding, 0, unit)
+        bos = self.unit_bos[safe]
         # An inserted BOS is a segment's first token when it starts its unit; padding is all BOS.
-        lead = self.unit_bos[safe] & (offset == 0) & real
-        at = row * width + start
-        out = np.empty(len(rows) * width, dtype=self.split.dtype)
+        lead = bos & (offset == 0) | padding
+        source = self.unit_starts[safe] + offset - bos + lead
+        out = np.empty(B * width, dtype=self.split.dtype)
         out[at[lead]] = self.bos_id
-        source = (self.unit_starts[safe] + offset - self.unit_bos[safe] + lead).tolist()
         files = self.index.tokens()
         single = files[0] if len(files) == 1 else None
-        for a, s, m, is_real in zip((at + lead).tolist(), source, (n - lead).tolist(), real.tolist()):
-            if not is_real:
+        for a, s, m, pad in zip((at + lead).tolist(), source.tolist(), (n - lead).tolist(), padding.tolist()):
+            if pad:
                 out[a:a + m] = self.bos_id
             elif single is not None:
                 out[a:a + m] = single[s:s + m]
             else:
                 out[a:a + m] = self.index.span(s, s + m)
-        tokens = self.split.check_ids(out.reshape(len(rows), width))
-        meta = structure(np.stack([row, start, n, seg[:, 4]], axis=1), len(rows), self.block_size,
-                         self.stride is not None or self.mask_boundary)
-        return PackedRows(tokens, *meta, self.form, self.max_docs)
+        tokens = self.split.check_ids(out.reshape(B, width))
+        # Over x (B * T) a segment at flat place a of row r starts at a - r, if before the row's last token.
+        row, col = np.divmod(at, width)
+        seen = col < T  # one starting at a row's last token is in y only
+        starts = at[seen] - row[seen]
+        spans = np.minimum(col[seen] + n[seen], T) - col[seen]
+        masked = []
+        skipped = np.minimum(skip[seen], spans)
+        if skipped.any():  # evaluation: targets an earlier window scored, and padding
+            first, skipped = starts[skipped > 0], skipped[skipped > 0]
+            masked.append(np.repeat(first - np.cumsum(skipped) + skipped, skipped) + np.arange(int(skipped.sum())))
+        if self.stride is not None or self.mask_boundary:  # a segment's last target is the next one's first token
+            masked.append((at + n - 1 - row)[col + n - 1 < T])
+        flat = np.concatenate(masked) if masked else np.empty(0, dtype=np.int64)
+        return PackedRows(tokens, np.append(starts, B * T).astype(np.int32), flat, int(spans.max()),
+                          self.form, self.max_docs)
 
     def __repr__(self) -> str:
         pieces = f" ({len(self):,} pieces)" if self.split_long else ""
