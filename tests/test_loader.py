@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import textwrap
@@ -33,10 +34,14 @@ def datasets(prepared):
 @pytest.mark.parametrize("setup", SETUPS)
 def test_resume_from_any_batch_yields_the_uninterrupted_batches(datasets, setup):
     build = lambda: SETUPS[setup](datasets)  # noqa: E731
-    n = 3 * len(build()) + 2 if setup != "random-endless" else 20  # crosses epoch boundaries
+    epoch = len(build()) if setup != "random-endless" else 6
+    n = 3 * epoch + 2  # crosses epoch boundaries
     fresh = take(build(), n)
     assert len(fresh) == n and len(set(fresh)) > 3
-    for at in range(1, n):
+    # Each side of every epoch boundary, and seeded positions between.
+    points = {1, n - 1} | {k * epoch + d for k in (1, 2, 3) for d in (-1, 0, 1)}
+    points |= set(random.Random(setup).sample(range(1, n), min(6, n - 1)))
+    for at in sorted(p for p in points if 0 < p < n):
         assert resumed(build, n, at) == fresh, at
 
 
@@ -149,10 +154,12 @@ AUGMENT = textwrap.dedent('''
             return WindowBatch(batch.x * keep, torch.tensor([info.id if info else -1, draw]))
 
     if __name__ == "__main__":
-        ds = Masked(sys.argv[1], 16)
-        loader = build_loader(ds, 4, seed=5, num_samples=16, num_workers=2, multiprocessing_context=sys.argv[2])
-        epochs = [[(int(w), int(d), int(x.sum())) for x, (w, d) in loader] for _ in range(2)]
-        print(json.dumps(epochs))
+        runs = []
+        for _ in range(2):  # a second loader from the same seed (new workers, the same server)
+            loader = build_loader(Masked(sys.argv[1], 16), 4, seed=5, num_samples=16, num_workers=2,
+                                  multiprocessing_context=sys.argv[2])
+            runs.append([[(int(w), int(d), int(x.sum())) for x, (w, d) in loader] for _ in range(2)])
+        print(json.dumps(runs))
 ''')
 
 
@@ -160,12 +167,10 @@ AUGMENT = textwrap.dedent('''
 def test_worker_augmentation_differs_by_worker_and_epoch_and_reruns_exactly(prepared, tmp_path, context):
     script = tmp_path / "masked_lab.py"
     script.write_text(AUGMENT)
-    runs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, str(script), str(prepared / "train.bin"), context],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        runs.append(json.loads(done.stdout))
+    done = subprocess.run([sys.executable, str(script), str(prepared / "train.bin"), context],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)
     assert runs[0] == runs[1]  # same seed, same batches, same augmentation
     epoch0, epoch1 = runs[0]
     assert {w for w, _, _ in epoch0} == {0, 1}

@@ -63,33 +63,32 @@ DUPLICATES = textwrap.dedent("""
 
     if __name__ == "__main__":
         out = {}
-        for shard in (False, True):
-            stream = TokenStream(sys.argv[1], 16, shard=shard, shuffle_buffer=8)
-            seen = Counter()
-            for x, y in build_stream_loader(stream, 4, num_workers=2):
-                for row in range(len(x)):
-                    seen[hashlib.sha1(x[row].numpy().tobytes()).hexdigest()] += 1
-            out[str(shard)] = {"items": sum(seen.values()), "distinct": len(seen)}
+        for path in sys.argv[1:]:
+            for shard in (False, True):
+                stream = TokenStream(path, 16, shard=shard, shuffle_buffer=8)
+                seen = Counter()
+                for x, y in build_stream_loader(stream, 4, num_workers=2):
+                    for row in range(len(x)):
+                        seen[hashlib.sha1(x[row].numpy().tobytes()).hexdigest()] += 1
+                out[f"{path} {shard}"] = {"items": sum(seen.values()), "distinct": len(seen)}
         print(json.dumps(out))
 """)
 
 
-@pytest.mark.parametrize("source", ["text", "bin"])
-def test_two_workers_duplicate_unless_sharded(tmp_path, source):
-    if source == "text":
-        path = write_docs(tmp_path / "c", make_docs(30, words=150))
-    else:  # an llm.c shard of random ids: no two windows alike
-        path = tmp_path / "shard.bin"
-        shard_file(path, np.random.default_rng(0).integers(0, 50000, 20_000))
+def test_two_workers_duplicate_unless_sharded(tmp_path):
+    text = write_docs(tmp_path / "c", make_docs(30, words=150))
+    shard = tmp_path / "shard.bin"  # an llm.c shard of random ids: no two windows alike
+    shard_file(shard, np.random.default_rng(0).integers(0, 50000, 20_000))
     script = tmp_path / "dupes.py"
     script.write_text(DUPLICATES)
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(text), str(shard)], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     counts = json.loads(done.stdout)
-    assert counts["False"]["items"] == 2 * counts["False"]["distinct"]  # every item twice
-    assert counts["True"]["items"] == counts["True"]["distinct"]  # none twice
-    if source == "bin":
-        assert counts["True"]["distinct"] == counts["False"]["distinct"]
+    for path in (text, shard):
+        assert counts[f"{path} False"]["items"] == 2 * counts[f"{path} False"]["distinct"]  # every item twice
+        assert counts[f"{path} True"]["items"] == counts[f"{path} True"]["distinct"]  # none twice
+    assert counts[f"{shard} True"]["distinct"] == counts[f"{shard} False"]["distinct"]
 
 
 def test_stream_loader_reshuffles_each_epoch(prepared):

