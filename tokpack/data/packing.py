@@ -20,8 +20,8 @@ there with ``--eot prepend``, inserted otherwise). The packings:
 
 Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
 hands out batches by their place in the row stream; the dataset packs them where it reads them
-(in each worker) and sends stored-width tokens with the segment starts; the training process
-widens them and derives position_ids from the starts. Resume replays the packing arithmetic up
+(in each worker) and sends stored-width tokens and position ids with the segment starts; the
+training process only widens them. Resume replays the packing arithmetic up
 to the position (O(documents before it), no token read); the packing holds O(buffer_size) at any
 corpus size, beside the document index. A batch's structure costs O(B * T).
 """
@@ -76,27 +76,30 @@ def bestfit_rows(docs: Iterator[tuple[int, int]], capacity: int, buffer_size: in
     the shortest is cropped to fill the row (its rest is dropped). Ties go to the document that
     entered the buffer first. O(log buffer_size) a choice, O(buffer_size) memory.
     """
-    buffer: list[tuple[int, int, int]] = []  # (length, -arrival, document), sorted
-    insort, bisect_right, inf = bisect.insort, bisect.bisect_right, math.inf
+    # Each entry one int, (length, earliest first, document) in bit fields: ints compare faster than tuples.
+    buffer: list[int] = []
+    insort, bisect_right = bisect.insort, bisect.bisect_right
     cap = math.inf if max_doc_len is None else max_doc_len
     docs = iter(docs)
-    arrival = 0
+    order = (1 << 48) - 1  # counts down with each arrival
+    low = (1 << 96) - 1  # the order and document fields at their largest
     row: list[Segment] = []
     pos = 0
     while True:
         for doc, n in docs:
-            insort(buffer, (n if n < cap else cap, arrival, doc))
-            arrival -= 1
+            insort(buffer, (n if n < cap else cap) << 96 | order << 48 | doc)
+            order -= 1
             if len(buffer) >= buffer_size:
                 break
         if not buffer:
             return
         room = capacity - pos
         # The last entry of a length is its earliest arrival, so these pick the first-come among equals.
-        fits = bisect_right(buffer, (room, inf)) - 1
-        n, _, doc = buffer.pop(fits if fits >= 0 else bisect_right(buffer, (buffer[0][0], inf)) - 1)
+        fits = bisect_right(buffer, room << 96 | low) - 1
+        key = buffer.pop(fits if fits >= 0 else bisect_right(buffer, buffer[0] | low) - 1)
+        n = key >> 96
         take = n if n < room else room
-        row.append((doc, 0, take, 0))
+        row.append((key & 0xFFFFFFFFFFFF, 0, take, 0))
         pos += take
         if pos == capacity:
             yield tuple(row)
@@ -167,11 +170,12 @@ class PackedBatch(NamedTuple):
 
 
 class PackedRows(NamedTuple):
-    """Rows as stored (uint16 or uint32, B x (T + 1)) with their segment starts: what a worker sends,
-    about the bytes of plain windows. ``widen()`` makes the int64 batch in the main process,
-    position_ids included (every row starts a segment, so the starts alone determine them)."""
+    """Rows as stored (uint16 or uint32, B x (T + 1)) with their position ids in as narrow a type and
+    their segment starts: what a worker sends, under twice the bytes of plain windows. ``widen()``
+    makes the int64 batch in the training process, which does no more than widen."""
 
     tokens: np.ndarray
+    positions: np.ndarray  # uint16 or uint32, B * T
     cu_seqlens: np.ndarray  # int32, segment starts over the flattened B * T tokens, then B * T
     masked: np.ndarray  # flat positions of y set to -100
     max_seqlen: int
@@ -184,8 +188,7 @@ class PackedRows(NamedTuple):
         x, y = self.tokens[:, :-1].astype(np.int64).reshape(-1), self.tokens[:, 1:].astype(np.int64).reshape(-1)
         if len(self.masked):
             y[self.masked] = IGNORE_INDEX
-        cu_seqlens = self.cu_seqlens
-        position_ids = np.arange(B * T) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
+        cu_seqlens, position_ids = self.cu_seqlens, self.positions.astype(np.int64)
         if self.form == "hf":
             labels = x.copy()
             labels[1:][y[:-1] == IGNORE_INDEX] = IGNORE_INDEX
@@ -426,56 +429,73 @@ class PackedDocuments(Dataset):
         return taken
 
     def gather(self, rows: Sequence[Row], checked: bool = False) -> PackedRows:
-        """The rows' tokens as stored, BOS inserted, one (B, T + 1) array, with their segment starts
-        and masked targets: one slice copy a segment (a handful a row) and a fixed number of array
-        operations a batch. Rows from elsewhere than this dataset's own packing (``checked`` False)
-        are first checked to lie inside its units and to fill their rows."""
-        T, count = self.block_size, len(self.lengths)
-        width, B = T + 1, len(rows)
-        seg = np.array([s for row in rows for s in row], dtype=np.int64).reshape(-1, 4)
-        unit, offset, n, skip = seg.T
+        """The rows' tokens as stored, BOS inserted, one (B, T + 1) array, with their position ids,
+        segment starts and masked targets: one slice copy and a few integer operations a segment (a
+        handful a row), then a fixed number of array operations. Rows from elsewhere than this
+        dataset's own packing (``checked`` False) are first checked to lie inside its units and to
+        fill their rows."""
+        T, width, B = self.block_size, self.block_size + 1, len(rows)
         if not checked:
-            row_of = np.repeat(np.arange(B), [len(row) for row in rows])
-            inside = np.where(unit >= 0, self.lengths[np.clip(unit, 0, count - 1)], n)
-            if (B == 0 or (unit < -1).any() or (unit >= count).any() or (n < 1).any() or (offset < 0).any()
-                    or (offset + n > inside).any() or (np.bincount(row_of, weights=n, minlength=B) != width).any()):
-                raise ValueError(f"packed rows must be tuples of (unit, offset, tokens, masked) segments inside this "
-                                 f"split's {count} units that fill {width} tokens each; pass rows from the dataset's "
-                                 "sampler")
-        at = np.cumsum(n) - n  # each segment's place in the flattened rows, which it tiles
-        padding = unit < 0
-        safe = np.where(padding, 0, unit)
-        bos = self.unit_bos[safe]
-        # An inserted BOS is a segment's first token when it starts its unit; padding is all BOS.
-        lead = bos & (offset == 0) | padding
-        source = self.unit_starts[safe] + offset - bos + lead
-        out = np.empty(B * width, dtype=self.split.dtype)
-        out[at[lead]] = self.bos_id
+            self._check_rows(rows)
         files = self.index.tokens()
         single = files[0] if len(files) == 1 else None
-        for a, s, m, pad in zip((at + lead).tolist(), source.tolist(), (n - lead).tolist(), padding.tolist()):
-            if pad:
-                out[a:a + m] = self.bos_id
-            elif single is not None:
-                out[a:a + m] = single[s:s + m]
-            else:
-                out[a:a + m] = self.index.span(s, s + m)
+        unit_starts, unit_bos, bos_id = self.unit_starts, self.unit_bos, self.bos_id
+        boundary = self.stride is not None or self.mask_boundary  # a segment's last target is the next one's first token
+        out = np.empty(B * width, dtype=self.split.dtype)
+        starts: list[int] = []
+        spans: list[int] = []
+        skipped: list[np.ndarray] = []  # evaluation: targets an earlier window scored, and padding
+        last: list[int] = []  # with boundary masking: each segment's last target, the next one's first token
+        at = 0  # in the flattened rows
+        for r, row in enumerate(rows):
+            for unit, offset, n, skip in row:
+                if unit < 0:  # padding: all BOS
+                    out[at:at + n] = bos_id
+                else:
+                    source, lead = unit_starts.item(unit) + offset, 0
+                    if unit_bos.item(unit):  # its BOS is inserted: the stored tokens begin one later
+                        if offset == 0:
+                            out[at], lead = bos_id, 1
+                        else:
+                            source -= 1
+                    if single is not None:
+                        out[at + lead:at + n] = single[source:source + n - lead]
+                    else:
+                        out[at + lead:at + n] = self.index.span(source, source + n - lead)
+                col = at - r * width
+                if col < T:  # one starting at a row's last token is in y only
+                    first, span = at - r, min(col + n, T) - col  # its place in the flattened x
+                    starts.append(first)
+                    spans.append(span)
+                    if skip:
+                        skipped.append(np.arange(first, first + min(skip, span)))
+                    if boundary and col + n - 1 < T:
+                        last.append(first + n - 1)
+                at += n
         tokens = self.split.check_ids(out.reshape(B, width))
-        # Over x (B * T) a segment at flat place a of row r starts at a - r, if before the row's last token.
-        row, col = np.divmod(at, width)
-        seen = col < T  # one starting at a row's last token is in y only
-        starts = at[seen] - row[seen]
-        spans = np.minimum(col[seen] + n[seen], T) - col[seen]
-        masked = []
-        skipped = np.minimum(skip[seen], spans)
-        if skipped.any():  # evaluation: targets an earlier window scored, and padding
-            first, skipped = starts[skipped > 0], skipped[skipped > 0]
-            masked.append(np.repeat(first - np.cumsum(skipped) + skipped, skipped) + np.arange(int(skipped.sum())))
-        if self.stride is not None or self.mask_boundary:  # a segment's last target is the next one's first token
-            masked.append((at + n - 1 - row)[col + n - 1 < T])
-        flat = np.concatenate(masked) if masked else np.empty(0, dtype=np.int64)
-        return PackedRows(tokens, np.append(starts, B * T).astype(np.int32), flat, int(spans.max()),
-                          self.form, self.max_docs)
+        cu_seqlens = np.array(starts + [B * T], dtype=np.int32)
+        # Every row starts a segment, so the starts alone give the positions.
+        positions = np.arange(B * T, dtype=np.int32) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
+        flat = np.concatenate([*skipped, np.array(last, dtype=np.int64)])
+        return PackedRows(tokens, positions.astype(np.uint16 if T <= 2**16 else np.uint32), cu_seqlens, flat,
+                          max(spans), self.form, self.max_docs)
+
+    def _check_rows(self, rows: Sequence[Row]) -> None:
+        count, width = len(self.lengths), self.block_size + 1
+        try:
+            seg = np.array([s for row in rows for s in row], dtype=np.int64).reshape(-1, 4)
+        except (TypeError, ValueError):
+            seg = None
+        if seg is not None:
+            unit, offset, n, _ = seg.T
+            row_of = np.repeat(np.arange(len(rows)), [len(row) for row in rows])
+            inside = np.where(unit >= 0, self.lengths[np.clip(unit, 0, count - 1)], n)
+        if (seg is None or not rows or (unit < -1).any() or (unit >= count).any() or (n < 1).any()
+                or (offset < 0).any() or (offset + n > inside).any()
+                or (np.bincount(row_of, weights=n, minlength=len(rows)) != width).any()):
+            raise ValueError(f"packed rows must be tuples of (unit, offset, tokens, masked) segments inside this "
+                             f"split's {count} units that fill {width} tokens each; pass rows from the dataset's "
+                             "sampler")
 
     def __repr__(self) -> str:
         pieces = f" ({len(self):,} pieces)" if self.split_long else ""
