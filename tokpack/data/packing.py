@@ -21,9 +21,9 @@ there with ``--eot prepend``, inserted otherwise). The packings:
 Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
 hands out batches by their place in the row stream; the dataset packs them where it reads them
 (in each worker) and sends stored-width tokens and position ids with the segment starts; the
-training process only widens them. Resume replays the packing arithmetic up
-to the position (O(documents before it), no token read); the packing holds O(buffer_size) at any
-corpus size, beside the document index. A batch's structure costs O(B * T).
+training process only widens them. Resume replays the packing arithmetic up to the position
+(O(documents before it), no token read); the packing holds O(buffer_size) at any corpus size,
+beside the document index. A batch's structure costs O(B * T).
 """
 
 from __future__ import annotations
