@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from tokpack import PackedDocuments, Split, TokenWindows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
-from tokpack.config import build_config, default_of
+from tokpack.options import build_config, default_of
 from tokpack.distributed import process_group
 from tokpack.plot import pyplot
 from tokpack.plot.runs import describe_losses, draw_run

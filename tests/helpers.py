@@ -69,7 +69,7 @@ def write_tiktoken_file(path: Path) -> Path:
     from tokpack.tokenizer import load_encoding
 
     enc = load_encoding("gpt2")
-    lines = [base64.b64encode(enc.decode_single_token_bytes(rank)) + b" %d" % rank for rank in range(50256)]
+    lines = [base64.b64encode(enc.token_bytes(rank)) + b" %d" % rank for rank in range(50256)]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 

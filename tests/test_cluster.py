@@ -102,17 +102,17 @@ def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
 @pytest.mark.parametrize("count", [2, 3, 7])
 def test_units_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, count):
     from tokpack.prepare.cluster import share_of
-    from tokpack.corpus import documents
+    from tokpack.corpus import ReadOptions, documents
     from tokpack.inputs import resolve_inputs
 
     files = resolve_inputs([corpus])
     sizes = {f: f.stat().st_size for f in files}
-    whole = ["".join(d) for d in documents(files, "strict", None, "text")]
+    whole = ["".join(d) for d in documents(files, ReadOptions())]
     shares, texts = [], []
     for unit in range(count):
         share = share_of(files, sizes, unit, count)
         shares.append(share)
-        texts += ["".join(d) for d in documents(share, "strict", None, "text")]
+        texts += ["".join(d) for d in documents(share, ReadOptions())]
     assert texts == whole  # every document once, in input order
     cut = [entry for share in shares for entry in share if entry[0].name == "big.jsonl"]
     assert len(cut) > 1 and any(lo > 0 for _, lo, _ in cut)  # the large jsonl was cut inside

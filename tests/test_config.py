@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tokpack.cli import table
-from tokpack.config import build_config, default_of, load_toml
+from tokpack.options import build_config, default_of, load_toml
 from tokpack.models import GPTConfig
 from tokpack.prepare import PrepareConfig
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tokpack import corpus
-from tokpack.corpus import count_chars, documents, is_single_document, pieces, split_runs
+from tokpack.corpus import ReadOptions, count_chars, documents, is_single_document, pieces, split_runs
 from tokpack.inputs import resolve_inputs
 
 
@@ -53,7 +53,7 @@ def test_doc_sep_cuts_across_read_blocks(tmp_path, monkeypatch, block):
     monkeypatch.setattr(corpus, "BLOCK_BYTES", block)
     path = tmp_path / "c.txt"
     path.write_text("alpha<SEP>béta<SEP><SEP>gamma 東京<SEP>", "utf-8")
-    assert _texts(documents([path], "strict", "<SEP>", "text")) == ["alpha", "béta", "", "gamma 東京", ""]
+    assert _texts(documents([path], ReadOptions(doc_sep="<SEP>"))) == ["alpha", "béta", "", "gamma 東京", ""]
     assert count_chars(path, "strict") == len(path.read_text("utf-8"))
 
 
@@ -63,8 +63,8 @@ def test_invalid_utf8_names_file_and_byte_offset(tmp_path, monkeypatch, block):
     path = tmp_path / "bad.txt"
     path.write_bytes("héllo ".encode() + b"\xff tail")
     with pytest.raises(ValueError, match=rf"{path} is not valid UTF-8 at byte 7 .*--errors replace"):
-        _texts(documents([path], "strict", None, "text"))
-    assert _texts(documents([path], "replace", None, "text")) == ["héllo \ufffd tail"]
+        _texts(documents([path], ReadOptions()))
+    assert _texts(documents([path], ReadOptions(errors="replace"))) == ["héllo \ufffd tail"]
 
 
 def test_jsonl_and_gzip(tmp_path):
@@ -76,9 +76,9 @@ def test_jsonl_and_gzip(tmp_path):
     with gzip.open(tmp_path / "c.txt.gz", "wt") as f:
         f.write("gzipped text")
     files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.txt.gz"]
-    assert _texts(documents(files, "strict", None, "text")) == ["first", "second doc", ""] * 2 + ["gzipped text"]
+    assert _texts(documents(files, ReadOptions())) == ["first", "second doc", ""] * 2 + ["gzipped text"]
     with pytest.raises(ValueError, match=r"a.jsonl:1 has no field 'body' \(found \['text'\]\).*--jsonl-key"):
-        _texts(documents(files, "strict", None, "body"))
+        _texts(documents(files, ReadOptions(jsonl_key="body")))
 
 
 def test_split_runs_cuts_a_stream_at_a_character():
@@ -124,7 +124,7 @@ def test_damaged_gzip_is_one_line_naming_the_file(tmp_path, damage):
             "not gzip": b"plain text, not gzip"}[damage]
     (tmp_path / "d.txt.gz").write_bytes(data)
     with pytest.raises(ValueError, match=r"d.txt.gz is not a readable gzip file") as exc:
-        _texts(documents([tmp_path / "d.txt.gz"], "strict", None, "text"))
+        _texts(documents([tmp_path / "d.txt.gz"], ReadOptions()))
     assert "\n" not in str(exc.value)
 
 
@@ -138,26 +138,26 @@ def test_damaged_gzip_is_one_line_naming_the_file(tmp_path, damage):
 def test_bad_jsonl_records_name_the_file_and_line(tmp_path, line, fragment):
     (tmp_path / "r.jsonl").write_text('{"text": "fine"}\n' + line + "\n")
     with pytest.raises(ValueError) as exc:
-        _texts(documents([tmp_path / "r.jsonl"], "strict", None, "text"))
+        _texts(documents([tmp_path / "r.jsonl"], ReadOptions()))
     assert "r.jsonl:2 " in str(exc.value) and fragment in str(exc.value)
     assert "\n" not in str(exc.value)
 
 
 def test_lone_surrogates_are_replaced_with_errors_replace(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"text": "a\\ud800b"}\n')
-    assert _texts(documents([tmp_path / "r.jsonl"], "replace", None, "text")) == ["a\ufffdb"]
+    assert _texts(documents([tmp_path / "r.jsonl"], ReadOptions(errors="replace"))) == ["a\ufffdb"]
 
 
 def test_text_files_read_with_universal_newlines_and_jsonl_as_is(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "BLOCK_BYTES", 3)  # a \r\n split across two read blocks too
     (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\rthree\r\n\r\nfour")
-    assert _texts(documents([tmp_path / "crlf.txt"], "strict", None, "text")) == ["one\ntwo\nthree\n\nfour"]
+    assert _texts(documents([tmp_path / "crlf.txt"], ReadOptions())) == ["one\ntwo\nthree\n\nfour"]
     assert count_chars(tmp_path / "crlf.txt", "strict") == len("one\ntwo\nthree\n\nfour")
     (tmp_path / "r.jsonl").write_text(json.dumps({"text": "keeps\r\nthis"}) + "\n")
-    assert _texts(documents([tmp_path / "r.jsonl"], "strict", None, "text")) == ["keeps\r\nthis"]
+    assert _texts(documents([tmp_path / "r.jsonl"], ReadOptions())) == ["keeps\r\nthis"]
     (tmp_path / "bad.txt").write_bytes(b"a\r\nb\r\n\xff")
     with pytest.raises(ValueError, match="not valid UTF-8 at byte 6"):  # the offset counts the bytes as stored
-        _texts(documents([tmp_path / "bad.txt"], "strict", None, "text"))
+        _texts(documents([tmp_path / "bad.txt"], ReadOptions()))
 
 
 def test_a_long_run_without_cut_points_warns_once(monkeypatch):
@@ -174,23 +174,23 @@ def test_parquet_rows_and_zstd_frames_are_documents(tmp_path, monkeypatch):
     texts = [f"document {i}: " + "words " * (i % 7) for i in range(50)]
     table = pa.table({"id": list(range(50)), "body": texts})
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=8)  # several row groups
-    assert _texts(documents([tmp_path / "d.parquet"], "strict", None, "text", "body")) == texts
+    assert _texts(documents([tmp_path / "d.parquet"], ReadOptions(text_column="body"))) == texts
     with pytest.raises(ValueError, match=r"d.parquet has no column 'text' \(found \['id', 'body'\]\).*--text-column"):
-        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text"))
+        _texts(documents([tmp_path / "d.parquet"], ReadOptions()))
     with pytest.raises(ValueError, match=r"d.parquet row 1 has 'id' of type int, not a string"):
-        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text", "id"))
+        _texts(documents([tmp_path / "d.parquet"], ReadOptions(text_column="id")))
     lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
     (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
     (tmp_path / "t.txt.zst").write_bytes(zstandard.ZstdCompressor().compress("one\r\ntext file".encode()))
-    assert _texts(documents([tmp_path / "d.jsonl.zst", tmp_path / "t.txt.zst"], "strict", None, "text")) == [
+    assert _texts(documents([tmp_path / "d.jsonl.zst", tmp_path / "t.txt.zst"], ReadOptions())) == [
         *texts, "one\ntext file"]
     assert is_single_document([tmp_path / "d.parquet"], None) is False
     (tmp_path / "bad.txt.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
     with pytest.raises(ValueError, match="bad.txt.zst is not a readable zstd file"):
-        _texts(documents([tmp_path / "bad.txt.zst"], "strict", None, "text"))
+        _texts(documents([tmp_path / "bad.txt.zst"], ReadOptions()))
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # the extra is not installed
     with pytest.raises(ValueError, match=r'needs zstandard; pip install "tokpack\[zstd\]"'):
-        _texts(documents([tmp_path / "t.txt.zst"], "strict", None, "text"))
+        _texts(documents([tmp_path / "t.txt.zst"], ReadOptions()))
 
 
 def test_a_parquet_page_that_fails_to_decompress_names_the_file_and_the_row(tmp_path):
@@ -203,15 +203,15 @@ def test_a_parquet_page_that_fails_to_decompress_names_the_file_and_the_row(tmp_
     data[middle:middle + 200] = bytes(b ^ 0x5A for b in data[middle:middle + 200])
     (tmp_path / "d.parquet").write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"d.parquet has a damaged page after row \d+ \(.*\); re-create it"):
-        _texts(documents([tmp_path / "d.parquet"], "strict", None, "text"))
+        _texts(documents([tmp_path / "d.parquet"], ReadOptions()))
 
 
 def test_truncated_zstd_is_refused_not_read_short(tmp_path):
     zstandard = pytest.importorskip("zstandard")
     frames = b"".join(zstandard.ZstdCompressor().compress(f"frame {i} ".encode() * 300) for i in range(3))
     (tmp_path / "whole.txt.zst").write_bytes(frames)
-    assert _texts(documents([tmp_path / "whole.txt.zst"], "strict", None, "text")) == [
+    assert _texts(documents([tmp_path / "whole.txt.zst"], ReadOptions())) == [
         "".join(f"frame {i} " * 300 for i in range(3))]
     (tmp_path / "cut.txt.zst").write_bytes(frames[:-7])
     with pytest.raises(ValueError, match="cut.txt.zst is not a readable zstd file .*truncated"):
-        _texts(documents([tmp_path / "cut.txt.zst"], "strict", None, "text"))
+        _texts(documents([tmp_path / "cut.txt.zst"], ReadOptions()))

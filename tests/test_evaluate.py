@@ -18,7 +18,7 @@ from tokpack.evaluation import byte_lengths, main, sweep
 from tokpack.split import open_tokens
 from tokpack.models import GPT, GPTConfig, NGram, gpt_checkpoint
 from tokpack.data.loader import build_loader
-from tokpack.tokenizer import CL100K_PATTERN, load_encoding
+from tokpack.tokenizer import CL100K_PATTERN, TiktokenEncoder, load_encoding
 from tokpack.data.windows import TokenWindows
 
 V = 50257
@@ -52,7 +52,7 @@ def test_ngram_losses_match_a_direct_computation(prepared, order, T, S):
     assert result["bits_per_token"] == pytest.approx(result["loss"] / math.log(2))
     enc = load_encoding("gpt2")
     text = val[1:] != enc.eot_token  # bits/byte: the text targets' loss over the text's bytes
-    text_bytes = len(enc.decode_bytes(val[1:][text].tolist()))
+    text_bytes = len(enc.library.decode_bytes(val[1:][text].tolist()))
     assert result["bits_per_byte"] == pytest.approx(losses[text].sum() / math.log(2) / text_bytes, rel=1e-6)
 
 
@@ -291,7 +291,7 @@ def _nanochat_bpb(model, loader, token_bytes):
 
 def test_bits_per_byte_is_nanochats_evaluate_bpb(prepared):
     enc = load_encoding("gpt2")
-    token_bytes = torch.tensor([0 if i == enc.eot_token else len(enc.decode_single_token_bytes(i))
+    token_bytes = torch.tensor([0 if i == enc.eot_token else len(enc.token_bytes(i))
                                 for i in range(enc.n_vocab)])
     model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), seed=3).double().eval()
     loader = build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4)
@@ -313,7 +313,7 @@ class ByteUnigram(torch.nn.Module):
         table = np.full(enc.n_vocab, math.log(0.5))  # special tokens: any value, bits/byte leaves them out
         for token in range(enc.n_vocab):
             if token != enc.eot_token:
-                table[token] = sum(byte_logp[b] for b in enc.decode_single_token_bytes(token))
+                table[token] = sum(byte_logp[b] for b in enc.token_bytes(token))
         self.table = torch.from_numpy(table)
 
     def target_log_probs(self, idx, targets):
@@ -323,9 +323,9 @@ class ByteUnigram(torch.nn.Module):
 def test_bits_per_byte_does_not_depend_on_the_tokenizer(tmp_path):
     gpt2 = load_encoding("gpt2")
     # A second tokenizer: cl100k's split pattern over gpt2's first 3,000 merges.
-    ranks = {gpt2.decode_single_token_bytes(i): i for i in range(3000)}
-    small = tiktoken.Encoding("small", pat_str=CL100K_PATTERN, mergeable_ranks=ranks,
-                              special_tokens={"<|endoftext|>": 3000})
+    ranks = {gpt2.token_bytes(i): i for i in range(3000)}
+    small = TiktokenEncoder(tiktoken.Encoding("small", pat_str=CL100K_PATTERN, mergeable_ranks=ranks,
+                                              special_tokens={"<|endoftext|>": 3000}))
     docs = make_docs(40, words=80) + ["naïve café — 日本語 ünïcödé, 12345 's 'll\n\n  tabs\tand  spaces"]
     text = b"".join(d.encode() for d in docs)
     counts = np.bincount(np.frombuffer(text, dtype=np.uint8), minlength=256) + 1

@@ -24,7 +24,7 @@ from tokpack.tokenizer import (
     token_dtype,
 )
 
-GPT2 = load_encoding("gpt2")
+GPT2 = load_encoding("gpt2").library  # the tiktoken Encoding behind the encoder
 RANKS = GPT2._mergeable_ranks
 # The gpt2 vocabulary under each proven pattern: cut safety is a property of the pattern.
 ENCODINGS = {
@@ -123,7 +123,7 @@ def test_tampered_gpt2_files_are_refused(tmp_path, monkeypatch):
         tokenizer._bundled_gpt2()
 
 
-@pytest.mark.parametrize("name", sorted(tokenizer._LOCAL_FILE_SETTINGS))
+@pytest.mark.parametrize("name", sorted(tokenizer.KNOWN_SETTINGS))
 def test_cut_safe_names_carry_the_proven_patterns_in_tiktoken_too(name, monkeypatch):
     # Cutting is allowed by encoding name; tiktoken's own constructor for each name must use the
     # very pattern (and specials) the cut proof covers. The ranks are not needed for that.
@@ -132,7 +132,7 @@ def test_cut_safe_names_carry_the_proven_patterns_in_tiktoken_too(name, monkeypa
     monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: {})
     monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda *a, **k: {})
     constructor = openai_public.ENCODING_CONSTRUCTORS[name]()
-    pattern, specials = tokenizer._LOCAL_FILE_SETTINGS[name]
+    pattern, specials = tokenizer.KNOWN_SETTINGS[name]
     assert constructor["pat_str"] == pattern and constructor["special_tokens"] == specials
     assert pattern in (tokenizer.R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN)
     assert pattern in tokenizer.CUT_SAFE_PATTERNS
@@ -163,9 +163,9 @@ def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
     assert enc.name == "nanotok" and enc.eot_token == 50256 and enc.n_vocab == 50258
     assert enc.encode_ordinary("year 2026") != GPT2.encode_ordinary("year 2026")  # digits in pairs
     assert [enc.decode([t]) for t in enc.encode_ordinary("2026")] == ["20", "26"]
-    assert not tokenizer.can_cut(enc)  # an unproven pattern: documents are encoded whole
+    assert not enc.can_cut  # an unproven pattern: documents are encoded whole
     borrowed = load_encoding(str(write_spec(tmp_path / "b", "borrowed", "cl100k_base")))
-    assert borrowed._pat_str == CL100K_PATTERN and tokenizer.can_cut(borrowed)
+    assert borrowed.library._pat_str == CL100K_PATTERN and borrowed.can_cut
     (tmp_path / "bad.json").write_text(json.dumps({"ranks": "nanotok.tiktoken", "pattern": "r50k_base",
                                                     "special_tokens": {"<|endoftext|>": 5}, "eot": "<|endoftext|>"}))
     with pytest.raises(ValueError, match="special token id 5 .* is also a rank"):
@@ -187,12 +187,12 @@ def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
 
 
 def test_dtype_is_the_narrowest_that_fits(tmp_path):
-    assert token_dtype(GPT2) == np.uint16
+    assert token_dtype(load_encoding("gpt2")) == np.uint16
     big = load_encoding(str(write_spec(tmp_path, "big")))
     assert big.n_vocab == 100258 and token_dtype(big) == np.uint32
     with pytest.raises(ValueError, match=r"uint16 cannot hold encoding 'big'.*65535"):
         token_dtype(big, "uint16")
-    assert token_dtype(GPT2, "uint32") == np.uint32
+    assert token_dtype(load_encoding("gpt2"), "uint32") == np.uint32
 
 
 def test_unknown_and_offline_encodings_fail_fast_with_a_fix(monkeypatch):

@@ -41,6 +41,17 @@ class Piece:
     last: bool
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How files are read as documents: ``errors`` (strict or replace) for invalid UTF-8, the
+    string ``doc_sep`` that cuts text files, and the text field of jsonl and parquet records."""
+
+    errors: str = "strict"
+    doc_sep: str | None = None
+    jsonl_key: str = "text"
+    text_column: str = "text"
+
+
 COMPRESSED = (".gz", ".zst")
 
 
@@ -286,18 +297,19 @@ def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterato
             yield iter((_SURROGATE.sub("\ufffd", value) if surrogate else value,))
 
 
-def documents(files: Sequence[Path | tuple[Path, int, int | None]], errors: str, doc_sep: str | None,
-              jsonl_key: str, text_column: str = "text") -> Iterator[Iterator[str]]:
+def documents(files: Sequence[Path | tuple[Path, int, int | None]],
+              options: ReadOptions = ReadOptions()) -> Iterator[Iterator[str]]:
     """Every document of every file, in order, each as an iterator of its text runs. A file may
     come as (path, lo, hi): of a jsonl file, the records whose line starts in [lo, hi)."""
+    errors = options.errors
     for entry in files:
         path, lo, hi = entry if isinstance(entry, tuple) else (entry, 0, None)
         if is_jsonl(path):
-            yield from _jsonl_documents(path, errors, jsonl_key, lo, hi)
+            yield from _jsonl_documents(path, errors, options.jsonl_key, lo, hi)
         elif is_parquet(path):
-            yield from _parquet_documents(path, errors, text_column)
+            yield from _parquet_documents(path, errors, options.text_column)
         else:
-            yield from _text_documents(path, errors, doc_sep)
+            yield from _text_documents(path, errors, options.doc_sep)
 
 
 def split_runs(runs: Iterator[str], at: int) -> tuple[Iterator[str], Iterator[str]]:

@@ -37,7 +37,7 @@ from .data.runtime import rank_world, to_device
 from .data.windows import IGNORE_INDEX, TokenWindows
 from .distributed import process_group
 from .split import Split, open_splits
-from .tokenizer import folder_encoding
+from .tokenizer import Encoder, folder_encoding
 
 
 def token_byte_lengths(meta: dict[str, Any]) -> np.ndarray:
@@ -46,20 +46,19 @@ def token_byte_lengths(meta: dict[str, Any]) -> np.ndarray:
 
 
 @functools.cache
-def _byte_lengths_cached(enc: Any) -> np.ndarray:
+def _byte_lengths_cached(enc: Encoder) -> np.ndarray:
     return byte_lengths(enc)
 
 
-def byte_lengths(enc: Any) -> np.ndarray:
-    """UTF-8 bytes of the text of every token id of a tiktoken encoding: special tokens (end of
-    text) are not text and count 0, so sums over scored tokens give the bytes of the text alone."""
+def byte_lengths(enc: Encoder) -> np.ndarray:
+    """UTF-8 bytes of the text of every token id of an encoder: special tokens (end of text) are
+    not text and count 0, so sums over scored tokens give the bytes of the text alone."""
     lengths = np.zeros(enc.n_vocab, dtype=np.int64)
-    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
     for token in range(enc.n_vocab):
-        if token in specials:
+        if token in enc.special_ids:
             continue
         try:
-            lengths[token] = len(enc.decode_single_token_bytes(token))
+            lengths[token] = len(enc.token_bytes(token))
         except KeyError:
             pass  # an id the encoding leaves unused
     return lengths

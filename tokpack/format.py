@@ -18,7 +18,7 @@ import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 
@@ -61,18 +61,95 @@ MEGATRON_TOKEN_DTYPES = ("uint16", "int32")
 MEGATRON_CODES = {"uint16": 8, "uint32": 4}  # tokpack's widths as Megatron declares them (ids < 2**31)
 
 
-def split_files(info: dict[str, Any]) -> list[dict[str, Any]]:
+class FileEntry(TypedDict):
+    """A file as meta.json and unit records list it: a plain name of tokpack's pattern."""
+
+    file: str
+    bytes: int
+    sha256: str
+    tokens: NotRequired[int]  # of a shard
+
+
+class SplitInfo(TypedDict):
+    """meta.json's entry for one split: one flat ``bin`` or llm.c ``shards``, and the index."""
+
+    tokens: int
+    documents: int
+    bin: NotRequired[FileEntry]
+    shards: NotRequired[list[FileEntry]]
+    idx: NotRequired[FileEntry]
+    megatron_idx: NotRequired[FileEntry]
+
+
+class EncodingInfo(TypedDict):
+    name: str
+    ranks_sha256: str  # the vocabulary's hash (a tokenizer.json's own)
+    n_vocab: int
+    eot_id: int
+    backend: dict[str, str]  # name and version of what encoded the ids
+
+
+class InputsInfo(TypedDict):
+    given: list[dict[str, Any]]
+    files: int
+    bytes: int
+    listing_sha256: str
+    units_sha256: NotRequired[list[str]]
+
+
+class Meta(TypedDict):
+    """meta.json: written last, so a folder without it is incomplete."""
+
+    format_version: int
+    tokpack_version: str
+    encoding: EncodingInfo
+    dtype: str
+    eot: str
+    single_document: bool
+    val: dict[str, Any]
+    text_newlines: str
+    splits: dict[str, SplitInfo]
+    inputs: InputsInfo
+    options: dict[str, Any]
+
+
+class UnitPart(TypedDict):
+    """One split of a finished unit: its counts and files, its index part, and (in a one-unit
+    run, whose files stay temporary until the leader publishes them) the renames still to make."""
+
+    info: SplitInfo
+    idx: FileEntry
+    renames: NotRequired[list[tuple[Path, Path]]]
+
+
+class UnitRecord(TypedDict):
+    """``.tokpack-unit-NNNNN.json``: data on disk, checked before any name in it is used."""
+
+    fingerprint: NotRequired[str]
+    unit: NotRequired[int]
+    input_sha256: str
+    splits: dict[str, UnitPart]
+
+
+class ForeignFormat(NamedTuple):
+    """A known non-tokpack format whose header would otherwise be read as tokens."""
+
+    kind: str  # "megatron" or "litdata"
+    description: str
+
+
+def split_files(info: SplitInfo) -> list[FileEntry]:
     """A split's token files as meta.json lists them: one flat ``bin``, or llm.c ``shards``."""
     return info["shards"] if "shards" in info else [info["bin"]]
 
 
-def every_file(info: dict[str, Any]) -> list[dict[str, Any]]:
+def every_file(info: SplitInfo) -> list[FileEntry]:
     """Every file a split's meta.json entry lists: token files, the index, and with --format
     megatron Megatron's index."""
     return [*split_files(info), info["idx"], *([info["megatron_idx"]] if "megatron_idx" in info else [])]
 
 
-def read_meta(folder: str | Path) -> dict[str, Any]:
+def read_meta(folder: str | Path) -> Meta:
     """The meta.json of a prepared folder, checked for a format this version reads."""
     path = Path(folder) / META_NAME
     if not path.is_file():
@@ -163,12 +240,13 @@ def shard_header(path: Path) -> tuple[np.dtype, int] | None:
     return np.dtype(dtype), int(words[2])
 
 
-def foreign_format(path: Path) -> str | None:
-    """The name of a known non-tokpack format whose header would otherwise be read as tokens."""
+def foreign_format(path: Path) -> ForeignFormat | None:
+    """The known non-tokpack format ``path`` is in, whose header would otherwise be read as tokens."""
     if is_megatron_index(path.with_suffix(".idx")):
-        return "a Megatron indexed dataset (its .idx starts with MMIDIDX)"
+        return ForeignFormat("megatron", "a Megatron indexed dataset (its .idx starts with MMIDIDX)")
     if re.fullmatch(r"chunk-\d+-\d+\.bin", path.name) or _is_litdata_index(path.parent / "index.json"):
-        return "a litdata chunk (written by litdata.optimize; read it with litdata's StreamingDataset)"
+        return ForeignFormat("litdata", "a litdata chunk (written by litdata.optimize; read it with litdata's "
+                             "StreamingDataset)")
     return None
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
                      foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
-                     shard_header, split_files)
+                     Meta, shard_header, split_files)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Split:
     dtype: np.dtype
     name: str | None = None
     folder: Path | None = None
-    meta: dict[str, Any] | None = field(default=None, repr=False)
+    meta: Meta | None = field(default=None, repr=False)
     fingerprint: str = ""
 
     @property
@@ -112,7 +112,7 @@ class Split:
 class _Folder:
     """What a folder says about the token files in it: its meta.json, read once."""
 
-    def __init__(self, folder: Path, meta: dict[str, Any] | None = None):
+    def __init__(self, folder: Path, meta: Meta | None = None):
         self.meta = meta if meta is not None else read_meta(folder) if (folder / META_NAME).is_file() else None
         if self.meta is None and any(folder.glob(UNIT_RECORD_GLOB)):
             raise ValueError(f"{folder} is an unfinished tokpack.prepare run (unit records, no meta.json); "
@@ -167,7 +167,7 @@ def _opened(paths: list[Path], facts: dict[Path, _Folder], dtype: str | np.dtype
     return Split(tuple(files), files[0].dtype, name, folder, meta, digest.hexdigest())
 
 
-def open_splits(folder: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Split]:
+def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split]:
     """Every split of a prepared folder, with meta.json read once.
 
     Args:
@@ -299,10 +299,10 @@ def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFi
             raise ValueError(f"{path} is {size} bytes but meta.json records {recorded[0]} {found} tokens "
                              f"({recorded[0] * found.itemsize} bytes); the file was changed or truncated, "
                              "rerun python -m tokpack.prepare --force")
-    elif foreign and foreign.startswith("a Megatron"):
+    elif foreign and foreign.kind == "megatron":
         found = megatron_dtype(path)
     elif foreign:
-        raise ValueError(f"{path} is {foreign}, not a token file tokpack reads; pass a tokpack, llm.c or "
+        raise ValueError(f"{path} is {foreign.description}, not a token file tokpack reads; pass a tokpack, llm.c or "
                          "Megatron .bin")
     elif dtype is not None:
         found = np.dtype(dtype)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..cli import table
-from ..config import from_dict, load_toml
+from ..options import from_dict, load_toml
 from ..data.loader import build_loader
 from ..data.windows import TokenWindows, WindowBatch
 from ..format import FORMAT_VERSION, INDEX_DTYPE, META_NAME, read_meta

@@ -67,7 +67,7 @@ def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int, encoding: s
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
                   peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None,
                   encoding: str = "gpt2") -> dict[str, Any]:
-    enc = load_encoding(encoding)
+    enc = load_encoding(encoding).library  # raw tiktoken, the baseline
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
         docs = synthetic_corpus(corpus, megabytes)
@@ -108,9 +108,9 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             runs["one document: tokpack.prepare --backend splintr"] = count(
                 "one_fast", lambda: _prepared_tokens(prepare(replace(single, backend="splintr"))))
         if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
-            hf = load_encoding(tokenizer)
-            hf_config = replace(config, encoding=tokenizer, out_dir=str(Path(tmp) / "hf"))
-            runs["tokenizers encode_batch (raw)"] = count("hf_raw", lambda: sum(map(len, hf.encode_batch(docs))))
+            hf = load_encoding(tokenizer).library  # the tokenizers library's own Tokenizer
+            hf_config = replace(config, encoding=tokenizer, backend="auto", out_dir=str(Path(tmp) / "hf"))
+            runs["tokenizers encode_batch (raw)"] = count("hf_raw", lambda: sum(len(e.ids) for e in hf.encode_batch(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
         for processes in torchrun:
             # Whole commands, start-up included: what a user of torchrun waits for.

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..corpus import documents
+from ..corpus import ReadOptions, documents
 from ..inputs import resolve_inputs
 from ..split import open_tokens
 from ..tokenizer import load_encoding
@@ -67,8 +67,8 @@ class TokenStream(IterableDataset):
         order = torch.randperm(len(self.files), generator=generator("stream", self.seed, self.epoch)).tolist()
         buffer = np.empty(0, dtype=np.int64)
         T = self.block_size
-        for number, runs in enumerate(documents([self.files[i] for i in order], self.errors, self.doc_sep,
-                                                self.jsonl_key)):
+        options = ReadOptions(self.errors, self.doc_sep, self.jsonl_key)
+        for number, runs in enumerate(documents([self.files[i] for i in order], options)):
             text = "".join(runs)  # read every document, tokenize only this shard's
             if number % shards != shard or not text:
                 continue

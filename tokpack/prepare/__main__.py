@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cli import add_config_option, parser, run_cli
-from ..config import build_config, default_of
-from .config import EOT_MODES, FORMATS, LLMC_SHARD_TOKENS, PrepareConfig
+from ..options import add_options, build_config
+from .config import PrepareConfig
 from .run import fix_mmap_threshold, prepare
 
 
@@ -45,54 +45,21 @@ def summary(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("prepare", __doc__)
-    d = lambda name: default_of(PrepareConfig, name)  # noqa: E731
-    p.add_argument("inputs", nargs="*", help="files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
-                   "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
-    p.add_argument("--out-dir", help="output folder (default: data/sample for the sample, else data/<first input's stem>)")
-    p.add_argument("--encoding", help=f"tiktoken encoding name, NAME.tiktoken file or spec file (.toml/.json) "
-                   f"(default: {d('encoding')})")
-    p.add_argument("--tokenizer", dest="encoding", help="a Hugging Face tokenizer.json, or its folder (needs "
-                   "tokpack[hf]); instead of --encoding")
-    p.add_argument("--backend", choices=["auto", "tiktoken", "splintr"], help=f"the BPE implementation: auto uses "
-                   f"splintr (tokpack[fast]) where it is proven, else tiktoken (default: {d('backend')})")
-    p.add_argument("--check-fraction", type=float, help=f"share of pieces an accelerated backend's ids are checked "
-                   f"against tiktoken's (default: {d('check_fraction')})")
-    p.add_argument("--eot-token", help="the special token that ends (or, with --eot prepend, starts) each document, "
-                   "when a tokenizer.json's config does not name it (default: from the config)")
-    p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], help=f"token dtype (default: {d('dtype')}, "
-                   "the narrowest that holds every id)")
-    p.add_argument("--val-fraction", type=float, help=f"share of documents (or of a lone document's tail) "
-                   f"that goes to val (default: {d('val_fraction')})")
-    p.add_argument("--val-tokens", type=int, help="a fixed val budget instead: the documents first in hash order "
-                   "until they hold at least N tokens, e.g. modded-nanogpt's 10485760 (default: 0, off)")
-    p.add_argument("--val-inputs", nargs="+", help="these files, folders or globs are the val split, whole (nanochat's "
-                   "last parquet file, llm.c's first shard); the rest is train (default: none)")
-    p.add_argument("--seed", type=int, help=f"seed of the per-document split hash (default: {d('seed')})")
-    p.add_argument("--eot", choices=EOT_MODES, help=f"where <|endoftext|> goes around each document (default: "
-                   f"{d('eot')}: append, prepend with --format llmc, none for a corpus of one document)")
-    p.add_argument("--doc-sep", help="cut text files into documents at this string (default: none)")
-    p.add_argument("--jsonl-key", help=f"text field of .jsonl records (default: {d('jsonl_key')})")
-    p.add_argument("--text-column", help=f"text column of .parquet files (default: {d('text_column')})")
-    p.add_argument("--errors", choices=["strict", "replace"], help=f"invalid UTF-8 handling (default: {d('errors')})")
-    p.add_argument("--workers", type=int, help="tokenizer threads (default: 0, every core)")
-    p.add_argument("--piece-chars", type=int, help=f"characters per tokenized piece (default: {d('piece_chars')})")
-    p.add_argument("--format", choices=FORMATS, help=f"flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / "
-                   f"modded-nanogpt shards NAME_train_000001.bin, ...; megatron: Megatron-LM's indexed datasets "
-                   f"train_text_document.bin/.idx (default: {d('format')})")
-    p.add_argument("--shard-tokens", type=int, help=f"write each split as shards of at most N tokens (default: "
-                   f"{d('shard_tokens')}: llm.c's {LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
-    p.add_argument("--unit-mb", type=float, help=f"input MB per resumable unit of a sharded run: a rerun keeps "
-                   f"the units a killed run finished (default: {d('unit_mb')})")
-    p.add_argument("--force", action="store_true", default=None,
-                   help="overwrite an existing prepared folder or another tool's token files (default: off)")
-    p.add_argument("--quiet", action="store_true", default=None, help="no progress bar or summary (default: off)")
+    p.add_argument("inputs", nargs="*", help=PrepareConfig.__dataclass_fields__["inputs"].metadata["help"])
+    add_options(p, PrepareConfig, skip=("inputs",))
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json, or its folder (needs tokpack[hf]); "
+                   "instead of --encoding")
     add_config_option(p)
     args = vars(p.parse_args(argv))
 
     def body() -> int:
-        config_path = args.pop("config")
+        config_path, tokenizer = args.pop("config"), args.pop("tokenizer")
+        if tokenizer is not None:
+            if args["encoding"] is not None:
+                raise ValueError(f"--tokenizer {tokenizer} and --encoding {args['encoding']} each name the "
+                                 "tokenizer; pass one of them")
+            args["encoding"] = tokenizer
         args["inputs"] = tuple(args["inputs"]) or None
-        args["val_inputs"] = tuple(args["val_inputs"] or ()) or None
         config = build_config(PrepareConfig, config_path, args)
         fix_mmap_threshold()  # this process only prepares: keep its peak flat
         result = prepare(config)

@@ -89,7 +89,11 @@ def _first_difference(reference: list[tuple[str, int, int]], other: list[tuple[s
     return f"{len(reference)} input files on rank 0, {len(other)} there"
 
 
-def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: int) -> list[tuple[Path, int, int | None]]:
+# A file of a unit's share: whole (0, None), or of a jsonl file the lines starting in [lo, hi).
+Entry = tuple[Path, int, "int | None"]
+
+
+def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: int) -> list[Entry]:
     """Part ``index`` of ``count`` of the inputs as (file, lo, hi): the documents of the file whose
     first byte lies in [lo, hi), hi None for the rest of it. Parts are consecutive byte ranges of
     the inputs laid end to end; a file that cannot be cut goes to the part owning its first byte."""

@@ -2,51 +2,79 @@
 
     python -m tokpack.prepare --config configs/sample.toml     # any PrepareConfig key in TOML
 
-``PrepareConfig`` holds the options as given; ``prepare()`` turns them into one frozen ``Plan``
-(the encoding, dtype, end-of-text rule, input files, output folder, whether the run is sharded and
-into how many units) that every stage of the run reads instead of deciding again.
+``PrepareConfig`` holds the options as given, each with its help: the command's flags and the TOML
+keys both come from it. ``prepare()`` turns them into one frozen ``Plan`` (the encoder, dtype,
+end-of-text rule, input files, output folder, whether the run is sharded and into how many units)
+that every stage of the run reads instead of deciding again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..corpus import ReadOptions
+from ..options import option
+from ..tokenizer.fast import BACKENDS
+
+if TYPE_CHECKING:
+    from ..format import InputsInfo
+    from ..tokenizer import Encoder
+    from .holdout import Holdout
 
 LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc", "megatron")
+# The options that change the output: meta.json records them, and a rerun's units must match them.
+OUTPUT_OPTIONS = ("encoding", "eot_token", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
+                  "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "unit_mb")
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
     """Every option of ``tokpack.prepare``; those that change the output go into meta.json."""
 
-    inputs: tuple[str, ...] = ()
-    out_dir: str | None = None
-    encoding: str = "gpt2"
-    eot_token: str | None = None
-    dtype: str = "auto"
-    val_fraction: float = 0.1
-    val_tokens: int = 0
-    val_inputs: tuple[str, ...] = ()
-    seed: int = 1337
-    eot: str = "auto"
-    doc_sep: str | None = None
-    jsonl_key: str = "text"
-    text_column: str = "text"
-    errors: str = "strict"
-    workers: int = 0
-    backend: str = "auto"
-    check_fraction: float = 0.01
-    piece_chars: int = 1 << 18
-    unit_mb: float = 1024.0
-    format: str = "flat"
-    shard_tokens: int = 0
-    force: bool = False
-    quiet: bool = False
+    inputs: tuple[str, ...] = option((), "files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
+                                     "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
+    out_dir: str | None = option(None, "output folder (default: data/sample for the sample, else data/<first "
+                                 "input's stem>)")
+    encoding: str = option("gpt2", "tiktoken encoding name, NAME.tiktoken file, spec file (.toml/.json), or a "
+                           "Hugging Face tokenizer.json or its folder")
+    eot_token: str | None = option(None, "the special token that ends (or, with --eot prepend, starts) each "
+                                   "document, when a tokenizer.json's config does not name it (default: from the "
+                                   "config)")
+    dtype: str = option("auto", "token dtype; auto is the narrowest that holds every id",
+                        ("auto", "uint16", "uint32"))
+    val_fraction: float = option(0.1, "share of documents (or of a lone document's tail) that goes to val")
+    val_tokens: int = option(0, "a fixed val budget instead: the documents first in hash order until they hold "
+                             "at least N tokens, e.g. modded-nanogpt's 10485760 (default: 0, off)")
+    val_inputs: tuple[str, ...] = option((), "these files, folders or globs are the val split, whole (nanochat's "
+                                         "last parquet file, llm.c's first shard); the rest is train (default: none)")
+    seed: int = option(1337, "seed of the per-document split hash")
+    eot: str = option("auto", "where the end-of-text token goes around each document (default: auto: append, "
+                      "prepend with --format llmc, none for a corpus of one document)", EOT_MODES)
+    doc_sep: str | None = option(None, "cut text files into documents at this string (default: none)")
+    jsonl_key: str = option("text", "text field of .jsonl records")
+    text_column: str = option("text", "text column of .parquet files")
+    errors: str = option("strict", "invalid UTF-8 handling", ("strict", "replace"))
+    workers: int = option(0, "tokenizer threads (default: 0, every core)")
+    backend: str = option("auto", "the BPE implementation of a tiktoken encoding: auto uses splintr "
+                          "(tokpack[fast]) where it is proven, else tiktoken", BACKENDS)
+    check_fraction: float = option(0.01, "share of pieces an accelerated backend's ids are checked against "
+                                   "tiktoken's")
+    piece_chars: int = option(1 << 18, "characters per tokenized piece")
+    unit_mb: float = option(1024.0, "input MB per resumable unit of a sharded run: a rerun keeps the units a "
+                            "killed run finished")
+    format: str = option("flat", "flat: train.bin/val.bin, nanoGPT's; llmc: llm.c / modded-nanogpt shards "
+                         "NAME_train_000001.bin, ...; megatron: Megatron-LM's indexed datasets "
+                         "train_text_document.bin/.idx", FORMATS)
+    shard_tokens: int = option(0, f"write each split as shards of at most N tokens (default: 0: llm.c's "
+                               f"{LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
+    force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
+    quiet: bool = option(False, "no progress bar or summary")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
@@ -78,28 +106,29 @@ class PrepareConfig:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
 
     def output_options(self) -> dict[str, Any]:
-        keys = ("encoding", "eot_token", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot", "doc_sep", "jsonl_key", "text_column", "errors",
-                "format", "shard_tokens", "unit_mb")
-        return {k: getattr(self, k) for k in keys}
+        return {k: getattr(self, k) for k in OUTPUT_OPTIONS}
+
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(self.errors, self.doc_sep, self.jsonl_key, self.text_column)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Plan:
     """A run's decisions, made once in ``prepare()`` and handed to every stage."""
 
     config: PrepareConfig
-    enc: Any  # the tiktoken Encoding
+    enc: Encoder  # on the backend the run encodes with
     dtype: np.dtype
     eot: str  # append, prepend or none: "auto" resolved
     single: bool  # one document, cut by position rather than split by hash
     files: tuple[Path, ...]
     sizes: dict[Path, int]
-    inputs: dict[str, Any]  # meta.json's description of the inputs
+    inputs: InputsInfo  # meta.json's description of the inputs
     out: Path
     sharded: bool  # units publish their shards as they finish, with records a rerun keeps
     units: int
     fingerprint: str  # of the inputs and every option that changes the output
     workers: int
     started: float
-    backend: Any = None  # an accelerated encoder proven for this encoding (tokenizer.fast), or None: tiktoken
-    holdout: Any = None  # the val rule (prepare.holdout.Holdout)
+    holdout: Holdout  # the val rule
+    read: ReadOptions

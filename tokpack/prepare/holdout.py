@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..corpus import documents
+from ..corpus import ReadOptions, documents
+from ..tokenizer import Encoder
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,13 @@ def document_hash(key: bytes) -> Any:
     return hashlib.blake2b(digest_size=8, key=key)
 
 
-def by_tokens(budget: int, files: Sequence[Path], enc: Any, eot: str, seed: int, options: dict[str, Any]) -> Holdout:
+def by_tokens(budget: int, files: Sequence[Path], enc: Encoder, eot: str, seed: int, options: ReadOptions) -> Holdout:
     """The threshold that makes val the smallest-hash documents holding at least ``budget`` tokens."""
     key = seed.to_bytes(8, "little", signed=True)
     extra = 0 if eot == "none" else 1
     chosen: list[tuple[int, int]] = []  # (-hash, tokens): a max-heap of the smallest hashes
     held = 0
-    for runs in documents(list(files), options["errors"], options["doc_sep"], options["jsonl_key"],
-                          options["text_column"]):
+    for runs in documents(list(files), options):
         text = "".join(runs)
         if not text:
             continue
@@ -79,7 +79,7 @@ def by_tokens(budget: int, files: Sequence[Path], enc: Any, eot: str, seed: int,
         h = int.from_bytes(digest.digest(), "big")
         if held >= budget and h >= -chosen[0][0]:
             continue  # larger than every hash the budget needs
-        tokens = _count(enc, text) + extra
+        tokens = len(enc.encode_batch([text])[0]) + extra
         heapq.heappush(chosen, (-h, tokens))
         held += tokens
         while held - chosen[0][1] >= budget:  # the largest hash is not needed to reach the budget
@@ -88,9 +88,3 @@ def by_tokens(budget: int, files: Sequence[Path], enc: Any, eot: str, seed: int,
         raise ValueError(f"--val-tokens {budget:,} is more than the corpus's {held:,} tokens; "
                          "use a smaller budget")
     return Holdout("tokens", -chosen[0][0] + 1, value=budget)
-
-
-def _count(enc: Any, text: str) -> int:
-    if hasattr(enc, "encode_to_numpy"):
-        return len(enc.encode_to_numpy(text, disallowed_special=()))
-    return len(enc.encode_batch([text])[0])

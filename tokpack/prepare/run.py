@@ -22,13 +22,12 @@ from typing import Any
 
 from .. import __version__
 from ..cli import USER_ERRORS
-from ..config import default_of
+from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
 from ..distributed import process_group
-from ..format import FORMAT_VERSION, SPLITS, remove_leftovers
+from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
 from ..inputs import resolve_groups
-from ..tokenizer import HFEncoding, load_encoding, ranks_sha256, token_dtype
-from ..tokenizer.fast import choose_backend
+from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
@@ -50,12 +49,6 @@ def peak_rss_mb() -> float:
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
-
-
-def tiktoken_version() -> str:
-    from importlib.metadata import version
-
-    return version("tiktoken")
 
 
 def fix_mmap_threshold() -> None:
@@ -93,7 +86,7 @@ def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
     return folder
 
 
-def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> dict[str, Any]:
+def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> InputsInfo:
     """Each input as given, with its file count and bytes, and a hash of the whole file listing.
 
     Per-file entries would make meta.json grow with the number of files; the hash still pins them.
@@ -144,37 +137,23 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     """
     enc = load_encoding(config.encoding, config.eot_token)
     dtype = token_dtype(enc, config.dtype)
-    groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
-    val_files: list[Path] = []
-    if config.val_inputs:
-        val_files = [f for _, found in resolve_groups(config.val_inputs) for f in found]
-        listed = {f for _, found in groups for f in found}
-        groups += [(str(f), [f]) for f in val_files if f not in listed]  # val inputs not among the inputs
-        if all(f in set(val_files) for _, found in groups for f in found):
-            raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
-                             "name only the val files")
+    groups, val_files = _input_groups(config)
     files = tuple(f for _, found in groups for f in found)
     single = not config.val_inputs and is_single_document(files, config.doc_sep)
     if single and config.val_tokens:
         raise ValueError(f"--val-tokens chooses whole documents, but {files[0]} is one document; "
                          "use --val-fraction, or --doc-sep to cut it into documents")
-    if config.doc_sep and all(map(is_records, files)):
-        warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
-                      stacklevel=3)
-    for option, of_kind, kind in (("jsonl_key", is_jsonl, ".jsonl"), ("text_column", is_parquet, ".parquet")):
-        value = getattr(config, option)
-        if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
-            warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=3)
-    llmc = config.format == "llmc"
+    _warn_unused(config, files)
     # llm.c's convention is an <|endoftext|> before every document.
-    eot = config.eot if config.eot != "auto" else ("prepend" if llmc else "none" if single else "append")
+    eot = config.eot if config.eot != "auto" else ("prepend" if config.format == "llmc" else
+                                                   "none" if single else "append")
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     remove_leftovers(out)  # of a run killed after its meta.json: they would hold the folder back
     # Fail fast, before the corpus is read; checked again once the folder is locked.
     check_out_dir(out, config.force, files, _input_folders(config),
                   ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.stat().st_size for p in files}
-    sharded = llmc or bool(config.shard_tokens) or world > 1
+    sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
@@ -182,20 +161,53 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     inputs = _describe_inputs(groups, sizes)
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
                                      "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files))})
+    return Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
+                dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
+                sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
+                started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options())
+
+
+def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[Path]]], list[Path]]:
+    """The inputs as given with the files each names, val inputs among them; and the val files."""
+    groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
+    if not config.val_inputs:
+        return groups, []
+    val_files = [f for _, found in resolve_groups(config.val_inputs) for f in found]
+    listed = {f for _, found in groups for f in found}
+    groups += [(str(f), [f]) for f in val_files if f not in listed]  # val inputs not among the inputs
+    if all(f in set(val_files) for _, found in groups for f in found):
+        raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
+                         "name only the val files")
+    return groups, val_files
+
+
+def _warn_unused(config: PrepareConfig, files: tuple[Path, ...]) -> None:
+    """A warning for each reading option no input uses."""
+    if config.doc_sep and all(map(is_records, files)):
+        warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
+                      stacklevel=4)
+    for option, of_kind, kind in (("jsonl_key", is_jsonl, ".jsonl"), ("text_column", is_parquet, ".parquet")):
+        value = getattr(config, option)
+        if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
+            warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=4)
+
+
+def _workers(asked: int) -> int:
     cores = default_workers()
-    if config.workers > cores:
+    if asked > cores:
         # Each worker holds pieces in flight: beyond the cores they cost memory and add no speed.
-        warnings.warn(f"--workers {config.workers} is more than the {cores} cores this process may use; "
-                      f"using {cores}", stacklevel=3)
-    backend = None if isinstance(enc, HFEncoding) else choose_backend(enc, config.backend)
+        warnings.warn(f"--workers {asked} is more than the {cores} cores this process may use; using {cores}",
+                      stacklevel=4)
+    return min(asked or cores, cores)
+
+
+def _holdout(config: PrepareConfig, files: tuple[Path, ...], val_files: list[Path], enc: Encoder,
+             eot: str) -> holdout.Holdout:
     if config.val_inputs:
-        rule = holdout.by_inputs(val_files, config.val_inputs)
-    elif config.val_tokens:
-        rule = holdout.by_tokens(config.val_tokens, files, enc, eot, config.seed, config.output_options())
-    else:
-        rule = holdout.by_fraction(config.val_fraction)
-    return Plan(config, enc, dtype, eot, single, files, sizes, inputs, out, sharded, count, fingerprint,
-                min(config.workers or cores, cores), started, backend, rule)
+        return holdout.by_inputs(val_files, config.val_inputs)
+    if config.val_tokens:
+        return holdout.by_tokens(config.val_tokens, files, enc, eot, config.seed, config.read_options())
+    return holdout.by_fraction(config.val_fraction)
 
 
 def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
@@ -238,15 +250,11 @@ def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
     return meta
 
 
-def _meta(plan: Plan, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    enc = plan.enc
+def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
     return {
         "format_version": FORMAT_VERSION,
         "tokpack_version": __version__,
-        "encoding": {"name": enc.name, "ranks_sha256": ranks_sha256(enc), "n_vocab": enc.n_vocab,
-                     "eot_id": enc.eot_token,
-                     "backend": plan.backend.describe() if plan.backend else {"name": "tiktoken",
-                                                                               "version": tiktoken_version()}},
+        "encoding": plan.enc.describe(),  # type: ignore[typeddict-item]
         "dtype": plan.dtype.name,
         "eot": plan.eot,
         "single_document": plan.single,
@@ -262,12 +270,12 @@ def _input_folders(config: PrepareConfig) -> list[Path]:
     return [Path(i) for i in config.inputs if Path(i).is_dir()]
 
 
-def _combined(parts: list[dict[str, Any]], rule: holdout.Holdout) -> dict[str, Any]:
+def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, SplitInfo]:
     """meta.json's splits from every unit's part, in input order (the index comes at publishing)."""
     splits = {}
     for split in SPLITS:
         infos = [part["splits"][split]["info"] for part in parts]
-        info = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
+        info: SplitInfo = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
         if "bin" in infos[0]:
             info["bin"] = infos[0]["bin"]
             if "megatron_idx" in infos[0]:

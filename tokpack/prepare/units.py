@@ -33,11 +33,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, remove_own,
-                      write_megatron_index)
-from ..tokenizer import HFEncoding, can_cut, encode_in_order
-from ..tokenizer.fast import check_piece, sampled
-from .cluster import share_of
+from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, UnitPart,
+                      UnitRecord, remove_own, write_megatron_index)
+from ..tokenizer import encode_in_order
+from .cluster import Entry, share_of
 from .config import LLMC_SHARD_TOKENS, Plan
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
 
@@ -72,7 +71,7 @@ def _files(record: dict[str, Any]) -> list[dict[str, Any]]:
 _BLOCK = 1 << 20
 
 
-def input_sha256(share: list[tuple[Path, int, int | None]]) -> str:
+def input_sha256(share: list[Entry]) -> str:
     """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
     the byte before ``lo`` (which decides where the first line starts) to the end of the last line
     starting before ``hi``. A read, not a tokenization: a rerun re-reads it to prove a kept unit's
@@ -100,7 +99,7 @@ def input_sha256(share: list[tuple[Path, int, int | None]]) -> str:
 
 
 
-def load(plan: Plan, unit: int) -> dict[str, Any] | None:
+def load(plan: Plan, unit: int) -> UnitRecord | None:
     """The record of ``unit`` if it belongs to this run, its input is unchanged and its files are
     intact, else None."""
     out = plan.out
@@ -121,8 +120,8 @@ def load(plan: Plan, unit: int) -> dict[str, Any] | None:
     return record
 
 
-def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, Any]) -> dict[str, Any]:
-    record = {"fingerprint": expected, "unit": unit, "input_sha256": digest, "splits": splits}
+def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, UnitPart]) -> UnitRecord:
+    record: UnitRecord = {"fingerprint": expected, "unit": unit, "input_sha256": digest, "splits": splits}
     write_json_atomic(out / UNIT_RECORD.format(unit), record)
     return record
 
@@ -213,89 +212,106 @@ def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
     return None
 
 
-def run_unit(plan: Plan, unit: int) -> dict[str, Any]:
+def run_unit(plan: Plan, unit: int) -> UnitRecord:
     """Tokenize one unit of the input. In a sharded run its record is written and its shards
     published at once, its index kept as a hidden part; else its files stay temporary for the
     leader to rename."""
-    config, enc, out, files = plan.config, plan.enc, plan.out, plan.files
-    share = share_of(files, plan.sizes, unit, plan.units)
-    # Hashed before it is tokenized, which then reads it from the page cache.
-    digest = input_sha256(share)
-    def read(entries: list[tuple[Path, int, int | None]]) -> Iterator[Iterator[str]]:
-        return documents(entries, config.errors, config.doc_sep, config.jsonl_key, config.text_column)
-
-    docs = read(share)
-    if plan.single and share:
-        n = count_chars(files[0], config.errors)
-        if n == 0:
-            raise ValueError(f"the corpus {files[0]} holds no text; pass a non-empty file")
-        cut = int(n * (1 - config.val_fraction))
-        if not 0 < cut < n:
-            raise ValueError(
-                f"{files[0]} has {n} characters: cutting at {cut} for --val-fraction "
-                f"{config.val_fraction} leaves a split empty; use a larger corpus or another fraction"
-            )
-        docs = iter(split_runs(next(docs), cut))
-    # An accelerated backend or a Hugging Face tokenizer encodes a batch on every core itself: one
-    # thread hands it batches of enough pieces for its threads; a backend's sampled pieces are checked.
-    batcher = plan.backend or (enc if isinstance(enc, HFEncoding) else None)
-    if batcher is not None:
-        def encode(texts: list[str]) -> list[np.ndarray]:
-            out = batcher.encode_batch(texts)
-            for text, ids in zip(texts, out):
-                if plan.backend is not None and sampled(text, config.seed, config.check_fraction):
-                    check_piece(plan.backend, enc, text, ids, f"unit {unit}")
-            return [ids.astype(plan.dtype) for ids in out]
-        workers, batch_chars = 1, config.piece_chars * 2 * plan.workers
-    else:
-        def encode(texts: list[str]) -> list[np.ndarray]:
-            return [enc.encode_to_numpy(text, disallowed_special=()).astype(plan.dtype) for text in texts]
-        workers, batch_chars = plan.workers, config.piece_chars
-    def stream(docs: Iterator[Iterator[str]]) -> Iterator[tuple[Piece, np.ndarray]]:
-        return encode_in_order(pieces(docs, config.piece_chars, can_cut(enc)), encode, workers, batch_chars)
-
-    # By file, the val inputs' documents go to val and the others to train, each in input order.
-    passes = ([("val", [e for e in share if e[0] in plan.holdout.files]),
-               ("train", [e for e in share if e[0] not in plan.holdout.files])]
-              if plan.holdout.kind == "inputs" else [(None, share)])
-    writers: dict[str, SplitWriter] = {}
+    share = share_of(plan.files, plan.sizes, unit, plan.units)
+    digest = input_sha256(share)  # before it is tokenized, which then reads it from the page cache
+    writers = open_writers(plan, unit)
     try:
-        megatron = config.format == "megatron"
-        for s in SPLITS:
-            writers[s] = SplitWriter(out, s, plan.dtype, plan.eot, enc.eot_token, layout(plan, s, unit),
-                                     f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx",
-                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
-        for only, entries in passes:
-            tokenize(stream(docs if only is None else read(entries)), writers, DocumentBuffer(out, config.seed), plan,
+        for only, entries in _passes(plan, share):
+            tokenize(_encoded(plan, entries), writers, DocumentBuffer(plan.out, plan.config.seed), plan,
                      sum(plan.sizes[f] for f, _, _ in entries), only)
-        splits = {}
-        for s, writer in writers.items():
-            info = writer.close()
-            idx = info.pop("idx")
-            if plan.sharded:
-                idx["file"] = f".{idx['file']}"
-                splits[s] = {"info": info, "idx": idx}
-            else:
-                splits[s] = {"info": info, "idx": idx, "renames": writer.renames()}
-                if megatron:  # Megatron's own index beside tokpack's, from the starts just written
-                    index = HashingWriter(out / f"{MEGATRON_NAME.format(split=s)}.idx")
-                    write_megatron_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
-                    info["megatron_idx"] = index.close()
-                    splits[s]["renames"] += index.renames()
-        if not plan.sharded:
-            return {"input_sha256": digest, "splits": splits}
-        # The record first, then the renames: a run killed between them leaves a record whose files
-        # do not verify (the unit is redone) and no final name that no record claims.
-        saved = save(out, unit, plan.fingerprint, digest, splits)
-        for s, writer in writers.items():
-            for tmp, final in writer.bin.renames():
-                os.replace(tmp, final)
-            os.replace(writer.idx.tmp, out / splits[s]["idx"]["file"])
-        return saved
+        return finish(plan, unit, digest, writers)
     except BaseException:
         for writer in writers.values():
             writer.discard()
         raise
+
+
+def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
+    """A writer a split, to temporary names: tokens, tokpack's index, and Megatron's ``.bin``."""
+    megatron = plan.config.format == "megatron"
+    writers: dict[str, SplitWriter] = {}
+    try:
+        for s in SPLITS:
+            writers[s] = SplitWriter(plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
+                                     f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx",
+                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    return writers
+
+
+def _passes(plan: Plan, share: list[Entry]) -> list[tuple[str | None, list[Entry]]]:
+    """The reads of a unit: all its input at once, or, by file, the val inputs' documents into
+    val and the others into train, each in input order."""
+    if plan.holdout.kind != "inputs":
+        return [(None, share)]
+    val = plan.holdout.files
+    return [("val", [e for e in share if e[0] in val]), ("train", [e for e in share if e[0] not in val])]
+
+
+def _documents(plan: Plan, entries: list[Entry]) -> Iterator[Iterator[str]]:
+    """The documents of ``entries``; a lone document as two, cut where val begins."""
+    docs = documents(entries, plan.read)
+    if not (plan.single and entries):
+        return docs
+    first = plan.files[0]
+    n = count_chars(first, plan.read.errors)
+    if n == 0:
+        raise ValueError(f"the corpus {first} holds no text; pass a non-empty file")
+    cut = int(n * (1 - plan.config.val_fraction))
+    if not 0 < cut < n:
+        raise ValueError(f"{first} has {n} characters: cutting at {cut} for --val-fraction "
+                         f"{plan.config.val_fraction} leaves a split empty; use a larger corpus or another fraction")
+    return iter(split_runs(next(docs), cut))
+
+
+def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarray]]:
+    """Every piece of ``entries`` with its tokens, in order. An encoder that threads itself gets
+    large batches from one thread; any other runs in ``plan.workers`` threads."""
+    enc, piece_chars = plan.enc, plan.config.piece_chars
+    workers, batch_chars = (1, piece_chars * 2 * plan.workers) if enc.parallel else (plan.workers, piece_chars)
+
+    def encode(texts: list[str]) -> list[np.ndarray]:
+        return [ids.astype(plan.dtype) for ids in enc.encode_batch(texts)]
+
+    return encode_in_order(pieces(_documents(plan, entries), piece_chars, enc.can_cut), encode, workers, batch_chars)
+
+
+def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter]) -> UnitRecord:
+    """Close the writers. A sharded run writes the unit's record, then renames its files: a run
+    killed between the two leaves a record whose files do not verify (the unit is redone) and no
+    final name that no record claims."""
+    splits = {s: _closed(plan, writer) for s, writer in writers.items()}
+    if not plan.sharded:
+        return {"input_sha256": digest, "splits": splits}
+    saved = save(plan.out, unit, plan.fingerprint, digest, splits)
+    for s, writer in writers.items():
+        for tmp, final in writer.bin.renames():
+            os.replace(tmp, final)
+        os.replace(writer.idx.tmp, plan.out / splits[s]["idx"]["file"])
+    return saved
+
+
+def _closed(plan: Plan, writer: SplitWriter) -> UnitPart:
+    """A split's part of the unit: its counts and files, its index, the renames left to make."""
+    info = writer.close()
+    idx = info.pop("idx")
+    if plan.sharded:
+        idx["file"] = f".{idx['file']}"
+        return {"info": info, "idx": idx}
+    part: UnitPart = {"info": info, "idx": idx, "renames": writer.renames()}
+    if plan.config.format == "megatron":  # Megatron's own index beside tokpack's, from the starts just written
+        index = HashingWriter(plan.out / f"{MEGATRON_NAME.format(split=writer.split)}.idx")
+        write_megatron_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
+        info["megatron_idx"] = index.close()
+        part["renames"] += index.renames()
+    return part
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,

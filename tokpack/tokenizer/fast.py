@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .patterns import KNOWN_SETTINGS
+
 BACKENDS = ("auto", "tiktoken", "splintr")
 # Encodings the differential test proves, with the splintr pattern constant each is built with.
 PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN", "cl100k_base": "CL100K_BASE_PATTERN",
@@ -59,7 +61,7 @@ class SplintrBackend:
 
 
 def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
-    """The backend for ``enc``: splintr where it is installed and proven (``auto``), or as asked;
+    """The backend for ``enc`` (a ``tiktoken.Encoding``): splintr where it is installed and proven (``auto``), or as asked;
     None means tiktoken. A backend that cannot build the encoding, or gives other ids on a probe,
     falls back to tiktoken with one warning; asked for by name, it is one line instead."""
     if asked not in BACKENDS:
@@ -93,9 +95,7 @@ def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
 
 
 def _tiktoken_pattern(name: str) -> str:
-    from . import _LOCAL_FILE_SETTINGS
-
-    return _LOCAL_FILE_SETTINGS[name][0]
+    return KNOWN_SETTINGS[name][0]
 
 
 def sampled(text: str, seed: int, fraction: float) -> bool:
@@ -104,13 +104,13 @@ def sampled(text: str, seed: int, fraction: float) -> bool:
     return fraction > 0 and zlib.crc32(text.encode("utf-8", "surrogatepass"), seed & 0xFFFFFFFF) < fraction * 2**32
 
 
-def check_piece(backend: SplintrBackend, enc: Any, text: str, ids: np.ndarray, where: str) -> None:
+def check_piece(backend: SplintrBackend, enc: Any, text: str, ids: np.ndarray) -> None:
     """Refuse the run if ``ids`` are not tiktoken's for ``text``, naming the backend and the offset."""
     expected = enc.encode_ordinary(text)
     if ids.tolist() == expected:
         return
     first = next((i for i, (a, b) in enumerate(zip(ids.tolist(), expected)) if a != b), min(len(ids), len(expected)))
     offset = len(enc.decode(expected[:first]))
-    raise ValueError(f"backend {backend.name} {backend.version} gave other ids than tiktoken in {where}, at character "
+    raise ValueError(f"backend {backend.name} {backend.version} gave other ids than tiktoken at character "
                      f"{offset} of a piece ({text[offset:offset + 20]!r}); nothing was published: rerun with "
                      "--backend tiktoken and report it")

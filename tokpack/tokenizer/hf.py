@@ -16,10 +16,10 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .patterns import R50K_PATTERN
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -43,8 +43,11 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(visible, chars)}
 
 
-class HFEncoding:
-    """A Hugging Face ``Tokenizer`` with the few members of a tiktoken ``Encoding`` tokpack uses."""
+class HFEncoder:
+    """A Hugging Face ``Tokenizer`` behind the ``Encoder`` interface (``library`` is the Tokenizer)."""
+
+    kind = "huggingface"
+    parallel = True  # the library's encode_batch runs on every core without the GIL
 
     def __init__(self, path: Path, eot_token: str | None = None):
         try:
@@ -56,30 +59,31 @@ class HFEncoding:
             raise FileNotFoundError(f"tokenizer file {file} does not exist; pass a tokenizer.json or its folder")
         raw = file.read_bytes()
         try:
-            self.tokenizer = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+            self.library = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
             spec = json.loads(raw)
         except Exception as exc:  # the library raises its own types for a file it cannot read
             raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({exc}); pass the tokenizer's own file") from None
-        self.file, self.file_sha256 = file, hashlib.sha256(raw).hexdigest()
+        self.file, self.vocab_sha256 = file, hashlib.sha256(raw).hexdigest()
+        self.version = tokenizers.__version__
         self.name = file.parent.name if file.name == TOKENIZER_FILE else file.name.removesuffix(".json")
-        self.n_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        added = self.tokenizer.get_added_tokens_decoder()
+        self.n_vocab = self.library.get_vocab_size(with_added_tokens=True)
+        added = self.library.get_added_tokens_decoder()
         self.specials = {token.content: int(i) for i, token in added.items() if token.special}
-        self.special_tokens_set = set(self.specials)
+        self.special_ids = frozenset(self.specials.values())
         self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
         self.eot_name = self._eot(eot_token)
-        self.eot_token = self.tokenizer.token_to_id(self.eot_name)
+        self.eot_token = self.library.token_to_id(self.eot_name)
         # GPT-2's own pipeline (no normalizer; byte-level pre-tokenizing with GPT-2's regex, no prefix
         # space) splits text as tiktoken's gpt2 pattern does, whose cut points are proven safe; any
         # other pipeline has no pattern here, and its documents are never cut.
         gpt2_like = spec.get("normalizer") is None and spec.get("pre_tokenizer") == {
             "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-        self._pat_str = R50K_PATTERN if gpt2_like else None
+        self.can_cut = gpt2_like
 
     def _eot(self, asked: str | None) -> str:
         """The end-of-text token: asked for, or the config's eos_token, or the one special token."""
         if asked is not None:
-            if self.tokenizer.token_to_id(asked) is None:
+            if self.library.token_to_id(asked) is None:
                 raise ValueError(f"--eot-token {asked!r} is not a token of {self.file}; its special tokens: "
                                  f"{', '.join(self.specials) or 'none'}")
             return asked
@@ -89,7 +93,7 @@ class HFEncoding:
         except ValueError:
             eos = None
         eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str) and self.tokenizer.token_to_id(eos) is not None:
+        if isinstance(eos, str) and self.library.token_to_id(eos) is not None:
             return eos
         if "<|endoftext|>" in self.specials:
             return "<|endoftext|>"
@@ -99,23 +103,20 @@ class HFEncoding:
                          f"{', '.join(self.specials) or 'none'}); pass --eot-token NAME")
 
     def encode_ordinary(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.library.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Every text's ids, by the library's batch encoding (its own threads, without the GIL)."""
         return [np.asarray(e.ids, dtype=np.uint32)
-                for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    def encode_single_token(self, token: str) -> int:
-        return self.specials[token]
+                for e in self.library.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.library.decode(ids, skip_special_tokens=False)
 
-    def decode_single_token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int) -> bytes:
         """The bytes of the text a token stands for: byte-level tokens mapped back through GPT-2's
         alphabet; SentencePiece-style ``▁`` as a space and ``<0xNN>`` as its byte."""
-        piece = self.tokenizer.id_to_token(token)
+        piece = self.library.id_to_token(token)
         if piece is None:
             raise KeyError(token)
         if self.byte_level:
@@ -126,5 +127,15 @@ class HFEncoding:
             return bytes([int(piece[3:5], 16)])
         return piece.replace("\u2581", " ").encode("utf-8")
 
+    def with_backend(self, asked: str, check_fraction: float, seed: int) -> HFEncoder:
+        if asked != "auto":
+            raise ValueError(f"--backend {asked} applies to tiktoken encodings; {self.file} is encoded by the "
+                             "Hugging Face tokenizers library itself: drop --backend")
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "ranks_sha256": self.vocab_sha256, "n_vocab": self.n_vocab,
+                "eot_id": self.eot_token, "backend": {"name": "tokenizers", "version": self.version}}
+
     def __repr__(self) -> str:
-        return f"<HFEncoding {self.name!r} from {self.file}>"
+        return f"<HFEncoder {self.name!r} from {self.file}>"

@@ -1,12 +1,17 @@
-"""Typed configs shared by every ``python -m tokpack.<tool>``.
+"""Options from one source: a frozen config dataclass gives a command's flags and TOML keys.
 
-A config is a frozen dataclass per stage, possibly holding another (a ``[model]`` table).
-``configs/NAME.toml`` sets any of its fields, the command line overrides the file, and an unknown
-key, or a value of the wrong type, is an error naming the key, the file and what is expected.
+    python -m tokpack.prepare --config configs/sample.toml --workers 2   # the flag wins over the file
+
+A config is a frozen dataclass per stage, possibly holding another (a ``[model]`` table). Each
+field's help (and its choices) live in its metadata (``option(...)``); ``add_options`` makes the
+flags from them. ``configs/NAME.toml`` sets any field, the command line overrides the file, and an
+unknown key, or a value of the wrong type (in the file even where a flag overrides it), is an error
+naming the key, the file and what is expected.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tomllib
 import types
@@ -66,14 +71,24 @@ def _checked(annotation: Any, value: Any, key: str, source: str) -> Any:
                      f"{_describe(annotation)}" + (" (64-bit)" if annotation is int else ""))
 
 
-def from_dict(cls: type[C], data: dict[str, Any], source: str, prefix: str = "") -> C:
-    """``cls`` from ``data``, every key known and every value checked against its annotation."""
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None, **field_args: Any) -> Any:
+    """A config field whose help (stating its default) and choices make its command-line flag."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices}, **field_args)
+
+
+def _values(cls: type, data: dict[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
+    """``data`` with every key known and every value checked against its annotation."""
     hints = typing.get_type_hints(cls)
-    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    valid = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in valid:
             raise ValueError(f"unknown key {prefix + key!r} in {source}; valid keys: {', '.join(valid)}")
-    return cls(**{k: _checked(hints[k], v, prefix + k, source) for k, v in data.items()})
+    return {k: _checked(hints[k], v, prefix + k, source) for k, v in data.items()}
+
+
+def from_dict(cls: type[C], data: dict[str, Any], source: str, prefix: str = "") -> C:
+    """``cls`` from ``data``, every key known and every value checked against its annotation."""
+    return cls(**_values(cls, data, source, prefix))
 
 
 def build_config(cls: type[C], config_path: str | Path | None, overrides: dict[str, Any]) -> C:
@@ -82,6 +97,7 @@ def build_config(cls: type[C], config_path: str | Path | None, overrides: dict[s
     An override whose name is a field of a nested config (``n_layer`` for ``model``) sets it there.
     """
     values = load_toml(config_path) if config_path else {}
+    _values(cls, values, str(config_path))  # a wrong value in the file is refused even where a flag replaces it
     hints = typing.get_type_hints(cls)
     for key, value in overrides.items():
         if value is None:
@@ -103,3 +119,33 @@ def default_of(cls: type, name: str) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
     return field.default_factory()  # type: ignore[misc]
+
+
+def add_options(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """A ``--flag`` for every field of ``cls`` but ``skip``, typed by its annotation, helped by its
+    metadata (or its default); every default is None, so only what is given overrides a config file.
+    A boolean is ``--name`` / ``--no-name``; a tuple takes one or more values."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        default = default_of(cls, f.name)
+        meta = f.metadata
+        shown = "off" if default is False else "on" if default is True else default
+        text = meta.get("help", "")
+        kwargs: dict[str, Any] = {"help": text if "(default:" in text else f"{text} (default: {shown})".lstrip(),
+                                  "default": None, "choices": meta.get("choices")}
+        kind = hints[f.name]
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) in (tuple, list):
+            kwargs.update(nargs="+", type=_scalar(typing.get_args(kind)[0]))
+        else:
+            kwargs["type"] = _scalar(kind)
+        p.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
+
+
+def _scalar(kind: Any) -> Any:
+    """The argparse type of an annotation: ``int | None`` parses as int."""
+    options = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+    return options[0] if options[0] in (int, float) else str

@@ -1,0 +1,103 @@
+"""A tiktoken encoding behind the ``Encoder`` interface, with an accelerated backend as an option.
+
+    python -m tokpack.prepare corpus/ --encoding cl100k_base --backend splintr
+
+Built-in names, ``NAME.tiktoken`` files and spec files all load into this class (see
+``tokpack.tokenizer``); only where they come from differs.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+from functools import cached_property
+from importlib.metadata import version
+from typing import Any
+
+import numpy as np
+import tiktoken
+
+from . import fast
+from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT
+
+
+def ranks_sha256(enc: tiktoken.Encoding) -> str:
+    """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
+    so equal vocabularies hash equal, whatever file they were loaded from."""
+    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
+    digest = hashlib.sha256()
+    for rank in range(enc.n_vocab):
+        if rank in specials:
+            continue
+        try:
+            token = enc.decode_single_token_bytes(rank)
+        except KeyError:
+            continue  # an id the encoding leaves unused
+        digest.update(base64.b64encode(token) + b" %d\n" % rank)
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Check:
+    """A seeded share of an accelerated backend's pieces re-encoded with tiktoken."""
+
+    fraction: float
+    seed: int
+
+
+class TiktokenEncoder:
+    """A ``tiktoken.Encoding`` (``library``) whose documents end with the special token ``eot``:
+    ``<|endoftext|>``, or a spec file's own (nanochat's ``<|bos|>``, say)."""
+
+    kind = "tiktoken"
+
+    def __init__(self, library: tiktoken.Encoding, eot: str = ENDOFTEXT,
+                 backend: fast.SplintrBackend | None = None, check: _Check | None = None):
+        self.library, self.eot_name, self.backend, self._check = library, eot, backend, check
+        self.name, self.n_vocab = library.name, library.n_vocab
+        self.eot_token = library._special_tokens[eot]
+        self.can_cut = library._pat_str in CUT_SAFE_PATTERNS
+        self.parallel = backend is not None  # splintr threads itself; tiktoken runs in tokpack's threads
+        self.special_ids = frozenset(library._special_tokens.values())
+
+    @cached_property
+    def vocab_sha256(self) -> str:
+        return ranks_sha256(self.library)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.library.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        if self.backend is None:
+            return [self.library.encode_to_numpy(text, disallowed_special=()) for text in texts]
+        out = self.backend.encode_batch(texts)
+        check = self._check
+        if check is not None:
+            for text, ids in zip(texts, out):
+                if fast.sampled(text, check.seed, check.fraction):
+                    fast.check_piece(self.backend, self.library, text, ids)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.library.decode(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.library.decode_single_token_bytes(token)
+
+    def with_backend(self, asked: str, check_fraction: float, seed: int) -> TiktokenEncoder:
+        backend = fast.choose_backend(self.library, asked)
+        if backend is None:
+            return self
+        encoder = TiktokenEncoder(self.library, self.eot_name, backend, _Check(check_fraction, seed))
+        encoder.__dict__["vocab_sha256"] = self.vocab_sha256  # the same vocabulary: hashed once
+        return encoder
+
+    def describe(self) -> dict[str, Any]:
+        backend = (self.backend.describe() if self.backend is not None
+                   else {"name": "tiktoken", "version": version("tiktoken")})
+        return {"name": self.name, "ranks_sha256": self.vocab_sha256, "n_vocab": self.n_vocab,
+                "eot_id": self.eot_token, "backend": backend}
+
+    def __repr__(self) -> str:
+        return f"<TiktokenEncoder {self.name!r}>"

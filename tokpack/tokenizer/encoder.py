@@ -1,0 +1,57 @@
+"""The one interface every tokenizer meets: what prepare, the readers and evaluation ask of it.
+
+    python -c "from tokpack.tokenizer import load_encoding; e = load_encoding('gpt2'); print(e.describe())"
+
+Three kinds implement it: tiktoken encodings (built-in names, ``NAME.tiktoken`` files and spec
+files, with an accelerated backend as an option), and Hugging Face ``tokenizer.json`` files.
+No caller asks which kind it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """A tokenizer as tokpack uses it.
+
+    ``can_cut``: documents may be cut inside, at the points ``tokenizer.safe_cut`` finds, without
+    changing their ids (proven for the split patterns of gpt2, cl100k_base and o200k_base); else
+    each document is encoded whole. ``parallel``: ``encode_batch`` uses every core itself, so
+    one thread feeds it large batches; else tokpack runs it in several threads.
+    """
+
+    name: str
+    n_vocab: int
+    eot_token: int
+    can_cut: bool
+    parallel: bool
+    special_ids: frozenset[int]
+    vocab_sha256: str  # the vocabulary's hash, recorded in meta.json and checked by readers
+    library: Any  # the library's own object (a tiktoken Encoding, a tokenizers Tokenizer), for comparisons
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The ids of ``text``, special-token text encoded as ordinary text."""
+        ...
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode_ordinary`` of every text, as uint32 arrays."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of the text a token stands for; KeyError for an id the vocabulary leaves unused."""
+        ...
+
+    def with_backend(self, asked: str, check_fraction: float, seed: int) -> Encoder:
+        """This encoder on the backend ``asked`` (auto, tiktoken or splintr), or itself."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """meta.json's ``encoding`` entry: name, vocabulary hash, n_vocab, eot id and backend."""
+        ...
