@@ -1,5 +1,6 @@
-"""The tree's rules, read from the imports: the prepare wing never loads torch or the read wing,
-and no tokpack module imports itself back, function-local imports included."""
+"""The tree's rules, read from the source: the prepare wing never loads torch or the read wing,
+no tokpack module imports itself back (function-local imports included), no caller type-checks an
+encoder or a dataset, and no function is longer than a screen."""
 
 from __future__ import annotations
 
@@ -166,3 +167,47 @@ print(json.dumps(out))
     for old, (messages, same, spec_name) in found.items():
         assert len(messages) == 1 and f"{old} is now {MOVED[old]}" in messages[0], old
         assert same and spec_name == MOVED[old], old
+
+
+# Classes that stand behind an interface (tokenizer.Encoder, data.protocol.LoaderDataset): only
+# their own module may ask for them by type.
+INTERFACED = {"TiktokenEncoder": "tokpack.tokenizer.bpe", "HFEncoder": "tokpack.tokenizer.hf",
+              "TokenWindows": "tokpack.data.windows", "PackedDocuments": "tokpack.data.packing",
+              "DocumentDataset": "tokpack.data.documents", "MixedWindows": "tokpack.data.mixing"}
+MAX_FUNCTION_LINES = 60
+
+
+def _type_checks(tree: ast.AST) -> list[tuple[str, int]]:
+    """(class name, line) for every class named in an ``isinstance`` or ``issubclass`` check."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance",
+                                                                                              "issubclass"):
+            kinds = node.args[1] if len(node.args) > 1 else ast.Tuple(elts=[])
+            for name in kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]:
+                if isinstance(name, (ast.Name, ast.Attribute)):
+                    found.append((name.id if isinstance(name, ast.Name) else name.attr, node.lineno))
+    return found
+
+
+def test_no_encoder_or_dataset_is_type_checked_outside_its_own_module():
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for name, line in _type_checks(ast.parse(path.read_text("utf-8"))):
+            if name in INTERFACED and INTERFACED[name] != module:
+                problems.append(f"{path.relative_to(ROOT)}:{line} type-checks {name}")
+    assert not problems, "\n".join(problems)
+    # The rule sees what it looks for.
+    assert _type_checks(ast.parse("isinstance(e, (tokenizer.HFEncoder, int))")) == [("HFEncoder", 1), ("int", 1)]
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} has {lines} lines")
+    assert not long, "\n".join(long)

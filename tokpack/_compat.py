@@ -22,6 +22,7 @@ MOVED = {
     **{f"tokpack.{name}": f"tokpack.prepare.{name}" for name in ("units", "folder", "writers", "cluster")},
     "tokpack.preparation": "tokpack.prepare.run",
     "tokpack.gpt": "tokpack.models",
+    "tokpack.config": "tokpack.options",
     "tokpack.bench_loops": "tokpack.bench.loops",
     "tokpack.bench_peers": "tokpack.bench.peers",
 }

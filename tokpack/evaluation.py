@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from .cli import parser, run_cli, table
 from .data.loader import build_loader
-from .data.packing import PackedBatch, PackedDocuments
+from .data.packing import PackedDocuments
 from .data.runtime import rank_world, to_device
 from .data.windows import IGNORE_INDEX, TokenWindows
 from .distributed import process_group
@@ -137,6 +137,32 @@ def _on_device(loader: Iterable[Any], device: torch.device) -> Iterator[Any]:
         yield to_device(batch if isinstance(batch, tuple) else tuple(batch), device)
 
 
+def _sums(score: Callable[..., torch.Tensor], batches: Iterator[Any], device: torch.device,
+          lengths: torch.Tensor | None, progress: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The loss summed over every target and over text targets, the tokens and bytes scored, and
+    the windows; the sums stay on the device."""
+    loss_sums = torch.zeros(2, dtype=torch.float64, device=device)  # every target, text targets
+    counts = torch.zeros(2, dtype=torch.int64, device=device)  # tokens, bytes
+    windows = 0
+    for batch in batches:
+        x, y = batch[0], batch[1]
+        # A batch of packed documents carries them to the model (PackedBatch's fields).
+        packed = ({"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens}
+                  if hasattr(batch, "cu_seqlens") else {})
+        scored = y != IGNORE_INDEX
+        losses = -torch.where(scored, score(x, y, **packed), 0)
+        loss_sums[0] += losses.sum(dtype=torch.float64)
+        counts[0] += scored.sum()
+        if lengths is not None:
+            nbytes = lengths[y.clamp(min=0)].masked_fill(~scored, 0)
+            loss_sums[1] += torch.where(nbytes > 0, losses, 0).sum(dtype=torch.float64)
+            counts[1] += nbytes.sum()
+        windows += x.shape[0]
+        if progress is not None:
+            progress(x.shape[0])
+    return loss_sums, counts, windows
+
+
 def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.device | None = None,
              token_bytes: np.ndarray | None = None, progress: Any = None) -> dict[str, Any]:
     """Loss, ppl, bits per token and per byte over every scored label the loader yields.
@@ -157,29 +183,11 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
         token_bytes = _byte_lengths_for(loader)
     _check_ids(model, loader, token_bytes)
     lengths = torch.from_numpy(token_bytes).to(device) if token_bytes is not None else None
-    loss_sums = torch.zeros(2, dtype=torch.float64, device=device)  # every target, text targets
-    counts = torch.zeros(2, dtype=torch.int64, device=device)  # tokens, bytes
-    windows = 0
-    score = _scorer(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for batch in _on_device(loader, device):
-                x, y = batch[0], batch[1]
-                packed = ({"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens}
-                          if isinstance(batch, PackedBatch) else {})
-                scored = y != IGNORE_INDEX
-                losses = -torch.where(scored, score(x, y, **packed), 0)
-                loss_sums[0] += losses.sum(dtype=torch.float64)
-                counts[0] += scored.sum()
-                if lengths is not None:
-                    nbytes = lengths[y.clamp(min=0)].masked_fill(~scored, 0)
-                    loss_sums[1] += torch.where(nbytes > 0, losses, 0).sum(dtype=torch.float64)
-                    counts[1] += nbytes.sum()
-                windows += x.shape[0]
-                if progress is not None:
-                    progress(x.shape[0])
+            loss_sums, counts, windows = _sums(_scorer(model), _on_device(loader, device), device, lengths, progress)
     finally:
         model.train(was_training)
     sums = torch.cat([loss_sums, counts.double(), torch.tensor([windows], dtype=torch.float64, device=device)])

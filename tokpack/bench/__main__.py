@@ -21,6 +21,7 @@ import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..cli import parser, run_cli
 from ..prepare.run import default_workers
@@ -29,9 +30,7 @@ from .packing import bench_packing
 from .prepare import bench_prepare
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = parser("bench", __doc__)
-    sub = p.add_subparsers(dest="what", required=True)
+def _add_prepare(sub: Any) -> None:
     pp = sub.add_parser("prepare", help="tokpack.prepare against raw tiktoken")
     pp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB for the throughput runs (default: 32)")
     pp.add_argument("--rss-mb", type=float, default=None,
@@ -45,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--tokenizer", help="also prepare with this Hugging Face tokenizer.json, against its own "
                                         "encode_batch (default: none)")
     pp.add_argument("--encoding", default="gpt2", help="the tiktoken encoding (default: gpt2)")
+
+
+def _add_loader(sub: Any) -> None:
     lp = sub.add_parser("loader", help="build_loader against nanoGPT's get_batch and the raw gather")
     lp.add_argument("--tokens", type=int, default=50_000_000, help="tokens in the memmap (default: 50000000)")
     lp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
@@ -57,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--no-peers", action="store_true", help="skip litdata even if installed (default: run it)")
     lp.add_argument("--start-methods", nargs="+", default=["forkserver", "spawn", "fork"],
                     help="worker start methods whose start-up is timed (default: forkserver spawn fork)")
+
+
+def _add_others(sub: Any) -> None:
     tp = sub.add_parser("train", help="the three loops on scripts/train_gpt.py's model")
     tp.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
     tp.add_argument("--config", type=Path, default=Path("configs/train_sample.toml"),
@@ -75,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
     kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
     kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser("bench", __doc__)
+    sub = p.add_subparsers(dest="what", required=True)
+    for add in (_add_prepare, _add_loader, _add_others):
+        add(sub)
     args = p.parse_args(argv)
 
     def body() -> int:

@@ -64,6 +64,9 @@ def _prepare_in_fresh_process(corpus: Path, out: Path, workers: int, encoding: s
     return json.loads(done.stdout.splitlines()[-1])
 
 
+Count = Callable[[str, Callable[[], int]], Callable[[], None]]
+
+
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
                   peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None,
                   encoding: str = "gpt2") -> dict[str, Any]:
@@ -90,49 +93,17 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         fast_skip = _fast_missing()
         if fast_skip:
             print(f"tokpack.prepare --backend splintr: {fast_skip}")
-        else:  # the accelerated backend, checked on its default share of pieces
-            fast_config = replace(config, backend="splintr", out_dir=str(Path(tmp) / "fast"))
-            runs["tokpack.prepare --backend splintr"] = count("fast", lambda: _prepared_tokens(prepare(fast_config)))
-            # One large document: raw tiktoken has one thread for one string; prepare cuts it safely.
-            one = Path(tmp) / "one" / "document.txt"
-            one.parent.mkdir()
-            text = "\n\n".join(docs)
-            one.write_text(text, "utf-8")
-            single = replace(config, inputs=(str(one),), out_dir=str(Path(tmp) / "one-out"))
-            # prepare cuts a lone document into train and val at a character, as nanoGPT's recipe does.
-            cut = int(len(text) * (1 - config.val_fraction))
-            runs["one document: encode_ordinary, 1 thread"] = count(
-                "one_raw", lambda: len(enc.encode_ordinary(text[:cut])) + len(enc.encode_ordinary(text[cut:])))
-            runs["one document: tokpack.prepare --backend tiktoken"] = count(
-                "one_tiktoken", lambda: _prepared_tokens(prepare(single)))
-            runs["one document: tokpack.prepare --backend splintr"] = count(
-                "one_fast", lambda: _prepared_tokens(prepare(replace(single, backend="splintr"))))
+        else:
+            runs.update(_fast_runs(config, docs, enc, Path(tmp), count))
         if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
             hf = load_encoding(tokenizer).library  # the tokenizers library's own Tokenizer
             hf_config = replace(config, encoding=tokenizer, backend="auto", out_dir=str(Path(tmp) / "hf"))
-            runs["tokenizers encode_batch (raw)"] = count("hf_raw", lambda: sum(len(e.ids) for e in hf.encode_batch(docs, add_special_tokens=False)))
+            runs["tokenizers encode_batch (raw)"] = count(
+                "hf_raw", lambda: sum(len(e.ids) for e in hf.encode_batch(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
-        for processes in torchrun:
-            # Whole commands, start-up included: what a user of torchrun waits for.
-            runs[f"python -m tokpack.prepare, 1 process x {workers} threads"] = _command(
-                ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(Path(tmp) / "cmd"), "--force", "--quiet"])
-            threads = max(1, workers // processes)
-            runs[f"torchrun, {processes} processes x {threads} threads"] = _command(
-                ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "tokpack.prepare",
-                 str(corpus), "--out-dir", str(Path(tmp) / f"torchrun{processes}"), "--force", "--quiet",
-                 "--workers", str(threads)])
+        runs.update(_command_runs(corpus, Path(tmp), workers, torchrun))
         if peers:
-            for name, module, fn in (
-                ("nanoGPT openwebtext recipe (HF datasets)", "datasets",
-                 lambda: _quietly(peer_tools.nanogpt_openwebtext, files, _fresh(Path(tmp) / "hf"), workers)),
-                ("litdata optimize (TokensLoader)", "litdata",
-                 lambda: _quietly(peer_tools.litdata_optimize, files, _fresh(Path(tmp) / "lit"), workers)),
-            ):
-                skip = peer_tools.missing(module)
-                if skip:
-                    print(f"{name}: {skip}")
-                else:
-                    runs[f"{name}, {workers} workers"] = fn
+            runs.update(_peer_runs(files, Path(tmp), workers))
         times = interleaved(runs, repeat)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
         assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
@@ -144,7 +115,64 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers, encoding)["peak_rss_mb"]
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
-    tokens = counts["one"]
+    return _report(times, counts["one"], docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip)
+
+
+def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, count: Count) -> dict[str, Any]:
+    """The accelerated backend, checked on its default share of pieces; and one large document,
+    for which raw tiktoken has one thread for one string while prepare cuts it safely."""
+    fast_config = replace(config, backend="splintr", out_dir=str(tmp / "fast"))
+    one = tmp / "one" / "document.txt"
+    one.parent.mkdir()
+    text = "\n\n".join(docs)
+    one.write_text(text, "utf-8")
+    single = replace(config, inputs=(str(one),), out_dir=str(tmp / "one-out"))
+    # prepare cuts a lone document into train and val at a character, as nanoGPT's recipe does.
+    cut = int(len(text) * (1 - config.val_fraction))
+    return {
+        "tokpack.prepare --backend splintr": count("fast", lambda: _prepared_tokens(prepare(fast_config))),
+        "one document: encode_ordinary, 1 thread": count(
+            "one_raw", lambda: len(enc.encode_ordinary(text[:cut])) + len(enc.encode_ordinary(text[cut:]))),
+        "one document: tokpack.prepare --backend tiktoken": count(
+            "one_tiktoken", lambda: _prepared_tokens(prepare(single))),
+        "one document: tokpack.prepare --backend splintr": count(
+            "one_fast", lambda: _prepared_tokens(prepare(replace(single, backend="splintr")))),
+    }
+
+
+def _command_runs(corpus: Path, tmp: Path, workers: int, torchrun: Sequence[int]) -> dict[str, Any]:
+    """Whole commands, start-up included: what a user of torchrun waits for."""
+    runs = {}
+    for processes in torchrun:
+        runs[f"python -m tokpack.prepare, 1 process x {workers} threads"] = _command(
+            ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp / "cmd"), "--force", "--quiet"])
+        threads = max(1, workers // processes)
+        runs[f"torchrun, {processes} processes x {threads} threads"] = _command(
+            ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "tokpack.prepare",
+             str(corpus), "--out-dir", str(tmp / f"torchrun{processes}"), "--force", "--quiet",
+             "--workers", str(threads)])
+    return runs
+
+
+def _peer_runs(files: list[Path], tmp: Path, workers: int) -> dict[str, Any]:
+    runs = {}
+    for name, module, fn in (
+        ("nanoGPT openwebtext recipe (HF datasets)", "datasets",
+         lambda: _quietly(peer_tools.nanogpt_openwebtext, files, _fresh(tmp / "hf"), workers)),
+        ("litdata optimize (TokensLoader)", "litdata",
+         lambda: _quietly(peer_tools.litdata_optimize, files, _fresh(tmp / "lit"), workers)),
+    ):
+        skip = peer_tools.missing(module)
+        if skip:
+            print(f"{name}: {skip}")
+        else:
+            runs[f"{name}, {workers} workers"] = fn
+    return runs
+
+
+def _report(times: dict[str, list[float]], tokens: int, docs: list[str], workers: int, repeat: int,
+            rss_megabytes: float | None, rss: float, hf_rss: float | None, tokenizer: str | None,
+            fast_skip: str | None) -> dict[str, Any]:
     ours = f"tokpack.prepare, {workers} workers"
     rows = [{"run": name, "seconds": statistics.median(t), "tokens/s": tokens / statistics.median(t),
              "tokpack time / this": 1 / ratio(times, ours, name)} for name, t in times.items()]
@@ -155,6 +183,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
     print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB"
           + (f"; with --tokenizer {hf_rss:.0f} MB" if hf_rss else ""))
     names = list(times)
+    splintr, one = "tokpack.prepare --backend splintr", "one document: encode_ordinary, 1 thread"
     return {
         "bench": "prepare", "corpus_mb": corpus_mb, "documents": len(docs), "tokens": tokens, "workers": workers,
         "rounds": repeat, "prepare_tok_s": tokens / statistics.median(times[ours]),
@@ -163,12 +192,10 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         **({"hf_prepare_vs_encode_batch": ratio(times, "tokpack.prepare --tokenizer", "tokenizers encode_batch (raw)")}
            if tokenizer else {}),
         **({} if fast_skip else {
-            "splintr_prepare_vs_allcore": ratio(times, "tokpack.prepare --backend splintr", names[1]),
-            "splintr_prepare_vs_best_raw": min(ratio(times, "tokpack.prepare --backend splintr", n) for n in names[:2]),
-            "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr",
-                                                 "one document: encode_ordinary, 1 thread"),
-            "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken",
-                                                  "one document: encode_ordinary, 1 thread")}),
+            "splintr_prepare_vs_allcore": ratio(times, splintr, names[1]),
+            "splintr_prepare_vs_best_raw": min(ratio(times, splintr, n) for n in names[:2]),
+            "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr", one),
+            "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken", one)}),
         **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
            if not n.startswith(("tokenizers", "tokpack.prepare --", "one document"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,

@@ -15,8 +15,8 @@ thrown away).
 
 from __future__ import annotations
 
-import copy
 import warnings
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,18 +24,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .runtime import mix_seed, resolve_pin_memory, seed_worker, to_device, worker_context
-from .packing import PackedDocuments, PackedRows
 from .samplers import STATE_VERSION, ResumableBatchSampler, check_state, index_sampler
-from .windows import CompactWindows, TokenWindows, collate_windows
+from .windows import collate_windows
+
+# A worker batch made whole in the training process: (batch, device) -> batch.
+Finish = Callable[[Any, "torch.device | str | None"], Any]
 
 
 class TokenLoader:
     """A DataLoader plus the position (epoch, batch) it has handed out, for exact resume."""
 
     def __init__(self, dataloader: DataLoader, sampler: ResumableBatchSampler, seed: int,
-                 device: torch.device | str | None = None, dataset: Dataset | None = None):
+                 device: torch.device | str | None = None, dataset: Dataset | None = None,
+                 finish: Finish | None = None):
         self.dataloader, self.sampler, self.seed, self.device = dataloader, sampler, seed, device
         self._dataset = dataset if dataset is not None else dataloader.dataset
+        self._finish = finish
         self.epoch = 0
         self.batch = 0
 
@@ -55,13 +59,10 @@ class TokenLoader:
         self.dataloader.generator = torch.Generator().manual_seed(
             mix_seed("workers", self.seed, self.sampler.rank, self.epoch))
         for item in self.dataloader:
-            if isinstance(item, CompactWindows):  # from workers: widen here, after the copy to the device
-                item = (item if self.device is None else item.to(self.device)).widen()
-            else:
-                if isinstance(item, PackedRows):  # from workers: the document structure is computed here
-                    item = item.widen()
-                if self.device is not None:
-                    item = to_device(item, self.device)
+            if self._finish is not None:  # a narrow batch from the workers, made whole here
+                item = self._finish(item, self.device)
+            elif self.device is not None:
+                item = to_device(item, self.device)
             self.batch += 1
             if self.batch >= per_epoch:  # roll over now, so a state taken here resumes in the next epoch
                 self.epoch, self.batch = self.epoch + 1, 0
@@ -109,24 +110,15 @@ def build_loader(
     decides batch size, seed, shuffling and ranks: a ``batch_size`` or ``seed`` that contradicts
     it is refused. ``seed`` defaults to 0. ``rank``/``world_size`` default to torch.distributed's.
     ``collate_fn`` defaults to the dataset's ``default_collate_fn``. ``pin_memory="auto"`` pins
-    only with an accelerator. With workers, ``TokenWindows`` batches cross the process boundary as
-    the stored uint16/uint32 tokens, once, and are widened to int64 x and y in the main process,
-    or with ``device`` on the device after the copy; ``device`` also moves every other batch.
+    only with an accelerator. With workers, ``TokenWindows`` and ``PackedDocuments`` send the
+    stored tokens, finished in the main process (on ``device`` after the copy; ``device`` moves
+    every other batch too). What the loader reads of a dataset: ``tokpack.data.protocol``.
     ``multiprocessing_context="default"`` is fork where the platform has it, so workers start in
     any script, with or without a ``__main__`` guard.
     """
     if sampler is None:
-        if batch_size is None:
-            raise ValueError("build_loader needs a batch_size (or a sampler, which has one)")
-        seed = 0 if seed is None else seed
-        make = getattr(dataset, "default_sampler", None)
-        if make is not None:
-            sampler = make(batch_size, seed, shuffle=shuffle, num_samples=num_samples, drop_last=drop_last,
-                           rank=rank, world_size=world_size)
-        else:
-            if num_samples is not None:
-                raise ValueError("num_samples applies to random draws; these items are used once per epoch")
-            sampler = index_sampler(len(dataset), batch_size, seed, shuffle, drop_last, rank, world_size)  # type: ignore[arg-type]
+        sampler = _default_sampler(dataset, batch_size, seed, shuffle=shuffle, num_samples=num_samples,
+                                   drop_last=drop_last, rank=rank, world_size=world_size)
     else:
         _check_sampler(sampler, batch_size, seed, shuffle=shuffle, num_samples=num_samples, drop_last=drop_last,
                        rank=rank, world_size=world_size)
@@ -134,30 +126,44 @@ def build_loader(
         raise ValueError(f"the sampler yields no batch in an epoch ({sampler.num_items} items, batch_size "
                          f"{sampler.batch_size}, {sampler.world_size} ranks, drop_last={sampler.drop_last}); "
                          "use a smaller batch_size, drop_last=False or more data")
-    if num_workers == 0:
-        if persistent_workers or prefetch_factor is not None:
-            warnings.warn("persistent_workers and prefetch_factor have no effect with num_workers=0", stacklevel=2)
-        persistent_workers, prefetch_factor = False, None
-    # Workers send TokenWindows and PackedDocuments batches as their stored tokens (2 or 4 bytes
-    # each), not as int64 x and y (16 bytes); a subclass that overrides __getitems__ gets its own
-    # batches unchanged.
-    compact = num_workers > 0 and getattr(type(dataset), "__getitems__", None) in (
-        TokenWindows.__getitems__, PackedDocuments.__getitems__)
-    read = copy.copy(dataset) if compact else dataset
-    if compact:
-        read.compact = True  # type: ignore[attr-defined]
+    if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
+        warnings.warn("persistent_workers and prefetch_factor have no effect with num_workers=0", stacklevel=2)
+    read = _worker_copy(dataset) if num_workers > 0 else None
     loader = DataLoader(
-        read,
+        read if read is not None else dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate_fn or getattr(dataset, "default_collate_fn", collate_windows),
         pin_memory=resolve_pin_memory(pin_memory),
         worker_init_fn=seed_worker if num_workers else None,
         multiprocessing_context=worker_context(multiprocessing_context) if num_workers else None,
-        persistent_workers=persistent_workers,
-        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers and num_workers > 0,
+        prefetch_factor=prefetch_factor if num_workers else None,
     )
-    return TokenLoader(loader, sampler, sampler.seed, device, dataset)
+    return TokenLoader(loader, sampler, sampler.seed, device, dataset,
+                       dataset.finish_batch if read is not None else None)  # type: ignore[attr-defined]
+
+
+def _worker_copy(dataset: Dataset) -> Dataset | None:
+    """The copy of ``dataset`` workers read: narrower batches (TokenWindows: the stored tokens, 2 or 4
+    bytes each, not int64 x and y at 16), which the dataset finishes in the training process."""
+    make = getattr(dataset, "worker_copy", None)
+    return make() if make is not None else None
+
+
+def _default_sampler(dataset: Dataset, batch_size: int | None, seed: int | None, *, num_samples: int | None,
+                     **options: Any) -> ResumableBatchSampler:
+    """The sampler the dataset asks for (``default_sampler``), else its indices in order or shuffled."""
+    if batch_size is None:
+        raise ValueError("build_loader needs a batch_size (or a sampler, which has one)")
+    seed = 0 if seed is None else seed
+    make = getattr(dataset, "default_sampler", None)
+    if make is not None:
+        return make(batch_size, seed, num_samples=num_samples, **options)
+    if num_samples is not None:
+        raise ValueError("num_samples applies to random draws; these items are used once per epoch")
+    return index_sampler(len(dataset), batch_size, seed, options["shuffle"], options["drop_last"],  # type: ignore[arg-type]
+                         options["rank"], options["world_size"])
 
 
 def _check_sampler(sampler: Any, batch_size: int | None, seed: int | None, **ignored: Any) -> None:

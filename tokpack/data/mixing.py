@@ -35,7 +35,7 @@ class MixedWindows(Dataset):
         if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
             raise ValueError(f"weights {dict(weights)} must be non-negative with a positive sum")
         self.names = list(paths)
-        self.parts = [p if isinstance(p, TokenWindows) else TokenWindows(p, block_size) for p in paths.values()]
+        self.parts = [TokenWindows.of(p, block_size) for p in paths.values()]
         total = sum(weights.values())
         self.weights = torch.tensor([weights[n] / total for n in self.names], dtype=torch.double)
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])

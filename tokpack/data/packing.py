@@ -29,6 +29,7 @@ beside the document index. A batch's structure costs O(B * T).
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,7 @@ from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
 from .permutation import Shuffle
+from .runtime import to_device
 from .samplers import CHUNK, Batch, ResumableBatchSampler
 from .windows import IGNORE_INDEX, _whole
 
@@ -260,6 +262,26 @@ class PackingSampler(ResumableBatchSampler):
                 yield self._request(None, first, min(B, hi - first))
 
 
+def _check_parameters(T: int, packing: str, form: str, stride: int | None, buffer_size: int,
+                      max_doc_len: int | None, split_long: bool, max_docs: int | None) -> None:
+    if T < 1:
+        raise ValueError(f"block_size {T} must be at least 1")
+    if packing not in PACKINGS:
+        raise ValueError(f"packing {packing!r} is not one of {', '.join(PACKINGS)}")
+    if form not in FORMS:
+        raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
+    if stride is not None and not 1 <= _whole("stride", stride) <= T:
+        raise ValueError(f"stride {stride} must lie in 1..block_size ({T}); use stride=block_size for no overlap")
+    if buffer_size < 1:
+        raise ValueError(f"buffer_size {buffer_size} must be at least 1")
+    if max_doc_len is not None and max_doc_len < 1:
+        raise ValueError(f"max_doc_len {max_doc_len} must be at least 1")
+    if split_long and stride is not None:
+        raise ValueError("split_long applies to training rows; evaluation scores each document whole")
+    if max_docs is not None and form != "flat":
+        raise ValueError("max_docs pads the flat form's cu_seqlens; pass form='flat' or drop max_docs")
+
+
 class PackedDocuments(Dataset):
     """A prepared split's documents packed into BOS-aligned rows of T + 1 tokens (see the module)."""
 
@@ -289,22 +311,7 @@ class PackedDocuments(Dataset):
                 (llm.c shards: their document-start token).
         """
         T = _whole("block_size", block_size)
-        if T < 1:
-            raise ValueError(f"block_size {T} must be at least 1")
-        if packing not in PACKINGS:
-            raise ValueError(f"packing {packing!r} is not one of {', '.join(PACKINGS)}")
-        if form not in FORMS:
-            raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
-        if stride is not None and not 1 <= _whole("stride", stride) <= T:
-            raise ValueError(f"stride {stride} must lie in 1..block_size ({T}); use stride=block_size for no overlap")
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size {buffer_size} must be at least 1")
-        if max_doc_len is not None and max_doc_len < 1:
-            raise ValueError(f"max_doc_len {max_doc_len} must be at least 1")
-        if split_long and stride is not None:
-            raise ValueError("split_long applies to training rows; evaluation scores each document whole")
-        if max_docs is not None and form != "flat":
-            raise ValueError("max_docs pads the flat form's cu_seqlens; pass form='flat' or drop max_docs")
+        _check_parameters(T, packing, form, stride, buffer_size, max_doc_len, split_long, max_docs)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
         self.bos_id, lead = self._bos(bos_id)
@@ -316,27 +323,29 @@ class PackedDocuments(Dataset):
             raise ValueError(f"max_doc_len {self.max_doc_len} leaves no room after a piece's BOS; use 2 or more")
         self.buffer_size, self.mask_boundary, self.max_docs = buffer_size, mask_boundary, max_docs
         self.split_long = split_long
-        # The units rows are made of: documents, or with split_long their pieces. Each is its first
-        # stored token, whether a BOS is inserted before it, and its length with that BOS.
-        stored = self.index.ends - self.index.starts
-        if split_long:
-            cap = self.max_doc_len
-            head = cap - lead  # stored tokens of a document's first piece
-            counts = 1 + -(-np.maximum(stored - head, 0) // (cap - 1))
-            doc = np.repeat(np.arange(len(stored)), counts)
-            k = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
-            skip = np.where(k == 0, 0, head[doc] + (k - 1) * (cap - 1))
-            self.unit_starts = self.index.starts[doc] + skip
-            self.unit_bos = (k > 0) | lead[doc]
-            self.lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head[doc], cap - 1)) + self.unit_bos
-        else:
-            self.unit_starts, self.unit_bos = self.index.starts, lead
-            self.lengths = stored + lead
+        self.unit_starts, self.unit_bos, self.lengths = self._units(lead)
         self.default_collate_fn = collate_packed
+        self.compact = False  # set on the copy a loader's workers read: they send PackedRows
         self._cursor: tuple[Any, Iterator[Row], int] | None = None  # (stream, its rows, the next row's number)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None}  # each worker packs its own way forward
+
+    def _units(self, lead: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The units rows are made of: documents, or with split_long their pieces. Each is its first
+        stored token, whether a BOS is inserted before it, and its length with that BOS."""
+        stored = self.index.ends - self.index.starts
+        if not self.split_long:
+            return self.index.starts, lead, stored + lead
+        cap = self.max_doc_len
+        head = cap - lead  # stored tokens of a document's first piece
+        counts = 1 + -(-np.maximum(stored - head, 0) // (cap - 1))
+        doc = np.repeat(np.arange(len(stored)), counts)
+        k = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+        skip = np.where(k == 0, 0, head[doc] + (k - 1) * (cap - 1))
+        bos = (k > 0) | lead[doc]
+        lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head[doc], cap - 1)) + bos
+        return self.index.starts[doc] + skip, bos, lengths
 
     def _bos(self, bos_id: int | None) -> tuple[int, np.ndarray]:
         """The BOS id, and for each document whether the dataset inserts it: a prepared folder says
@@ -410,11 +419,25 @@ class PackedDocuments(Dataset):
     def __getitem__(self, row: Row) -> Any:
         return self.__getitems__([row])
 
+    def worker_copy(self) -> PackedDocuments | None:
+        """The copy a loader's workers read: it sends PackedRows. None for a subclass with its own
+        ``__getitems__``, whose batches pass unchanged."""
+        if type(self).__getitems__ is not PackedDocuments.__getitems__:
+            return None
+        read = copy.copy(self)
+        read.compact = True
+        return read
+
+    def finish_batch(self, batch: PackedRows, device: torch.device | str | None) -> Any:
+        """A worker's rows widened, with their document structure, in the training process."""
+        whole = batch.widen()
+        return whole if device is None else to_device(whole, device)
+
     def __getitems__(self, rows: Sequence[Row] | RowRequest) -> PackedBatch | PackedRows | dict[str, torch.Tensor]:
         """Rows given as segments, or by their place in a row stream (the sampler's requests)."""
         request = isinstance(rows, RowRequest)
         batch = self.gather(self._rows_at(rows) if request else rows, checked=request)
-        return batch if getattr(self, "compact", False) else batch.widen()
+        return batch if self.compact else batch.widen()
 
     def _rows_at(self, request: RowRequest) -> list[Row]:
         """The requested rows, packed on from where this process's last request ended (a worker

@@ -17,6 +17,7 @@ own, so a shard boundary is never read across.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Sequence
 from pathlib import Path
@@ -225,6 +226,24 @@ class TokenWindows(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.__getitems__([index])
         return batch.x[0], batch.y[0]
+
+    @classmethod
+    def of(cls, source: str | Path | Split | TokenWindows, block_size: int) -> TokenWindows:
+        """``source`` itself if it is already windows, else training windows of it."""
+        return source if isinstance(source, TokenWindows) else cls(source, block_size)
+
+    def worker_copy(self) -> TokenWindows | None:
+        """The copy a loader's workers read: it sends CompactWindows. None for a subclass with its
+        own ``__getitems__``, whose batches pass unchanged."""
+        if type(self).__getitems__ is not TokenWindows.__getitems__:
+            return None
+        read = copy.copy(self)
+        read.compact = True
+        return read
+
+    def finish_batch(self, batch: CompactWindows, device: torch.device | str | None) -> WindowBatch:
+        """A worker's batch widened in the training process, after the copy to ``device``."""
+        return (batch if device is None else batch.to(device)).widen()
 
     def __getitems__(self, indices: Sequence[int]) -> WindowBatch | CompactWindows:
         """B windows in one vectorised gather per file: int64 (x, y), or with ``compact`` the
