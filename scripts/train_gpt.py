@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from tokpack import PackedDocuments, Split, TokenWindows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
-from tokpack.options import build_config, default_of
+from tokpack.options import add_options, build_config
 from tokpack.distributed import process_group
 from tokpack.plot import pyplot
 from tokpack.plot.runs import describe_losses, draw_run
@@ -92,12 +92,9 @@ def save(path: Path, payload: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = parser("python scripts/train_gpt.py", __doc__)
     p.add_argument("--config", help="a configs/*.toml with TrainConfig keys and a [model] table; flags override it")
-    for cls, f in [*((TrainConfig, f) for f in fields(TrainConfig) if f.name not in ("model", "data")),
-                   *((GPTConfig, f) for f in fields(GPTConfig) if f.name != "vocab_size"),
-                   *((DataConfig, f) for f in fields(DataConfig))]:
-        default = default_of(cls, f.name)
-        kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f"(default: {default})")
+    add_options(p, TrainConfig, skip=("model", "data"))
+    add_options(p, GPTConfig, skip=("vocab_size",))
+    add_options(p, DataConfig)
     p.add_argument("--resume", action="store_true", help="continue from out_dir/ckpt.pt (default: off)")
     p.add_argument("--plot", action="store_true",
                    help="at the end, draw the loss curves into out_dir/losses.png (needs tokpack[plot]; default: off)")

@@ -153,3 +153,9 @@ def script(name: str) -> ModuleType:
     sys.modules[name] = module  # as an import would: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def megatron_indexed() -> ModuleType:
+    """megatron-core's indexed dataset module (CI installs it with --no-deps), or a skip naming it."""
+    return pytest.importorskip("megatron.core.datasets.indexed_dataset",
+                               reason="megatron-core is not installed: pip install --no-deps megatron-core==0.16.1")

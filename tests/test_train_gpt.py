@@ -34,7 +34,7 @@ def losses(out, rank=0):
     return [json.loads(line) for line in (out / f"losses-rank{rank}.jsonl").read_text().splitlines()]
 
 
-PACKED = ["--packing", "bestfit", "--split-long", "true", "--buffer-size", "8"]
+PACKED = ["--packing", "bestfit", "--split-long", "--buffer-size", "8"]
 
 
 @pytest.mark.e2e

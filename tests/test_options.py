@@ -78,3 +78,28 @@ def test_table_aligns_columns():
     text = table([{"a": "x", "b": 1.5}, {"a": "longer", "b": 12345}], ["a", "b"])
     lines = text.splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines}) == 1 and "12,345" in text
+
+
+def test_a_flag_wins_over_the_file_but_a_wrong_value_there_is_still_refused(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("quiet = 1\nworkers = 1\n")
+    with pytest.raises(ValueError, match=rf"quiet = 1 in {cfg} is not true or false"):
+        build_config(PrepareConfig, cfg, {"quiet": True})
+    cfg.write_text("quiet = false\nworkers = 1\n")
+    assert build_config(PrepareConfig, cfg, {"quiet": True, "workers": 2}).workers == 2
+
+
+def test_the_prepare_flags_are_the_config_fields(capsys):
+    # One source: every PrepareConfig field is a flag whose help is the field's, and no flag is extra.
+    from dataclasses import fields
+
+    from tokpack.prepare.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for f in fields(PrepareConfig):
+        flag = "inputs" if f.name == "inputs" else f"--{f.name.replace('_', '-')}"
+        assert flag in help_text, flag
+        assert " ".join(f.metadata["help"].split())[:40] in help_text, f.name
+    assert "--no-force" in help_text and "--no-quiet" in help_text

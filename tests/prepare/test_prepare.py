@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import kill, make_docs, paused_at, prepare_cmd, run_module, write_docs, write_spec, write_tiktoken_file
+from helpers import (kill, make_docs, megatron_indexed, paused_at, prepare_cmd, run_module,
+                     write_docs, write_spec, write_tiktoken_file)
 from tokpack import corpus as corpus_module
 from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
@@ -515,7 +516,7 @@ def test_a_spec_encoding_prepares_exact_ids_and_readers_check_its_vocabulary(tmp
 
 
 def test_megatron_format_is_read_by_megatrons_own_indexed_dataset(tmp_path):
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    IndexedDataset = megatron_indexed().IndexedDataset
 
     corpus = write_docs(tmp_path / "c", make_docs(40, words=200))
     out = tmp_path / "mega"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import make_docs, script
+from helpers import make_docs, megatron_indexed, script
 from tokpack.check import resumed, take
 from tokpack.data.documents import DocumentDataset, pad_collate
 from tokpack.data.samplers import BucketBatchSampler, WeightedSampler, inverse_frequency_weights
@@ -204,7 +204,7 @@ def test_batches_feed_hugging_face_models_as_keyword_arguments(prepared):
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
 def test_a_dataset_megatron_wrote_is_read_by_its_documents(tmp_path, dtype):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    IndexedDatasetBuilder = megatron_indexed().IndexedDatasetBuilder
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 50000, int(n)).astype(dtype) for n in rng.integers(3, 40, 25)]

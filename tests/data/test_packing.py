@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from helpers import make_docs, prepare_docs
+from helpers import make_docs, megatron_indexed, prepare_docs
 from tokpack.bench.packing import nanochat_bestfit
 from tokpack.check import resumed, take
 from tokpack.data.loader import build_loader
@@ -338,7 +338,7 @@ def test_split_long_serves_long_documents_as_bos_led_pieces_that_tile_them(prepa
 
 
 def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    IndexedDatasetBuilder = megatron_indexed().IndexedDatasetBuilder
 
     from helpers import shard_file
 
