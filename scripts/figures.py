@@ -1,4 +1,4 @@
-"""Regenerate the README's three figures from the built-in sample corpus (needs tokpack[plot]).
+"""Regenerate the three figures of docs/evaluation.md from the built-in sample (needs tokpack[plot]).
 
     python scripts/figures.py                    # prepare, train the sample GPT (about 13 minutes on
                                                  # 2 CPU cores), evaluate, draw

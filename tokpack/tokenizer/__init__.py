@@ -99,7 +99,7 @@ def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
     if stem not in KNOWN_SETTINGS:
         raise ValueError(f"{path} is not named after a known encoding ({', '.join(KNOWN_SETTINGS)}), so its "
                          "split pattern and special tokens are unknown; describe it in a spec file and pass "
-                         "--encoding SPEC.toml (see the README)")
+                         "--encoding SPEC.toml (see docs/tokenizers.md)")
     pattern, specials = KNOWN_SETTINGS[stem]
     enc = tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=_ranks(path), special_tokens=specials)
     found = ranks_sha256(enc)

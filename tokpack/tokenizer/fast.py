@@ -3,12 +3,12 @@ it runs: splintr-rs (``pip install "tokpack[fast]"``).
 
     python -m tokpack.prepare corpus/ --backend splintr --check-fraction 0.01
 
-Proven here for gpt2 (and r50k_base, the same ranks), cl100k_base and o200k_base: tests/test_fast.py
-compares it with tiktoken on adversarial text. It is built from the hash-checked ranks with
-splintr's own pattern for the encoding (its regex engine refuses tiktoken's) and no special
-tokens, so ``<|endoftext|>`` in text stays text; lone surrogates become U+FFFD first, as tiktoken
-does. During prepare a seeded share
-of the pieces is encoded with tiktoken too, and any difference stops the run.
+Proven here for gpt2 (and r50k_base, the same ranks), cl100k_base and o200k_base:
+tests/tokenizer/test_fast.py compares it with tiktoken on adversarial text. It is built from the
+hash-checked ranks with splintr's own pattern for the encoding (its regex engine refuses
+tiktoken's) and no special tokens, so ``<|endoftext|>`` in text stays text; lone surrogates become
+U+FFFD first, as tiktoken does. During prepare a seeded share of the pieces is encoded with
+tiktoken too, and any difference stops the run.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class SplintrBackend:
 
 
 def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
-    """The backend for ``enc`` (a ``tiktoken.Encoding``): splintr where it is installed and proven (``auto``), or as asked;
-    None means tiktoken. A backend that cannot build the encoding, or gives other ids on a probe,
+    """The backend for ``enc`` (a ``tiktoken.Encoding``): splintr where it is installed and proven
+    (``auto``), or as asked; None means tiktoken. A backend that cannot build the encoding, or gives other ids on a probe,
     falls back to tiktoken with one warning; asked for by name, it is one line instead."""
     if asked not in BACKENDS:
         raise ValueError(f"--backend {asked!r} is not one of {', '.join(BACKENDS)}")

@@ -5,7 +5,7 @@
 
 A document's ids are ``Tokenizer.encode(document, add_special_tokens=False).ids``, exactly, plus
 the end-of-text (or, with ``--eot prepend``, beginning-of-text) id the tokenizer names. Only
-GPT-2's own pipeline is proven cut-safe (tests/test_hf.py); with any other, documents are never
+GPT-2's own pipeline is proven cut-safe (tests/tokenizer/test_hf.py); with any other, documents are never
 cut inside. Pieces are encoded in batches by the library's own ``encode_batch``, which releases
 the GIL and uses every core.
 """
