@@ -40,7 +40,8 @@ def run(tmp_path: Path, prepared: Path, code: str) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
-RUN_BY_TESTS = {"nanogpt", "torchdata", "packed", "tour-prepare", "tour-packed", "prepare-api", "documents"}
+RUN_BY_TESTS = {"nanogpt", "torchdata", "packed", "tour-prepare", "tour-packed", "tour-evaluate", "prepare-api",
+                "documents"}
 
 
 def test_every_python_block_is_run_or_says_why_not_and_every_example_is_run():
@@ -55,17 +56,41 @@ def test_every_python_block_is_run_or_says_why_not_and_every_example_is_run():
 
 def test_the_tour_commands_run_as_typed(tmp_path):
     write_docs(tmp_path / "corpus", make_docs(40, words=120))
-    for line in example("tour-prepare").splitlines():
+    for argv in _commands("tour-prepare"):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+    assert (tmp_path / "data" / "web" / "meta.json").is_file() and list((tmp_path / "data" / "shards").glob("*.bin"))
+
+
+def _commands(name: str) -> list[list[str]]:
+    """The commands of a shell example, each as argv with this interpreter for ``python``."""
+    commands = []
+    for line in example(name).splitlines():
         argv = shlex.split(line.split("#")[0])
         assert argv[:2] == ["python", "-m"], line
-        done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert done.returncode == 0, (line, done.stderr[-2000:])
-    assert (tmp_path / "data" / "web" / "meta.json").is_file() and list((tmp_path / "data" / "shards").glob("*.bin"))
+        commands.append([sys.executable, *argv[1:]])
+    return commands
+
+
+def test_the_tour_evaluation_commands_run_as_typed(tmp_path, prepared):
+    import torch
+
+    from tokpack.models import GPT, GPTConfig, gpt_checkpoint
+
+    shutil.copytree(prepared, tmp_path / "data" / "sample")
+    (tmp_path / "out" / "sample").mkdir(parents=True)
+    model = GPT(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16), seed=0)
+    torch.save(gpt_checkpoint(model), tmp_path / "out" / "sample" / "ckpt.pt")
+    for argv in _commands("tour-evaluate"):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0 and "bigram" in done.stdout, (argv, done.stderr[-2000:])
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
 
 
 def test_prepare_from_python_as_the_docs_show(tmp_path, prepared):
     write_docs(tmp_path / "docs", make_docs(20))
-    check = '\nassert result["splits"]["train"]["tokens"] > 0 and result["stats"]["out_dir"] == "data/web"\nprint("ok")\n'
+    check = ('\nassert result["splits"]["train"]["tokens"] > 0 and result["stats"]["out_dir"] == "data/web"\n'
+             'print("ok")\n')
     done = run(tmp_path, prepared, example("prepare-api") + check)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 

@@ -2,9 +2,10 @@
 
     python -m tokpack.prepare notes.txt docs/ web.jsonl.gz     # reads its inputs through these
 
-Text, jsonl, parquet, gzip and zstd are read as streams. Every file is a document, every
-``.jsonl`` record is a document, and ``doc_sep`` cuts text files into documents. Long documents come out as pieces cut only where the encoding's split pattern
-cannot join the two sides, so memory stays bounded by the piece size, not the corpus.
+Text, jsonl, parquet, gzip and zstd are read as streams (``ReadOptions`` says how). Every file is
+a document, every ``.jsonl`` record is a document, and ``doc_sep`` cuts text files into documents.
+Long documents come out as pieces cut only where the encoding's split pattern cannot join the two
+sides, so memory stays bounded by the piece size, not the corpus.
 """
 
 from __future__ import annotations

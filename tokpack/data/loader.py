@@ -162,8 +162,8 @@ def _default_sampler(dataset: Dataset, batch_size: int | None, seed: int | None,
         return make(batch_size, seed, num_samples=num_samples, **options)
     if num_samples is not None:
         raise ValueError("num_samples applies to random draws; these items are used once per epoch")
-    return index_sampler(len(dataset), batch_size, seed, options["shuffle"], options["drop_last"],  # type: ignore[arg-type]
-                         options["rank"], options["world_size"])
+    return index_sampler(len(dataset), batch_size, seed, options["shuffle"],  # type: ignore[arg-type]
+                         options["drop_last"], options["rank"], options["world_size"])
 
 
 def _check_sampler(sampler: Any, batch_size: int | None, seed: int | None, **ignored: Any) -> None:

@@ -62,8 +62,9 @@ class SplintrBackend:
 
 def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
     """The backend for ``enc`` (a ``tiktoken.Encoding``): splintr where it is installed and proven
-    (``auto``), or as asked; None means tiktoken. A backend that cannot build the encoding, or gives other ids on a probe,
-    falls back to tiktoken with one warning; asked for by name, it is one line instead."""
+    (``auto``), or as asked; None means tiktoken. A backend that cannot build the encoding, or
+    gives other ids on a probe, falls back to tiktoken with one warning; asked for by name, it is
+    one line instead."""
     if asked not in BACKENDS:
         raise ValueError(f"--backend {asked!r} is not one of {', '.join(BACKENDS)}")
     if asked == "tiktoken":
