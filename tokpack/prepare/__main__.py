@@ -15,6 +15,7 @@ from typing import Any
 
 from ..cli import add_config_option, parser, run_cli
 from ..options import add_options, build_config
+from ..tokenizer import load_encoding
 from .config import PrepareConfig
 from .run import fix_mmap_threshold, prepare
 
@@ -61,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args["encoding"] = tokenizer
         args["inputs"] = tuple(args["inputs"]) or None
         config = build_config(PrepareConfig, config_path, args)
+        if tokenizer is not None and load_encoding(config.encoding, config.eot_token).kind != "huggingface":
+            raise ValueError(f"--tokenizer {tokenizer} is not a Hugging Face tokenizer.json (nor a folder holding "
+                             "one); pass a tiktoken encoding or spec file with --encoding")
         fix_mmap_threshold()  # this process only prepares: keep its peak flat
         result = prepare(config)
         if not config.quiet and result["stats"]["leader"]:

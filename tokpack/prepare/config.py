@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..corpus import ReadOptions
-from ..options import option
+from ..options import default_of, option
+from ..tokenizer import encoding_key
 from ..tokenizer.fast import BACKENDS
 
 if TYPE_CHECKING:
@@ -79,10 +80,20 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
         object.__setattr__(self, "val_inputs", tuple(map(str, self.val_inputs)))
+        # A tokenizer file is recorded by its absolute path: readers elsewhere find the same file.
+        object.__setattr__(self, "encoding", encoding_key(self.encoding))
         if self.val_tokens < 0:
             raise ValueError(f"--val-tokens {self.val_tokens} is negative; use 0 for --val-fraction, or N > 0")
         if self.val_tokens and self.val_inputs:
             raise ValueError("--val-tokens and --val-inputs each choose the val split; pass one of them")
+        # An option that would do nothing is refused, not recorded.
+        if (self.val_tokens or self.val_inputs) and self.val_fraction != default_of(PrepareConfig, "val_fraction"):
+            raise ValueError(f"--val-fraction {self.val_fraction} does nothing beside "
+                             f"{'--val-tokens' if self.val_tokens else '--val-inputs'}, which chooses the val split; "
+                             "pass one of them")
+        if self.backend == "tiktoken" and self.check_fraction != default_of(PrepareConfig, "check_fraction"):
+            raise ValueError(f"--check-fraction {self.check_fraction} checks an accelerated backend's ids against "
+                             "tiktoken's; with --backend tiktoken there is none: drop --check-fraction")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction {self.val_fraction} must lie strictly between 0 and 1; try 0.1")
         if self.eot not in EOT_MODES:

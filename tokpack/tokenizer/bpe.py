@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib.metadata import version
 from typing import Any
 
@@ -24,18 +24,24 @@ from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT
 
 def ranks_sha256(enc: tiktoken.Encoding) -> str:
     """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
-    so equal vocabularies hash equal, whatever file they were loaded from."""
-    specials = {enc.encode_single_token(token) for token in enc.special_tokens_set}
+    so equal vocabularies hash equal, whatever file they were loaded from. O(ranks)."""
     digest = hashlib.sha256()
-    for rank in range(enc.n_vocab):
-        if rank in specials:
-            continue
-        try:
-            token = enc.decode_single_token_bytes(rank)
-        except KeyError:
-            continue  # an id the encoding leaves unused
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
         digest.update(base64.b64encode(token) + b" %d\n" % rank)
     return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the printable character that stands for each byte."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(visible), 0
+    for b in range(256):
+        if b not in visible:
+            visible.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(visible, chars)}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -24,6 +24,7 @@ class Encoder(Protocol):
     one thread feeds it large batches; else tokpack runs it in several threads.
     """
 
+    kind: str  # "tiktoken" or "huggingface": what the encoding's files are, for messages and checks
     name: str
     n_vocab: int
     eot_token: int

