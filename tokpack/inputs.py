@@ -90,6 +90,12 @@ def resolve_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
     return groups
 
 
+def identity(path: Path) -> tuple[int, int]:
+    """What makes two paths one file: its device and inode (links and other spellings agree)."""
+    info = path.stat()
+    return info.st_dev, info.st_ino
+
+
 def resolve_inputs(paths: Sequence[str | Path]) -> list[Path]:
     """Files from paths, folders (recursively, sorted) and globs, in the order given, each once."""
     return [f for _, files in resolve_groups(paths) for f in files]

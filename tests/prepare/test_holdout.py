@@ -85,3 +85,26 @@ def test_val_tokens_refuse_a_corpus_of_one_document(tmp_path):
     (tmp_path / "one.txt").write_text("one long document " * 50)
     with pytest.raises(ValueError, match="is one document; use --val-fraction"):
         _run(tmp_path, tmp_path / "one.txt", val_tokens=10)
+
+
+@pytest.mark.parametrize("spelling", ["symlink", "hard link", "another spelling"])
+def test_a_val_input_reached_by_another_path_never_leaks_into_train(tmp_path, spelling):
+    docs = make_docs(20, seed=4, words=40)
+    corpus = write_docs(tmp_path / "c", docs)
+    target = corpus / "doc0005.txt"
+    if spelling == "symlink":
+        (tmp_path / "v").mkdir()
+        val = tmp_path / "v" / "held.txt"
+        val.symlink_to(target)
+    elif spelling == "hard link":
+        (tmp_path / "v").mkdir()
+        val = tmp_path / "v" / "held.txt"
+        val.hardlink_to(target)
+    else:
+        val = tmp_path / "c" / ".." / "c" / "doc0005.txt"
+    enc = load_encoding("gpt2")
+    with pytest.warns(UserWarning, match="reached by another path"):
+        out = _run(tmp_path, corpus, val_inputs=(str(val),))
+    held = [*enc.encode_ordinary(docs[5]), EOT]
+    assert _split(out, "val") == held
+    assert _split(out, "train") == [t for i, d in enumerate(docs) if i != 5 for t in [*enc.encode_ordinary(d), EOT]]

@@ -26,7 +26,7 @@ from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
 from ..distributed import process_group
 from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
-from ..inputs import resolve_groups
+from ..inputs import identity, resolve_groups
 from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, units
 from .cluster import Ranks
@@ -173,8 +173,17 @@ def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[Path]]], 
     if not config.val_inputs:
         return groups, []
     val_files = [f for _, found in resolve_groups(config.val_inputs) for f in found]
-    listed = {f for _, found in groups for f in found}
-    groups += [(str(f), [f]) for f in val_files if f not in listed]  # val inputs not among the inputs
+    # A file is one file however it is reached: among the inputs, a val file goes by its val path.
+    val_ids = {identity(f): f for f in val_files}
+    respelled = [(f, val_ids[identity(f)]) for _, found in groups for f in found
+                 if identity(f) in val_ids and val_ids[identity(f)] != f]
+    if respelled:
+        swap = dict(respelled)
+        groups = [(raw, [swap.get(f, f) for f in found]) for raw, found in groups]
+        warnings.warn(f"{len(respelled)} input file(s) are --val-inputs reached by another path ({respelled[0][0]} is "
+                      f"{respelled[0][1]}); they go to val only", stacklevel=4)
+    listed = {identity(f) for _, found in groups for f in found}
+    groups += [(str(f), [f]) for f in val_files if identity(f) not in listed]  # val inputs not among the inputs
     if all(f in set(val_files) for _, found in groups for f in found):
         raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
                          "name only the val files")
