@@ -99,10 +99,16 @@ def process_group(device: str | None = None) -> Iterator[Distributed]:
     """
     if device is not None:
         device = resolve_device(device)
-    if _env_int("WORLD_SIZE", 1) <= 1:
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
         yield Distributed(0, 1, device)
         return
     import torch.distributed as dist
+
+    if not dist.is_initialized() and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        raise ValueError(f"WORLD_SIZE={world} is set but MASTER_ADDR and MASTER_PORT are not, so torchrun did not "
+                         "start this process; launch it with torchrun, or unset RANK and WORLD_SIZE to run it as "
+                         "one process")
 
     cuda = device is not None and device.startswith("cuda")
     created = not dist.is_initialized()

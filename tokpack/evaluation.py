@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import json
 import math
 import sys
@@ -163,8 +164,18 @@ def _sums(score: Callable[..., torch.Tensor], batches: Iterator[Any], device: to
     return loss_sums, counts, windows
 
 
+def _endless(loader: Any) -> bool:
+    """Whether the loader's sampler never ends an epoch (training windows, packed training rows)."""
+    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        per_epoch = getattr(sampler, "batches_per_epoch", None)
+        if callable(per_epoch) and per_epoch() == math.inf:
+            return True
+    return False
+
+
 def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.device | None = None,
-             token_bytes: np.ndarray | None = None, progress: Any = None) -> dict[str, Any]:
+             token_bytes: np.ndarray | None = None, progress: Any = None,
+             max_batches: int | None = None) -> dict[str, Any]:
     """Loss, ppl, bits per token and per byte over every scored label the loader yields.
 
     ``model`` may return logits, ``(logits, loss)`` or an object with ``.logits``. Sums stay on
@@ -176,8 +187,15 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     end-of-text targets included, as a trainer's loss is; ``bits_per_byte`` sums the loss over text
     targets only and divides by their UTF-8 bytes, special tokens counting 0 bytes (nanochat's
     ``evaluate_bpb``), so that it compares across tokenizers.
-    ``progress`` is called with each batch size.
+    ``progress`` is called with each batch size. ``max_batches`` stops after that many batches;
+    without it an endless loader (training windows) is refused, since the sweep would never end.
     """
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches={max_batches} must be at least 1, or None for the whole loader")
+    if max_batches is None and _endless(loader):
+        raise ValueError("evaluate needs a finite loader, and this one's sampler is endless (training windows or "
+                         "rows); build it with stride=, as TokenWindows(path, T, stride=T) or PackedDocuments(path, "
+                         "T, stride=T), or pass max_batches=")
     device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
     if token_bytes is None:
         token_bytes = _byte_lengths_for(loader)
@@ -187,7 +205,8 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     model.eval()
     try:
         with torch.no_grad():
-            loss_sums, counts, windows = _sums(_scorer(model), _on_device(loader, device), device, lengths, progress)
+            batches = itertools.islice(_on_device(loader, device), max_batches)
+            loss_sums, counts, windows = _sums(_scorer(model), batches, device, lengths, progress)
     finally:
         model.train(was_training)
     sums = torch.cat([loss_sums, counts.double(), torch.tensor([windows], dtype=torch.float64, device=device)])

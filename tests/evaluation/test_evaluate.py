@@ -19,6 +19,7 @@ from tokpack.split import open_tokens
 from tokpack.models import GPT, GPTConfig, NGram, gpt_checkpoint
 from tokpack.data.loader import build_loader
 from tokpack.tokenizer import CL100K_PATTERN, TiktokenEncoder, load_encoding
+from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows
 
 V = 50257
@@ -261,11 +262,28 @@ def test_ids_a_model_cannot_index_are_refused_before_any_batch(prepared):
 def test_ranks_in_the_environment_without_a_group_are_one_line_from_the_clis(prepared):
     import os
 
-    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    env = {key: value for key, value in os.environ.items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(RANK="1", WORLD_SIZE="2")
     done = subprocess.run([sys.executable, "-m", "tokpack.check", str(prepared)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         line for line in done.stderr.strip().splitlines() if "WORLD_SIZE=2 is set but torch.distributed" in line]
+    # The evaluation command joins torchrun's group itself: without torchrun's rendezvous, one line with the fix.
+    done = subprocess.run([sys.executable, "-m", "tokpack.evaluate", str(prepared), "--model", "unigram"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not" in done.stderr and "torchrun" in done.stderr
+
+
+def test_an_endless_loader_is_refused_at_once_or_cut_by_max_batches(prepared):
+    model = GPT(GPTConfig(vocab_size=50304, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    for data in (TokenWindows(prepared, 16, split="train"), PackedDocuments(prepared, 16, split="train")):
+        loader = build_loader(data, 4)
+        with pytest.raises(ValueError, match="evaluate needs a finite loader.*stride=.*max_batches="):
+            tokpack.evaluate(model, loader)
+        assert tokpack.evaluate(model, loader, max_batches=3)["windows"] == 12
+    with pytest.raises(ValueError, match="max_batches=0 must be at least 1"):
+        tokpack.evaluate(model, build_loader(TokenWindows(prepared, 16, split="val", stride=16), 4), max_batches=0)
 
 
 def test_every_public_name_is_exported_and_visible_to_static_analysis():
