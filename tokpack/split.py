@@ -301,6 +301,8 @@ def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFi
                              "rerun python -m tokpack.prepare --force")
     elif foreign and foreign.kind == "megatron":
         found = megatron_dtype(path)
+        # The .bin holds exactly the documents its .idx declares: no tail is served as tokens.
+        megatron_document_starts(path.with_suffix(".idx"), size // found.itemsize, found.itemsize)
     elif foreign:
         raise ValueError(f"{path} is {foreign.description}, not a token file tokpack reads; pass a tokpack, llm.c or "
                          "Megatron .bin")

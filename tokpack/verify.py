@@ -27,7 +27,7 @@ class VerifyError(Exception):
     """A prepared folder that is not whole; the message says what and where."""
 
 
-def _check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: int = 0, n_vocab: int = 0) -> None:
+def check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: int = 0, n_vocab: int = 0) -> None:
     """The file's size and sha256 against meta.json and, for a token file (``dtype`` given), every
     id below ``n_vocab``: one streaming read in fixed blocks, so memory does not grow with the file."""
     if not path.is_file():
@@ -50,7 +50,7 @@ def _check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: i
         raise VerifyError(f"{path} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
 
 
-def _check_index(path: Path, documents: int, tokens: int, where: str) -> None:
+def check_index(path: Path, documents: int, tokens: int, where: str) -> None:
     """The document index, streamed: ``documents`` starts, from 0, strictly increasing, below ``tokens``."""
     count, last = 0, -1
     with open(path, "rb") as f:
@@ -83,15 +83,15 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
         for entry, file in zip(split_files(info), split.files):
             if "tokens" in entry and file.tokens != entry["tokens"]:
                 raise VerifyError(f"{file.path} holds {file.tokens} tokens, meta.json says {entry['tokens']}")
-            _check_file(file.path, entry, dtype, file.offset, n_vocab)
+            check_file(file.path, entry, dtype, file.offset, n_vocab)
         total = int(split.lengths.sum())
         if total != info["tokens"]:
             raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
-        _check_file(idx_path, info["idx"])
-        _check_index(idx_path, info["documents"], info["tokens"], split.describe())
+        check_file(idx_path, info["idx"])
+        check_index(idx_path, info["documents"], info["tokens"], split.describe())
         if "megatron_idx" in info:  # Megatron's index must name the very same documents
             megatron = folder / info["megatron_idx"]["file"]
-            _check_file(megatron, info["megatron_idx"])
+            check_file(megatron, info["megatron_idx"])
             try:
                 starts = megatron_document_starts(megatron, info["tokens"], dtype.itemsize)
             except ValueError as exc:

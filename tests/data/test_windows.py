@@ -8,6 +8,7 @@ import torch
 
 from helpers import bare_file, shard_file
 from tokpack.data.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
+from tokpack.format import write_megatron_index
 
 
 def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
@@ -140,7 +141,9 @@ def test_foreign_formats_are_named_not_read_as_tokens(tmp_path):
     mega.mkdir()
     tokens = np.arange(500, 600, dtype=np.uint16)
     tokens.tofile(mega / "corpus_text_document.bin")
-    (mega / "corpus_text_document.idx").write_bytes(b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([8]))
+    np.array([0, 40], dtype="<u8").tofile(mega / "starts")  # two documents: 40 and 60 tokens
+    with open(mega / "corpus_text_document.idx", "wb") as f:
+        write_megatron_index(f.write, mega / "starts", 2, len(tokens), np.dtype("uint16"))
     ds = TokenWindows(mega / "corpus_text_document.bin", 10)
     assert ds.dtype == np.uint16 and ds[3][0].tolist() == tokens[3:13].tolist()
     with pytest.raises(ValueError, match="holds uint16 tokens, not the dtype=int32"):
@@ -191,3 +194,21 @@ def test_compact_batches_widen_to_the_same_windows_in_any_process(tmp_path, stri
     workers = [b for b in build_loader(ds, 4, 3, num_workers=2, **kwargs)]
     assert len(workers) == len(in_process) and all(
         torch.equal(a.x, b.x) and torch.equal(a.y, b.y) for a, b in zip(in_process, workers))
+
+
+def test_a_megatron_bin_longer_than_its_index_declares_is_refused(tmp_path):
+    from helpers import make_docs, write_docs
+    from tokpack.prepare import PrepareConfig, prepare
+
+    prepare(PrepareConfig(inputs=(str(write_docs(tmp_path / "c", make_docs(20))),), out_dir=str(tmp_path / "p"),
+                          format="megatron", quiet=True))
+    pair = tmp_path / "megatron"
+    pair.mkdir()
+    for suffix in (".bin", ".idx"):  # the pair alone, as Megatron's preprocessing leaves it
+        (pair / f"web{suffix}").write_bytes((tmp_path / "p" / f"train_text_document{suffix}").read_bytes())
+    n = len(TokenWindows(pair / "web.bin", 8)) + 8
+    with open(pair / "web.bin", "ab") as f:
+        f.write(np.arange(100, dtype=np.uint16).tobytes())  # a tail no document of the index holds
+    with pytest.raises(ValueError, match=r"web.idx does not describe the \d+ tokens of its .bin"):
+        TokenWindows(pair / "web.bin", 8)
+    assert n > 8

@@ -188,3 +188,37 @@ def test_a_broken_unit_record_redoes_its_unit_and_keeps_the_others(tmp_path, cor
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
     assert _tokens(out) == _tokens(tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("damage", ["index out of order", "id beyond the vocabulary"])
+def test_a_kept_unit_whose_content_is_broken_is_redone_and_the_others_kept(tmp_path, corpus, monkeypatch, damage):
+    # The record and its hashes agree with the files (rewritten together, as a forger or a buggy
+    # copy would), yet the content is wrong: verify would refuse the folder at the end.
+    import hashlib
+
+    out = tmp_path / "out"
+    argv = _cmd(corpus, out)[3:]
+    _interrupted_after(monkeypatch, 3)
+    with pytest.raises(SystemExit):
+        main(argv)
+    monkeypatch.undo()
+    path = out / ".tokpack-unit-00001.json"
+    record = json.loads(path.read_text())
+    part = record["splits"]["train"]
+    entry = part["idx"] if damage == "index out of order" else part["info"]["shards"][0]
+    file = out / entry["file"]
+    data = np.fromfile(file, dtype=np.uint64 if damage == "index out of order" else np.uint16)
+    if damage == "index out of order":
+        data[1], data[2] = data[2], data[1]
+    else:
+        data[5] = 60000
+    data.tofile(file)
+    entry["sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    path.write_text(json.dumps(record))
+    kept = {p.name: p.stat().st_ino for p in out.glob("*_0000[02]_*.bin")}
+    calls = _interrupted_after(monkeypatch, 99)
+    assert main(argv) == 0
+    assert 1 in calls and 0 not in calls and 2 not in calls  # only the broken unit was tokenized again
+    assert {name: (out / name).stat().st_ino for name in kept} == kept
+    assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
+    assert _tokens(out) == _tokens(tmp_path / "fresh")

@@ -33,9 +33,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, UnitPart,
+from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, UnitPart,
                       UnitRecord, remove_own, write_megatron_index)
 from ..tokenizer import encode_in_order
+from ..verify import VerifyError, check_file, check_index
 from .cluster import Entry, share_of
 from .config import LLMC_SHARD_TOKENS, Plan
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
@@ -43,14 +44,6 @@ from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, wr
 
 def fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # The names a unit writes: its shards (NAME_train_00003_000000.bin, train_000000.bin, ...) and its
@@ -110,14 +103,30 @@ def load(plan: Plan, unit: int) -> UnitRecord | None:
             return None
         if record.get("input_sha256") != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
             return None
-        for entry in _files(record):
-            file = out / entry["file"]
-            if (file.is_symlink() or not file.is_file() or file.stat().st_size != entry["bytes"]
-                    or _sha256(file) != entry["sha256"]):
-                return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        _check_files(plan, record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, VerifyError):
         return None
     return record
+
+
+def _check_files(plan: Plan, record: UnitRecord) -> None:
+    """A kept unit's files as verify checks a folder's: each size and sha256 as recorded, every id
+    below n_vocab, and its index part a strictly increasing list of its documents' starts, so a
+    broken unit is redone here rather than failing the whole run when it is published."""
+    out = plan.out
+    _files(record)  # every name of a unit's own pattern
+    offset = SHARD_HEADER_BYTES if plan.config.format == "llmc" else 0
+    for part in record["splits"].values():
+        for entry in part["info"]["shards"]:
+            file = out / entry["file"]
+            if file.is_symlink():
+                raise VerifyError(f"{file} is a link")
+            check_file(file, entry, plan.dtype, offset, plan.enc.n_vocab)
+        index = out / part["idx"]["file"]
+        if index.is_symlink():
+            raise VerifyError(f"{index} is a link")
+        check_file(index, part["idx"])
+        check_index(index, part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
 
 
 def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, UnitPart]) -> UnitRecord:
