@@ -108,3 +108,58 @@ def test_a_bad_figure_name_is_one_line_before_any_work(prepared, tmp_path, capsy
             evaluate_main([str(prepared), "--model", "bigram", "--plot", str(tmp_path / name)])
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and fragment in err and "\n" not in err
+
+
+def _run_with_log(tmp_path, lines):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "losses-rank0.jsonl").write_bytes(b"".join(lines))
+    return run
+
+
+def test_hostile_loss_logs_are_read_in_bounded_lines_skipping_what_cannot_be_drawn(tmp_path):
+    good = [json.dumps({"step": s, "loss": 5.0 - s / 10}).encode() + b"\n" for s in range(1, 6)]
+    deep = b"[" * 100_000 + b"]" * 100_000 + b"\n"  # recursion, and a line far past the cap
+    nested = b"[" * 2000 + b"]" * 2000 + b"\n"  # recursion inside the cap
+    bad = [deep, nested, b'{"step": 9, "loss": NaN}\n', b'{"step": 10, "loss": Infinity}\n', b"not json\n"]
+    run = _run_with_log(tmp_path, good[:2] + bad + good[2:])
+    with pytest.warns(UserWarning, match="5 lines of .* are not drawn"):
+        assert plot.read_losses(run) == pytest.approx({s: 5.0 - s / 10 for s in range(1, 6)})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a device", "link to a file"])
+def test_a_log_that_is_not_a_regular_file_of_the_run_is_refused_not_read(tmp_path, kind):
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "losses-rank0.jsonl"
+    if kind == "fifo":
+        os.mkfifo(log)  # read naively, this would wait for a writer forever
+    elif kind == "link to a device":
+        log.symlink_to("/dev/zero")  # read naively, this would fill the memory
+    else:
+        (tmp_path / "other.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+        log.symlink_to(tmp_path / "other.jsonl")
+    with pytest.raises(ValueError, match="losses-rank0.jsonl"):
+        plot.read_losses(run)
+
+
+def test_a_long_log_is_drawn_in_bounded_buckets(tmp_path, monkeypatch):
+    monkeypatch.setattr(plot, "MAX_POINTS", 100)
+    run = _run_with_log(tmp_path, [json.dumps({"step": s, "loss": float(s % 7)}).encode() + b"\n"
+                                   for s in range(1, 1001)])
+    curve = plot.read_losses(run)
+    assert 50 <= len(curve) <= 100
+    width = sorted(curve)[1] - sorted(curve)[0]
+    first = sorted(curve)[1]  # a whole bucket: the mean of its steps' losses
+    assert curve[first] == pytest.approx(np.mean([s % 7 for s in range(first, first + width)]))
+
+
+def test_a_missing_run_folder_and_a_folder_as_the_figure_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        plot_main([str(tmp_path / "nowhere")])
+    assert f"run folder {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
+    (tmp_path / "figs.png").mkdir()
+    with pytest.raises(ValueError, match="figs.png is a folder; name the PNG file"):
+        plot.png_path(tmp_path / "figs.png")

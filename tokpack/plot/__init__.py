@@ -14,9 +14,12 @@ numbers (it imports the evaluation, which this module must not: the evaluation d
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
+import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,8 @@ def png_path(path: str | Path) -> Path:
     """``path``, checked before any work: a .png name in a folder that exists; and matplotlib there."""
     pyplot()
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; name the PNG file to write in it, e.g. {path / 'figure.png'}")
     if path.suffix.lower() != ".png":
         raise ValueError(f"{path} does not end in .png; figures are PNG files, name one NAME.png")
     if not path.parent.is_dir():
@@ -106,23 +111,97 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: str | Path) -> dict[str, di
     return dict(points)
 
 
+def run_folder(run_dir: str | Path) -> Path:
+    """A training run's folder, refused by its own name when it does not exist."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run folder {run_dir} does not exist; pass the out_dir of a scripts/train_gpt.py run")
+    return run_dir
+
+
+MAX_POINTS = 20_000  # points of a loss curve: a longer run is drawn in buckets of consecutive steps
+MAX_LINE_BYTES = 4096  # a log line of train_gpt.py is about 50 bytes
+
+
 def read_losses(run_dir: str | Path) -> dict[int, float]:
     """The train loss of every step of a scripts/train_gpt.py run: each rank's ``losses-rankN.jsonl``,
-    merged by step (the mean over ranks, each of which trained on its own batch)."""
-    run_dir = Path(run_dir)
+    merged by step (the mean over ranks, each of which trained on its own batch).
+
+    The logs are data on disk: only regular files are read (no link, FIFO or device), line by
+    line; a line that is too long, not a step's JSON, or a loss that is NaN or infinite is skipped
+    and counted in one warning. Memory is bounded: past MAX_POINTS steps, consecutive steps are
+    averaged into buckets (the returned keys are each bucket's first step)."""
+    run_dir = run_folder(run_dir)
     logs = sorted(p for p in run_dir.glob("losses-rank*.jsonl") if p.name[len("losses-rank"):-len(".jsonl")].isdigit())
     if not logs:
         raise FileNotFoundError(f"{run_dir} holds no losses-rank*.jsonl; train with scripts/train_gpt.py first")
-    by_step: dict[int, list[float]] = defaultdict(list)
+    curve = _Buckets()
+    skipped = 0
     for log in logs:
-        for number, line in enumerate(log.read_text("utf-8").splitlines(), 1):
-            try:
-                entry = json.loads(line)
-                by_step[int(entry["step"])].append(float(entry["loss"]))
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{log}:{number} is not a {{\"step\", \"loss\"}} line; pass the out_dir of a "
-                                 "scripts/train_gpt.py run") from None
-    return {step: sum(values) / len(values) for step, values in sorted(by_step.items())}
+        for line in _lines(log):
+            point = _point(line)
+            if point is None:
+                skipped += 1
+            else:
+                curve.add(*point)
+    if skipped:
+        warnings.warn(f"{skipped} lines of {run_dir}'s losses are not drawn: not a step's JSON, too long, or a loss "
+                      "that is NaN or infinite", stacklevel=2)
+    return curve.means()
+
+
+def _lines(log: Path) -> Iterator[bytes | None]:
+    """The lines of a regular file, each at most MAX_LINE_BYTES (None for a longer one)."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"{log} cannot be read as a log ({exc.strerror}); a run's logs are its own regular "
+                         "files, not links") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{log} is not a regular file (a FIFO or a device); a run's logs are regular files")
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an over-long line, read in bounded pieces
+                yield None
+            else:
+                yield line
+
+
+def _point(line: bytes | None) -> tuple[int, float] | None:
+    """(step, loss) of a log line, or None for a line that is not one."""
+    if line is None:
+        return None
+    try:
+        entry = json.loads(line)
+        step, loss = int(entry["step"]), float(entry["loss"])
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
+        return None
+    return (step, loss) if math.isfinite(loss) else None
+
+
+class _Buckets:
+    """Mean losses by step in at most MAX_POINTS buckets of ``width`` consecutive steps."""
+
+    def __init__(self) -> None:
+        self.width = 1
+        self.sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
+
+    def add(self, step: int, loss: float) -> None:
+        bucket = self.sums[step // self.width * self.width]
+        bucket[0] += loss
+        bucket[1] += 1
+        if len(self.sums) > MAX_POINTS:  # twice as wide: the count halves, memory stays bounded
+            self.width *= 2
+            merged: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
+            for start, (total, count) in self.sums.items():
+                merged[start // self.width * self.width][0] += total
+                merged[start // self.width * self.width][1] += count
+            self.sums = merged
+
+    def means(self) -> dict[int, float]:
+        return {start: total / count for start, (total, count) in sorted(self.sums.items())}
 
 
 def plot_losses(train: dict[int, float], val: dict[int, float], baselines: dict[str, float], path: str | Path,

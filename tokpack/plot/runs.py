@@ -12,7 +12,7 @@ from typing import Any
 
 from ..evaluation import sweep
 from ..models import load_gpt
-from . import plot_losses, png_path, read_losses
+from . import plot_losses, png_path, read_losses, run_folder
 
 
 def draw_run(run_dir: str | Path, path: str | Path, device: str = "cpu") -> dict[str, Any]:
@@ -21,8 +21,8 @@ def draw_run(run_dir: str | Path, path: str | Path, device: str = "cpu") -> dict
 
     Returns {"train": {step: loss}, "val": {step: loss}, "baselines": {name: loss}}: what was drawn.
     """
+    run_dir = run_folder(run_dir)
     png_path(path)  # a missing extra or a bad name is one line before the work
-    run_dir = Path(run_dir)
     train = read_losses(run_dir)
     model, ckpt = load_gpt(run_dir / "ckpt.pt", device)
     val = {int(e["step"]): float(e["loss"]) for e in ckpt.get("evals", []) if "scope" not in e}
@@ -41,6 +41,6 @@ def describe_losses(drawn: dict[str, Any]) -> str:
     val = drawn["val"]
     last = f", val {val[max(val)]:.4f} at step {max(val)}" if val else ""
     base = ", ".join(f"{name} {loss:.4f}" for name, loss in drawn["baselines"].items())
-    return f"{len(drawn['train'])} steps{last}; baselines {base}"
+    return f"{max(drawn['train'], default=0)} steps{last}; baselines {base}"
 
 
