@@ -55,6 +55,13 @@ def test_bench_packing_runs_and_matches_nanochats_rows(capsys):
     figures = _figures(capsys, ["packing", "--tokens", "60000", "--mean-length", "80", "--block-size", "64",
                                 "--batch-size", "4", "--batches", "3", "--buffer-size", "16", "--rounds", "1"])
     assert figures["identical_to_nanochat"] is True
-    assert {"packed_vs_nanochat", "packed_vs_windows", "packed_vs_windows_2_workers", "resume_s"} <= set(figures)
+    assert {"packed_vs_nanochat", "packed_vs_windows", "packed_vs_windows_2_workers"} <= set(figures)
     assert [p["packing"] for p in figures["packings"]][:2] == ["aligned", "bestfit"]
     assert all(p["utilisation"] == 1.0 for p in figures["packings"][:3])
+
+
+def test_bench_resume_serves_the_batch_after_far_positions(capsys):
+    figures = _figures(capsys, ["resume", "--at", "10", "1000", "--block-size", "16", "--batch-size", "2",
+                                "--buffer-size", "8", "--documents", "50", "--replay-limit", "0.5"])
+    assert [row["batch"] for row in figures["rows"]] == [10, 1000]
+    assert all(row["resume s"] > 0 and row["replay s (before)"] > 0 for row in figures["rows"])

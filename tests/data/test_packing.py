@@ -15,7 +15,8 @@ from helpers import make_docs, megatron_indexed, prepare_docs
 from tokpack.bench.packing import nanochat_bestfit
 from tokpack.check import resumed, take
 from tokpack.data.loader import build_loader
-from tokpack.data.packing import PackedDocuments, document_stream
+from tokpack.data.packers import document_stream
+from tokpack.data.packing import PackedDocuments
 from tokpack.evaluation import evaluate
 from tokpack.models import GPT, GPTConfig
 from tokpack.split import open_split, read_index
@@ -365,3 +366,89 @@ def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path)
             for doc, _, n, _ in row:
                 assert x[r, pos:pos + n].tolist() == [EOT, *docs[doc]][:n]
                 pos += n
+
+
+# -- parameters and states from outside ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"packing": "bestfit", "buffer_size": 10**9}, "buffer_size 1,000,000,000 is more than the"),
+    ({"packing": "bestfit", "buffer_size": 2.5}, "buffer_size=2.5 is not an int"),
+    ({"block_size": 10**9}, "block_size 1000000000 needs rows of"),
+    ({"block_size": 10**7}, "block_size 10000000 needs rows of"),
+    ({"form": "flat", "max_docs": 0}, "max_docs 0 must be at least 1"),
+    ({"form": "flat", "max_docs": -1}, "max_docs -1 must be at least 1"),
+    ({"bos_id": -1}, "bos_id -1 is not a token id"),
+    ({"bos_id": 70000}, "bos_id 70000 is not a token id"),
+    ({"bos_id": 2**40}, "is not a token id"),
+    ({"bos_id": 1.5}, "bos_id=1.5 is not an int"),
+])
+def test_every_parameter_is_checked_at_construction(prepared, kwargs, fragment):
+    kwargs = {"block_size": 16, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        PackedDocuments(prepared, kwargs.pop("block_size"), split="train", **kwargs)
+
+
+def test_a_resume_costs_the_same_at_any_step(prepared, monkeypatch):
+    from tokpack.data import packers
+
+    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    for at in (3, 40):
+        first = build_loader(data, 4, seed=3)
+        take(first, at)
+        state = first.state_dict()
+        made = []
+        real = packers.TrainingRows.__next__
+        monkeypatch.setattr(packers.TrainingRows, "__next__", lambda self: made.append(1) or real(self))
+        second = build_loader(data, 4, seed=3)
+        second.load_state_dict(state)
+        resumed_batch = take(second, 1)
+        monkeypatch.undo()
+        assert len(made) == 4  # the resumed batch's rows only, none packed again
+        assert resumed_batch == take(first, 1)
+
+
+def _packed_state(prepared, at=5):
+    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    loader = build_loader(data, 4, seed=3)
+    take(loader, at)
+    return data, loader.state_dict()
+
+
+@pytest.mark.parametrize("forgery,fragment", [
+    ("no packer state", "needs its packer state"),
+    ("edited, its checksum not", "does not match its checksum"),
+    ("batch 10**12", "is at row 4000000000000 but its packer state at row"),
+    ("batch 2**70", "out of range"),
+    ("a document swapped", "does not hold at that place"),
+    ("an emptied buffer", "holds 0 entries where this packing keeps 15"),
+    ("more rows than documents", "which no packing makes"),
+])
+def test_forged_packed_states_are_refused_in_one_line(prepared, forgery, fragment):
+    from tokpack.data.packers import PackerState, buffer_key
+
+    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    loader = build_loader(data, 4, seed=3)
+    take(loader, 5)
+    state = loader.state_dict()
+    packer = state["packer"]
+    if forgery == "no packer state":
+        del state["packer"]
+    elif forgery == "edited, its checksum not":
+        packer["taken"] += 1
+    elif forgery == "batch 10**12":
+        state["batch"] = 10**12
+    else:  # a forger who recomputes the checksum too
+        if forgery == "batch 2**70":
+            state["batch"], packer["row"] = 2**70, 2**70 * 4
+        elif forgery == "a document swapped":
+            packer["buffer"][0][1] = (packer["buffer"][0][1] + 1) % len(data)
+        elif forgery == "an emptied buffer":
+            packer["buffer"] = []
+        else:
+            packer["row"] = state["batch"] * 4
+            packer["taken"] = packer["row"] - 1 + len(packer["buffer"])
+        keys = [buffer_key(doc, int(data.lengths[doc]), arrival, None) for arrival, doc in packer["buffer"]]
+        state["packer"] = data.save_state((3, 0, 1, True), PackerState(packer["row"], packer["taken"], keys))
+    with pytest.raises(ValueError, match=fragment) as exc:
+        build_loader(data, 4, seed=3).load_state_dict(state)
+    assert "\n" not in str(exc.value)

@@ -76,8 +76,9 @@ def test_prepare_with_splintr_is_byte_identical_to_tiktoken(tmp_path):
         runs = {}
         for backend in ("splintr", "tiktoken"):
             out = tmp_path / f"{corpus.name}-{encoding}-{backend}"
+            checked = ["--check-fraction", "1"] if backend == "splintr" else []  # tiktoken has nothing to check
             assert main([str(corpus), "--out-dir", str(out), "--backend", backend, "--quiet", "--encoding", encoding,
-                         "--check-fraction", "1"]) == 0
+                         *checked]) == 0
             runs[backend] = _prepared_bytes(out)
             assert read_meta(out)["encoding"]["backend"]["name"] == backend
         assert runs["splintr"] == runs["tiktoken"] and runs["splintr"]

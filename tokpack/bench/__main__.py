@@ -26,7 +26,7 @@ from typing import Any
 from ..cli import parser, run_cli
 from ..prepare.run import default_workers
 from .loops import bench_loader, bench_open, bench_train
-from .packing import bench_packing
+from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
 
 
@@ -80,6 +80,15 @@ def _add_others(sub: Any) -> None:
     kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
     kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
     kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+    rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
+    rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
+                    help="batches to resume at (default: 1000 100000 10000000)")
+    rp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
+    rp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
+    rp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000)")
+    rp.add_argument("--documents", type=int, default=5000, help="synthetic documents (default: 5000)")
+    rp.add_argument("--replay-limit", type=float, default=60.0,
+                    help="seconds a replay may take before it is extrapolated (default: 60)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_packing(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
                                         args.buffer_size, args.rounds, args.mean_length)
+        elif args.what == "resume":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_resume(Path(tmp), args.at, args.block_size, args.batch_size, args.buffer_size,
+                                       args.documents, args.replay_limit)
         elif args.what == "open":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)

@@ -7,7 +7,8 @@ them): rows per second of tokpack's best fit (the loader's batches, document str
 against nanochat's loop on the same documents, already tokenized in memory as it holds them; the
 loader's batches per second against plain windows; and each packing's utilisation and cropped
 share. Costs: a choice is O(log buffer) (nanochat's scan is O(buffer)); a batch's structure
-O(B * T); a resume replays the packing arithmetic, O(documents before the position).
+O(B * T); a resume starts from the packer's saved state, O(buffer) (``python -m tokpack.bench
+resume``).
 """
 
 from __future__ import annotations
@@ -124,16 +125,58 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
         packings.append({"packing": name, **data.stats(len(flat) // (T + 1) if "stride" not in options else 10**9)})
     print(f"packings over one epoch's worth of rows ({len(flat) // (T + 1):,}; evaluation: every document once):")
     print(table(packings, ["packing", "rows", "utilisation", "cropped"]))
-    # A resume replays the packing of the lengths up to its position: timed at the end of an epoch.
-    position = len(flat) // (T + 1) // B
-    start = time.perf_counter()
-    loader = build_loader(packed, B, seed=0, shuffle=False)
-    loader.load_state_dict({**loader.state_dict(), "batch": position})
-    next(iter(loader))
-    resume_s = time.perf_counter() - start
-    print(f"resume at batch {position:,} ({len(docs):,} documents replayed): {resume_s:.2f} s")
     return {"bench": "packing", "B": B, "T": T, "tokens": len(flat), "documents": len(docs),
             "identical_to_nanochat": same, "packed_vs_nanochat": ratio(times, names[0], names[1]),
             "packed_vs_windows": ratio(times, names[0], names[2]),
-            "packed_vs_windows_2_workers": ratio(times, names[3], names[4]), "packings": packings,
-            "resume_s": resume_s, "resume_documents": len(docs)}
+            "packed_vs_windows_2_workers": ratio(times, names[3], names[4]), "packings": packings}
+
+
+def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size: int, buffer_size: int,
+                 documents: int, replay_limit: float) -> dict[str, Any]:
+    """A packed loader resumed at batch k of best fit: the time to load its state and serve the next
+    batch, against packing every row before it again (what a resume cost before the packer's state
+    was saved; timed where it takes under ``replay_limit`` seconds, else extrapolated linearly).
+
+    Synthetic lengths: every document exactly one row (T + 1 tokens, BOS-led), so the packer's
+    state at any row is known without packing up to it; the resume checks that state in
+    O(buffer_size) like any other."""
+    from ..data.packers import PackerState, buffer_key, stream_documents
+
+    width = block_size + 1
+    starts = np.arange(documents, dtype=np.int64) * width
+    data = np.random.default_rng(0).integers(0, BOS, documents * width, dtype=np.uint16)
+    data[starts] = BOS
+    data.tofile(folder / "train.bin")
+    starts.astype(INDEX_DTYPE).tofile(folder / "train.idx")
+    dataset = PackedDocuments(open_split(folder / "train.bin", dtype="uint16"), block_size, packing="bestfit",
+                              buffer_size=buffer_size, bos_id=BOS)
+    stream, rows = (0, 0, 1, True), []
+    replay_rate = None
+    for batch in positions:
+        row = batch * batch_size
+        arrivals = np.arange(row, row + buffer_size - 1, dtype=np.int64)
+        keys = []
+        for epoch in np.unique(arrivals // documents).tolist():
+            here = arrivals[arrivals // documents == epoch]
+            docs = stream_documents(documents, here % documents, *stream[:3], stream[3], epoch)
+            keys += [buffer_key(doc, width, arrival, None) for arrival, doc in zip(here.tolist(), docs.tolist())]
+        loader = build_loader(dataset, batch_size, seed=0)
+        state = {**loader.state_dict(), "batch": batch,
+                 "packer": dataset.save_state(stream, PackerState(row, row + buffer_size - 1, sorted(keys)))}
+        started = time.perf_counter()
+        resumed = build_loader(dataset, batch_size, seed=0)
+        resumed.load_state_dict(state)
+        next(iter(resumed))
+        after = time.perf_counter() - started
+        if replay_rate is None or row / replay_rate <= replay_limit:
+            started = time.perf_counter()
+            sum(1 for _ in itertools.islice(dataset.rows(*stream), row))
+            before = time.perf_counter() - started
+            replay_rate = row / max(before, 1e-9)
+            measured = "measured"
+        else:
+            before, measured = row / replay_rate, "extrapolated"
+        rows.append({"batch": batch, "resume s": after, "replay s (before)": before, "replay": measured})
+    print(f"best fit, B={batch_size}, T={block_size}, buffer {buffer_size}, {documents:,} documents of T + 1 tokens")
+    print(table(rows, ["batch", "resume s", "replay s (before)", "replay"]))
+    return {"bench": "resume", "rows": rows}

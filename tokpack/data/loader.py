@@ -75,12 +75,15 @@ class TokenLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands, with the settings (and data) that position depends on."""
-        return {"version": STATE_VERSION, **self._settings(), "epoch": self.epoch, "batch": self.batch}
+        return {"version": STATE_VERSION, **self._settings(), "epoch": self.epoch, "batch": self.batch,
+                **self.sampler.stream_state(self.batch)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; refused, naming both values, if taken under other settings or data."""
         # The loader rolls over at an epoch's last batch, so a state of its own is always inside one.
-        self.epoch, self.batch = check_state(state, "loader", self._settings(), self.sampler.batches_per_epoch() - 1)
+        epoch, batch = check_state(state, "loader", self._settings(), self.sampler.batches_per_epoch() - 1)
+        self.sampler.load_stream_state(state, batch)
+        self.epoch, self.batch = epoch, batch
 
 
 def build_loader(

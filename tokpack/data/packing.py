@@ -21,15 +21,20 @@ there with ``--eot prepend``, inserted otherwise). The packings:
 Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
 hands out batches by their place in the row stream; the dataset packs them where it reads them
 (in each worker) and sends stored-width tokens and position ids with the segment starts; the
-training process only widens them. Resume replays the packing arithmetic up to the position
-(O(documents before it), no token read); the packing holds O(buffer_size) at any corpus size,
-beside the document index. A batch's structure costs O(B * T).
+training process only widens them. A loader's state holds the packer's state after its last batch
+(the rows made, the documents taken, best fit's buffer, with a checksum), so a resume at any step
+costs O(buffer_size) (``tokpack.data.packers``). The training process keeps that arithmetic on
+the document lengths (no token read) and moves it on only when a state is taken, O(rows since the
+last state). The packing holds O(buffer_size) at any corpus size, beside the document index. A
+batch's structure costs O(B * T).
 """
 
 from __future__ import annotations
 
-import bisect
+import collections
 import copy
+import hashlib
+import json
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -43,120 +48,15 @@ from torch.utils.data import Dataset
 from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
-from .permutation import Shuffle
+from .packers import (PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state, evaluation_rows,
+                      in_order)
 from .runtime import to_device
-from .samplers import CHUNK, Batch, ResumableBatchSampler
+from .samplers import Batch, ResumableBatchSampler
 from .windows import IGNORE_INDEX, _whole
 
 PACKINGS = ("aligned", "bestfit")
+BUFFER_SIZE = 1000  # nanochat's best-fit buffer
 FORMS = ("rows", "flat", "hf")
-
-# A segment: (document, first token within its BOS-led tokens, tokens, leading targets to mask).
-# Document -1 is evaluation padding. A row is a tuple of segments that tile its T + 1 tokens.
-Segment = tuple[int, int, int, int]
-Row = tuple[Segment, ...]
-
-
-def aligned_rows(docs: Iterator[tuple[int, int]], capacity: int, max_doc_len: int) -> Iterator[Row]:
-    """Rows of ``capacity`` tokens from (document, length) pairs in order, each document cut to
-    ``max_doc_len``, the one reaching a row's end cut there (the rest of it is dropped)."""
-    row: list[Segment] = []
-    room = capacity
-    for doc, n in docs:
-        take = min(n, max_doc_len, room)
-        row.append((doc, 0, take, 0))
-        room -= take
-        if room == 0:
-            yield tuple(row)
-            row, room = [], capacity
-
-
-def bestfit_rows(docs: Iterator[tuple[int, int]], capacity: int, buffer_size: int,
-                 max_doc_len: int | None = None) -> Iterator[Row]:
-    """Rows of ``capacity`` tokens by best fit over a buffer refilled to ``buffer_size`` documents
-    before every choice: the longest document that fits whole, again and again; when none fits,
-    the shortest is cropped to fill the row (its rest is dropped). Ties go to the document that
-    entered the buffer first. O(log buffer_size) a choice, O(buffer_size) memory.
-    """
-    # Each entry one int, (length, earliest first, document) in bit fields: ints compare faster than tuples.
-    buffer: list[int] = []
-    insort, bisect_right = bisect.insort, bisect.bisect_right
-    cap = math.inf if max_doc_len is None else max_doc_len
-    docs = iter(docs)
-    order = (1 << 48) - 1  # counts down with each arrival
-    low = (1 << 96) - 1  # the order and document fields at their largest
-    row: list[Segment] = []
-    pos = 0
-    while True:
-        for doc, n in docs:
-            insort(buffer, (n if n < cap else cap) << 96 | order << 48 | doc)
-            order -= 1
-            if len(buffer) >= buffer_size:
-                break
-        if not buffer:
-            return
-        room = capacity - pos
-        # The last entry of a length is its earliest arrival, so these pick the first-come among equals.
-        fits = bisect_right(buffer, room << 96 | low) - 1
-        key = buffer.pop(fits if fits >= 0 else bisect_right(buffer, buffer[0] | low) - 1)
-        n = key >> 96
-        take = n if n < room else room
-        row.append((key & 0xFFFFFFFFFFFF, 0, take, 0))
-        pos += take
-        if pos == capacity:
-            yield tuple(row)
-            row, pos = [], 0
-
-
-def evaluation_rows(docs: Iterator[tuple[int, int]], capacity: int, stride: int) -> Iterator[Row]:
-    """Every document's targets once: a document of up to ``capacity`` tokens whole, a longer one as
-    windows of ``capacity`` tokens at ``stride`` (each later window's first capacity - 1 - stride
-    targets masked, an earlier window scored them), placed in order; a piece that does not fit
-    the row's space starts the next row, and the space left is padding (document -1, all masked)."""
-    overlap = capacity - 1 - stride
-    row: list[Segment] = []
-    pos = 0
-    for doc, n in docs:
-        start = 0
-        while n >= 2:  # a lone BOS has no target
-            take = min(capacity, n - start)
-            if pos + take > capacity:
-                row.append((-1, 0, capacity - pos, capacity - pos))
-                yield tuple(row)
-                row, pos = [], 0
-            row.append((doc, start, take, overlap if start else 0))
-            pos += take
-            if pos == capacity:
-                yield tuple(row)
-                row, pos = [], 0
-            if start + capacity >= n:
-                break
-            start += stride
-    if row:
-        row.append((-1, 0, capacity - pos, capacity - pos))
-        yield tuple(row)
-
-
-def _in_order(lengths: np.ndarray) -> Iterator[tuple[int, int]]:
-    for lo in range(0, len(lengths), CHUNK):
-        yield from zip(range(lo, lo + CHUNK), lengths[lo:lo + CHUNK].tolist())
-
-
-def document_stream(lengths: np.ndarray, seed: int, rank: int, world_size: int,
-                    shuffle: bool) -> Iterator[tuple[int, int]]:
-    """One rank's endless (document, length) stream: epoch after epoch, the documents at positions
-    rank, rank + world_size, ... of the epoch's order (a seeded shuffle per epoch, or the stored
-    order), trimmed to a multiple of world_size so that shares are disjoint and equal."""
-    n = len(lengths)
-    per_rank = n // world_size
-    for epoch in itertools.count():
-        order = Shuffle(n, "packing", seed, epoch) if shuffle else None
-        for lo in range(0, per_rank, CHUNK):
-            positions = np.arange(lo, min(lo + CHUNK, per_rank), dtype=np.uint64) * np.uint64(world_size)
-            positions += np.uint64(rank)
-            docs = order(positions) if order is not None else positions.astype(np.int64)
-            yield from zip(docs.tolist(), lengths[docs].tolist())
-
 
 class PackedBatch(NamedTuple):
     """Packed rows with their documents: x, y and position_ids (B, T) int64 (-100 in y where a target
@@ -215,9 +115,15 @@ def collate_packed(batch: Any) -> Any:
 class RowRequest(Batch):
     """A batch of packed rows by its place: rows ``first`` .. ``first + count`` of a row stream
     (``stream``: seed, rank, world size and shuffle of training rows; None: evaluation rows). The
-    dataset packs them where it reads them, in a worker when there are workers."""
+    dataset packs them where it reads them, in a worker when there are workers. After a resume,
+    ``resume`` carries the packer's state to start from instead of the stream's beginning."""
 
     stream: tuple[int, int, int, bool] | None
+    resume: PackerState | None = None
+
+
+# Requests after a resume that carry the packer's state: enough for every worker's first one.
+RESUME_REQUESTS = 256
 
 
 class PackingSampler(ResumableBatchSampler):
@@ -236,6 +142,34 @@ class PackingSampler(ResumableBatchSampler):
             self.bounds = (self.rank * total // self.world_size, (self.rank + 1) * total // self.world_size)
         elif self.num_items < self.world_size:
             raise ValueError(f"{self.num_items} documents cannot be shared by {self.world_size} ranks; use more data")
+        self.resume: PackerState | None = None  # where a restored stream's packer starts
+        # The packing arithmetic (lengths only, no token read) kept in the training process, moved on
+        # only when a state is taken: O(rows since the last state), O(buffer_size) memory.
+        self._anchor: TrainingRows | None = None
+
+    @property
+    def stream(self) -> tuple[int, int, int, bool]:
+        return self.seed, self.rank, self.world_size, self.shuffle
+
+    def stream_state(self, batch: int) -> dict[str, Any]:
+        """The packer's state after ``batch`` batches: a resume starts there in O(buffer_size)
+        instead of packing every row before it again."""
+        row = batch * self.batch_size
+        if self.bounds is not None or row == 0:
+            return {}
+        anchor = self._anchor
+        if anchor is None or anchor.row > row:
+            base = self.resume if self.resume is not None and self.resume.row <= row else None
+            anchor = self.dataset.rows(*self.stream, state=base)  # type: ignore[assignment]
+        collections.deque(itertools.islice(anchor, row - anchor.row), maxlen=0)
+        self._anchor = anchor
+        return {"packer": self.dataset.save_state(self.stream, anchor.position())}
+
+    def load_stream_state(self, state: dict[str, Any], batch: int) -> None:
+        self.resume, self._anchor = None, None
+        if self.bounds is not None or (batch == 0 and "packer" not in state):
+            return  # evaluation rows are replayed: a split's worth at most
+        self.resume = self.dataset.load_state(self.stream, state.get("packer"), batch * self.batch_size)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "shuffle": self.shuffle, "packing": self.dataset.describe_packing()}
@@ -245,17 +179,18 @@ class PackingSampler(ResumableBatchSampler):
             return math.inf
         return math.ceil((self.bounds[1] - self.bounds[0]) / self.batch_size)
 
-    def _request(self, stream: tuple[int, int, int, bool] | None, first: int, count: int) -> RowRequest:
+    def _request(self, stream: tuple[int, int, int, bool] | None, first: int, count: int,
+                 resume: PackerState | None = None) -> RowRequest:
         request = RowRequest([first, count])
-        request.stream = stream
+        request.stream, request.resume = stream, resume
         return request
 
     def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
         B = self.batch_size
         if self.bounds is None:
-            stream = (self.seed, self.rank, self.world_size, self.shuffle)
-            for batch in itertools.count(start):
-                yield self._request(stream, batch * B, B)
+            for i, batch in enumerate(itertools.count(start)):
+                resume = self.resume if i < RESUME_REQUESTS else None  # every worker's first request carries it
+                yield self._request(self.stream, batch * B, B, resume)
         else:
             lo, hi = self.bounds
             for first in range(lo + start * B, hi, B):
@@ -272,10 +207,12 @@ def _check_parameters(T: int, packing: str, form: str, stride: int | None, buffe
         raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
     if stride is not None and not 1 <= _whole("stride", stride) <= T:
         raise ValueError(f"stride {stride} must lie in 1..block_size ({T}); use stride=block_size for no overlap")
-    if buffer_size < 1:
+    if _whole("buffer_size", buffer_size) < 1:
         raise ValueError(f"buffer_size {buffer_size} must be at least 1")
-    if max_doc_len is not None and max_doc_len < 1:
+    if max_doc_len is not None and _whole("max_doc_len", max_doc_len) < 1:
         raise ValueError(f"max_doc_len {max_doc_len} must be at least 1")
+    if max_docs is not None and _whole("max_docs", max_docs) < 1:
+        raise ValueError(f"max_docs {max_docs} must be at least 1 (the documents a flat batch may hold)")
     if split_long and stride is not None:
         raise ValueError("split_long applies to training rows; evaluation scores each document whole")
     if max_docs is not None and form != "flat":
@@ -286,7 +223,7 @@ class PackedDocuments(Dataset):
     """A prepared split's documents packed into BOS-aligned rows of T + 1 tokens (see the module)."""
 
     def __init__(self, path: str | Path | Split, block_size: int, split: str | None = None, packing: str = "aligned",
-                 *, stride: int | None = None, max_doc_len: int | None = None, buffer_size: int = 1000,
+                 *, stride: int | None = None, max_doc_len: int | None = None, buffer_size: int = BUFFER_SIZE,
                  split_long: bool = False, mask_boundary: bool = False, form: str = "rows",
                  max_docs: int | None = None, bos_id: int | None = None):
         """Args:
@@ -315,6 +252,8 @@ class PackedDocuments(Dataset):
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
         self.bos_id, lead = self._bos(bos_id)
+        self.packing = packing
+        self._check_fits(T, buffer_size)
         self.insert_bos = bool(lead.any())
         self.block_size, self.stride, self.packing, self.form = T, stride, packing, form
         cut = max_doc_len is not None or packing == "aligned" or split_long
@@ -347,10 +286,28 @@ class PackedDocuments(Dataset):
         lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head[doc], cap - 1)) + bos
         return self.index.starts[doc] + skip, bos, lengths
 
+    def _check_fits(self, T: int, buffer_size: int) -> None:
+        """Parameters that must fit the data: a row inside the split's tokens, a buffer inside its
+        documents, a BOS id inside its vocabulary and its dtype."""
+        tokens, documents = int(self.index.ends[-1] - self.index.starts[0]), len(self.index)
+        if T + 1 > tokens + documents:  # its tokens, and at most a BOS inserted before each document
+            raise ValueError(f"block_size {T} needs rows of {T + 1} tokens, more than {self.split.describe()} holds "
+                             f"({tokens:,}); use a block_size below {tokens}")
+        most = max(documents, BUFFER_SIZE)  # a buffer past both would hold the corpus many times over
+        if self.packing == "bestfit" and buffer_size > most:
+            raise ValueError(f"buffer_size {buffer_size:,} is more than the {documents:,} documents of "
+                             f"{self.split.describe()} and than the default {BUFFER_SIZE:,}; use 1..{most}")
+        meta = self.split.meta
+        limit = min(np.iinfo(self.split.dtype).max + 1, meta["encoding"]["n_vocab"] if meta else 2**63)
+        if not 0 <= self.bos_id < limit:
+            raise ValueError(f"bos_id {self.bos_id} is not a token id of {self.split.describe()}; give one in "
+                             f"0..{limit - 1}")
+
     def _bos(self, bos_id: int | None) -> tuple[int, np.ndarray]:
         """The BOS id, and for each document whether the dataset inserts it: a prepared folder says
         (``--eot prepend`` has it first); elsewhere each document's first token is read (O(documents))."""
         meta, starts = self.split.meta, self.index.starts
+        bos_id = None if bos_id is None else _whole("bos_id", bos_id)
         if bos_id is None and meta is not None:
             return int(meta["encoding"]["eot_id"]), np.full(len(starts), meta["eot"] != "prepend")
         if bos_id is None:
@@ -376,15 +333,50 @@ class PackedDocuments(Dataset):
     def fingerprint(self) -> str:
         return self.split.fingerprint
 
-    def rows(self, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = False) -> Iterator[Row]:
-        """The rows in order: evaluation rows once; training rows of one rank, endless."""
+    def rows(self, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = False,
+             state: PackerState | None = None) -> Iterator[Row]:
+        """The rows in order: evaluation rows once; training rows of one rank, endless, from ``state``."""
         width = self.block_size + 1
         if self.stride is not None:
-            return evaluation_rows(_in_order(self.lengths), width, self.stride)
-        docs = document_stream(self.lengths, seed, rank, world_size, shuffle)
-        if self.packing == "aligned":
-            return aligned_rows(docs, width, self.max_doc_len)
-        return bestfit_rows(docs, width, self.buffer_size, self.max_doc_len)
+            return evaluation_rows(in_order(self.lengths), width, self.stride)
+        return TrainingRows(self.lengths, (seed, rank, world_size, shuffle), self.packing, width, self.max_doc_len,
+                            self.buffer_size, state)
+
+    def save_state(self, stream: tuple[int, int, int, bool], state: PackerState) -> dict[str, Any]:
+        """A packer state as a loader's state holds it: plain integers and a checksum of the stream,
+        the packing and the data it belongs to."""
+        saved = {"row": state.row, "taken": state.taken, "buffer": buffer_entries(state.buffer)}
+        return {**saved, "checksum": self._checksum(stream, saved)}
+
+    def load_state(self, stream: tuple[int, int, int, bool], saved: Any, row: int) -> PackerState:
+        """The packer state of a loader's state, refused unless it is this stream's at ``row``."""
+        fields = {"row", "taken", "buffer", "checksum"}
+        if not isinstance(saved, dict) or set(saved) != fields:
+            raise ValueError(f"a packed loader's state needs its packer state ({', '.join(sorted(fields))}); this one "
+                             "has none or another shape: resume from a state of this tokpack's loader")
+        plain = {key: saved[key] for key in ("row", "taken", "buffer")}
+        pairs = plain["buffer"]
+        if (type(plain["row"]) is not int or type(plain["taken"]) is not int or not isinstance(pairs, list)
+                or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p)
+                           for p in pairs)):
+            raise ValueError("a packed loader's packer state holds something other than whole numbers; it is forged")
+        if saved["checksum"] != self._checksum(stream, plain):
+            raise ValueError("a packed loader's packer state does not match its checksum (it was edited, or taken on "
+                             "another stream, packing or corpus); resume from an unedited state of this run")
+        if plain["row"] != row:
+            raise ValueError(f"a packed loader's state is at row {row} but its packer state at row {plain['row']}; "
+                             "it is forged")
+        if any(doc >= len(self.lengths) for _, doc in pairs):
+            raise ValueError("a packed loader's packer state names a document this split does not hold")
+        keys = sorted(buffer_key(doc, int(self.lengths[doc]), arrival, self.max_doc_len) for arrival, doc in pairs)
+        state = PackerState(plain["row"], plain["taken"], keys)
+        check_state(state, self.lengths, stream, self.packing, self.block_size + 1, self.max_doc_len,
+                    self.buffer_size)
+        return state
+
+    def _checksum(self, stream: tuple[int, int, int, bool], plain: dict[str, Any]) -> str:
+        text = json.dumps([self.describe_packing(), self.fingerprint(), list(stream), plain], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def stats(self, rows: int, seed: int = 0, shuffle: bool = True) -> dict[str, float]:
         """Over the first ``rows`` rows: the share of row tokens that are document tokens
@@ -443,10 +435,16 @@ class PackedDocuments(Dataset):
         """The requested rows, packed on from where this process's last request ended (a worker
         that serves every n-th batch packs the ones between too); a request behind it starts over."""
         first, count = request
-        if self._cursor is None or self._cursor[0] != request.stream or first < self._cursor[2]:
-            rows = self.rows() if request.stream is None else self.rows(*request.stream)
-            self._cursor = (request.stream, rows, 0)
-        stream, rows, at = self._cursor
+        cursor, resume = self._cursor, request.resume
+        jump = resume is not None and resume.row <= first and (cursor is None or cursor[2] < resume.row)
+        if jump or cursor is None or cursor[0] != request.stream or first < cursor[2]:
+            if request.stream is None:
+                cursor = (None, self.rows(), 0)
+            elif resume is not None and resume.row <= first:  # a resumed stream: from the saved state
+                cursor = (request.stream, self.rows(*request.stream, state=resume), resume.row)
+            else:
+                cursor = (request.stream, self.rows(*request.stream), 0)
+        stream, rows, at = cursor
         taken = list(itertools.islice(rows, first - at, first - at + count))
         self._cursor = (stream, rows, first + len(taken))
         return taken

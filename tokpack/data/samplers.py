@@ -80,6 +80,14 @@ class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
         self.epoch = 0
         self.start_batch = 0
 
+    def stream_state(self, batch: int) -> dict[str, Any]:
+        """What a loader's state holds beyond (epoch, batch) to resume this sampler's stream after
+        ``batch`` batches; none here."""
+        return {}
+
+    def load_stream_state(self, state: dict[str, Any], batch: int) -> None:
+        """Take what ``stream_state`` gave, checked, for a resume at ``batch``."""
+
     @abc.abstractmethod
     def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` from batch ``start`` on."""
