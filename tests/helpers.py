@@ -159,3 +159,15 @@ def megatron_indexed() -> ModuleType:
     """megatron-core's indexed dataset module (CI installs it with --no-deps), or a skip naming it."""
     return pytest.importorskip("megatron.core.datasets.indexed_dataset",
                                reason="megatron-core is not installed: pip install --no-deps megatron-core==0.16.1")
+
+
+def run_bounded(code: str, *args: str, memory: int = 4 << 30, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -c code args`` in a fresh process whose address space is capped and whose run is
+    limited: a check against hangs and runaway reads fails instead of taking the machine."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=cap)

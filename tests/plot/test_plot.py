@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import run_bounded
 from tokpack import plot
 from tokpack.plot.__main__ import main as plot_main
 from tokpack.plot.runs import draw_run
@@ -141,8 +142,10 @@ def test_a_log_that_is_not_a_regular_file_of_the_run_is_refused_not_read(tmp_pat
     else:
         (tmp_path / "other.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
         log.symlink_to(tmp_path / "other.jsonl")
-    with pytest.raises(ValueError, match="losses-rank0.jsonl"):
-        plot.read_losses(run)
+    # In a fresh process with a time limit: a FIFO read naively would wait forever, a device fill memory.
+    code = "import sys; from tokpack.plot import read_losses; read_losses(sys.argv[1])"
+    done = run_bounded(code, str(run))
+    assert done.returncode == 1 and "ValueError" in done.stderr and "losses-rank0.jsonl" in done.stderr.splitlines()[-1]
 
 
 def test_a_long_log_is_drawn_in_bounded_buckets(tmp_path, monkeypatch):

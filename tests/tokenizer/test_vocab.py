@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import base64
 import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import make_docs, write_docs, write_gpt2_tokenizer, write_spec
+from helpers import make_docs, run_bounded, write_docs, write_gpt2_tokenizer, write_spec
 from tokpack import tokenizer
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.tokenizer import load_encoding
@@ -82,7 +80,7 @@ def test_hostile_spec_files_are_one_line_without_file_content(tmp_path, case):
     code = ("import sys; from tokpack.cli import run_cli; from tokpack.tokenizer import load_encoding; "
             "run_cli(lambda: load_encoding(sys.argv[1]) and 0)")
     # In a fresh process, with a time limit: a panic, a hang or a loop over 4e9 ids is a failure.
-    done = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, timeout=60)
+    done = run_bounded(code, str(spec))
     assert done.returncode == 2, done.stderr[-2000:]
     line = done.stderr.strip()
     assert "\n" not in line and line.startswith("tokpack: ") and "hunter2" not in line, line
