@@ -167,27 +167,35 @@ def test_a_units_input_hash_covers_exactly_the_bytes_its_documents_come_from(tmp
     assert [input_sha256(share) for share in shares] == before
 
 
-def test_a_broken_unit_record_redoes_its_unit_and_keeps_the_others(tmp_path, corpus, monkeypatch, capsys):
+def _stopped_after_three_units(tmp_path, corpus, monkeypatch):
     out = tmp_path / "out"
     argv = _cmd(corpus, out)[3:]
     _interrupted_after(monkeypatch, 3)
     with pytest.raises(SystemExit):
         main(argv)
     monkeypatch.undo()
-    record = out / ".tokpack-unit-00001.json"
-    record.write_text(record.read_text()[:50])  # cut short: a disk that lost the record's tail
+    return out, argv
+
+
+def _rerun_redoes_unit_1_alone(tmp_path, corpus, monkeypatch, out, argv):
     kept = {p.name: p.stat().st_ino for p in out.glob("*_0000[02]_*.bin")}
-    redone = sorted(p.name for p in out.glob("*_00001_*.bin"))
-    assert kept and redone
-    capsys.readouterr()
+    assert kept and list(out.glob("*_00001_*.bin"))
     calls = _interrupted_after(monkeypatch, 99)
     assert main(argv) == 0
-    err = capsys.readouterr().err
-    assert ".tokpack-unit-00001.json" in err and "those units are redone and the others kept" in err
     assert 1 in calls and 0 not in calls and 2 not in calls  # only the broken unit was tokenized again
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
     assert _tokens(out) == _tokens(tmp_path / "fresh")
+
+
+def test_a_broken_unit_record_redoes_its_unit_and_keeps_the_others(tmp_path, corpus, monkeypatch, capsys):
+    out, argv = _stopped_after_three_units(tmp_path, corpus, monkeypatch)
+    record = out / ".tokpack-unit-00001.json"
+    record.write_text(record.read_text()[:50])  # cut short: a disk that lost the record's tail
+    capsys.readouterr()
+    _rerun_redoes_unit_1_alone(tmp_path, corpus, monkeypatch, out, argv)
+    err = capsys.readouterr().err
+    assert ".tokpack-unit-00001.json" in err and "those units are redone and the others kept" in err
 
 
 @pytest.mark.parametrize("damage", ["index out of order", "id beyond the vocabulary"])
@@ -196,12 +204,7 @@ def test_a_kept_unit_whose_content_is_broken_is_redone_and_the_others_kept(tmp_p
     # copy would), yet the content is wrong: verify would refuse the folder at the end.
     import hashlib
 
-    out = tmp_path / "out"
-    argv = _cmd(corpus, out)[3:]
-    _interrupted_after(monkeypatch, 3)
-    with pytest.raises(SystemExit):
-        main(argv)
-    monkeypatch.undo()
+    out, argv = _stopped_after_three_units(tmp_path, corpus, monkeypatch)
     path = out / ".tokpack-unit-00001.json"
     record = json.loads(path.read_text())
     part = record["splits"]["train"]
@@ -215,10 +218,4 @@ def test_a_kept_unit_whose_content_is_broken_is_redone_and_the_others_kept(tmp_p
     data.tofile(file)
     entry["sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
     path.write_text(json.dumps(record))
-    kept = {p.name: p.stat().st_ino for p in out.glob("*_0000[02]_*.bin")}
-    calls = _interrupted_after(monkeypatch, 99)
-    assert main(argv) == 0
-    assert 1 in calls and 0 not in calls and 2 not in calls  # only the broken unit was tokenized again
-    assert {name: (out / name).stat().st_ino for name in kept} == kept
-    assert main(_cmd(corpus, tmp_path / "fresh")[3:]) == 0
-    assert _tokens(out) == _tokens(tmp_path / "fresh")
+    _rerun_redoes_unit_1_alone(tmp_path, corpus, monkeypatch, out, argv)
