@@ -171,3 +171,26 @@ def run_bounded(code: str, *args: str, memory: int = 4 << 30, timeout: float = 6
 
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           preexec_fn=cap)
+
+
+def byte_unigram(enc, byte_logp: np.ndarray):
+    """A character-level reference seen through a tokenizer: a token's log-probability is the sum
+    of its bytes' log-probabilities, so any tokenization of a text gets the same total (and so the
+    same bits per byte)."""
+    import math
+
+    import torch
+
+    class ByteUnigram(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            table = np.full(enc.n_vocab, math.log(0.5))  # special tokens: any value, bits/byte leaves them out
+            for token in range(enc.n_vocab):
+                if token not in enc.special_ids:
+                    table[token] = sum(byte_logp[b] for b in enc.token_bytes(token))
+            self.table = torch.from_numpy(table)
+
+        def target_log_probs(self, idx, targets):
+            return self.table[targets.clamp(min=0)]
+
+    return ByteUnigram()

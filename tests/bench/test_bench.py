@@ -65,3 +65,10 @@ def test_bench_resume_serves_the_batch_after_far_positions(capsys):
                                 "--buffer-size", "8", "--documents", "50", "--replay-limit", "0.5"])
     assert [row["batch"] for row in figures["rows"]] == [10, 1000]
     assert all(row["resume s"] > 0 and row["replay s (before)"] > 0 for row in figures["rows"])
+
+
+def test_bench_tokenizer_trains_both_ways_and_compares(capsys):
+    pytest.importorskip("rustbpe")
+    figures = _figures(capsys, ["tokenizer", "--mb", "0.3", "--vocab-size", "400", "--rounds", "1"])
+    assert figures["speed_vs_rustbpe"] > 0 and len(figures["runs"]) == 2
+    assert [row["tokenizer"] for row in figures["compression"]][1:] == ["gpt2", "cl100k_base"]

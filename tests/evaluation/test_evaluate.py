@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 import tokpack
-from helpers import make_docs
+from helpers import byte_unigram, make_docs
 from tokpack.evaluation import byte_lengths, main, sweep
 from tokpack.split import open_tokens
 from tokpack.models import GPT, GPTConfig, NGram, gpt_checkpoint
@@ -322,22 +322,6 @@ def test_bits_per_byte_is_nanochats_evaluate_bpb(prepared):
     assert abs(as_text["bits_per_byte"] / result["bits_per_byte"] - 1) > 0.01
 
 
-class ByteUnigram(torch.nn.Module):
-    """A character-level reference seen through a tokenizer: a token's log-probability is the sum
-    of its bytes' log-probabilities, so any tokenization of a text gets the same total."""
-
-    def __init__(self, enc, byte_logp):
-        super().__init__()
-        table = np.full(enc.n_vocab, math.log(0.5))  # special tokens: any value, bits/byte leaves them out
-        for token in range(enc.n_vocab):
-            if token != enc.eot_token:
-                table[token] = sum(byte_logp[b] for b in enc.token_bytes(token))
-        self.table = torch.from_numpy(table)
-
-    def target_log_probs(self, idx, targets):
-        return self.table[targets.clamp(min=0)]
-
-
 def test_bits_per_byte_does_not_depend_on_the_tokenizer(tmp_path):
     gpt2 = load_encoding("gpt2")
     # A second tokenizer: cl100k's split pattern over gpt2's first 3,000 merges.
@@ -355,7 +339,7 @@ def test_bits_per_byte_does_not_depend_on_the_tokenizer(tmp_path):
         path = tmp_path / f"{enc.name}.bin"
         np.asarray(ids, dtype=np.uint16).tofile(path)
         loader = build_loader(TokenWindows(path, 32, stride=32, dtype="uint16"), 4)
-        model = ByteUnigram(enc, byte_logp)
+        model = byte_unigram(enc, byte_logp)
         results[enc.name] = (len(ids), tokpack.evaluate(model, loader, token_bytes=byte_lengths(enc)))
     (n_gpt2, gpt2_result), (n_small, small_result) = results.values()
     assert n_small > 1.2 * n_gpt2 and abs(small_result["loss"] / gpt2_result["loss"] - 1) > 0.1  # other tokens

@@ -17,6 +17,7 @@ from tokpack import tokenizer
 from tokpack.corpus import pieces
 from tokpack.tokenizer import (
     CL100K_PATTERN,
+    NANOCHAT_PATTERN,
     O200K_PATTERN,
     load_encoding,
     ranks_sha256,
@@ -33,6 +34,9 @@ ENCODINGS = {
                                         special_tokens={"<|endoftext|>": 50256}),
     "o200k-pattern": tiktoken.Encoding("o200k-pattern", pat_str=O200K_PATTERN, mergeable_ranks=RANKS,
                                        special_tokens={"<|endoftext|>": 50256}),
+    # nanochat's: GPT-4's with numbers in pairs, what `python -m tokpack.tokenizer train` uses by default.
+    "nanochat-pattern": tiktoken.Encoding("nanochat-pattern", pat_str=NANOCHAT_PATTERN, mergeable_ranks=RANKS,
+                                          special_tokens={"<|endoftext|>": 50256}),
 }
 
 adversarial = st.lists(st.sampled_from(ADVERSARIAL_ATOMS), min_size=1, max_size=80).map("".join)

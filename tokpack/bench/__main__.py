@@ -28,6 +28,7 @@ from ..prepare.run import default_workers
 from .loops import bench_loader, bench_open, bench_train
 from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
+from .tokenizer import bench_tokenizer
 
 
 def _add_prepare(sub: Any) -> None:
@@ -80,6 +81,10 @@ def _add_others(sub: Any) -> None:
     kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
     kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
     kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+    bp = sub.add_parser("tokenizer", help="tokpack's tokenizer training against rustbpe fed directly")
+    bp.add_argument("--mb", type=float, default=100.0, help="corpus size in MB (default: 100)")
+    bp.add_argument("--vocab-size", type=int, default=32768, help="vocabulary, special token included (default: 32768)")
+    bp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -111,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_packing(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
                                         args.buffer_size, args.rounds, args.mean_length)
+        elif args.what == "tokenizer":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_tokenizer(Path(tmp), args.mb, args.vocab_size, args.rounds)
         elif args.what == "resume":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_resume(Path(tmp), args.at, args.block_size, args.batch_size, args.buffer_size,

@@ -272,6 +272,21 @@ def plot_lengths(stats: dict[str, dict[str, Any]], path: str | Path) -> Path:
     return save_png(fig, path)
 
 
+def plot_compression(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Bytes per token of each tokenizer on the same text, as bars (``tokpack.tokenizer eval``)."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=FIGSIZE)
+    names = [f"{row['tokenizer']}\n({row['vocabulary']:,} ids)" for row in rows]
+    values = [row["bytes/token"] for row in rows]
+    bars = axis.bar(names, values, color="tab:blue", alpha=0.8)
+    axis.bar_label(bars, fmt="%.2f")
+    axis.set_ylabel("bytes per token (higher compresses better)")
+    axis.set_title(f"{rows[0]['documents']:,} documents, {rows[0]['bytes']:,} bytes")
+    axis.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return save_png(fig, path)
+
+
 def png_size(path: str | Path) -> tuple[int, int]:
     """(width, height) in pixels, from the PNG header."""
     head = Path(path).read_bytes()[:24]

@@ -34,12 +34,14 @@ import tiktoken
 from .bpe import TiktokenEncoder, ranks_sha256
 from .encoder import Encoder
 from .hf import TOKENIZER_FILE, HFEncoder
-from .patterns import CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTINGS, O200K_PATTERN, R50K_PATTERN
+from .patterns import (CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTINGS, NANOCHAT_PATTERN, O200K_PATTERN,
+                       R50K_PATTERN)
 from .vocab import MAX_FILE_BYTES, PINNED_RANKS_SHA256, build, bundled_gpt2, from_spec, from_tiktoken_file, read_file
 
 __all__ = ["Encoder", "TiktokenEncoder", "HFEncoder", "load_encoding", "folder_encoding", "token_dtype",
            "safe_cut", "encode_in_order", "ranks_sha256", "PINNED_RANKS_SHA256", "KNOWN_SETTINGS",
-           "CUT_SAFE_PATTERNS", "ENDOFTEXT", "R50K_PATTERN", "CL100K_PATTERN", "O200K_PATTERN", "MAX_FILE_BYTES"]
+           "CUT_SAFE_PATTERNS", "ENDOFTEXT", "R50K_PATTERN", "CL100K_PATTERN", "O200K_PATTERN", "NANOCHAT_PATTERN",
+           "MAX_FILE_BYTES"]
 
 P = TypeVar("P")
 

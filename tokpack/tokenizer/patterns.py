@@ -24,6 +24,15 @@ O200K_PATTERN = "|".join(
     ]
 )
 
+# GPT-4's pattern with numbers in pairs of digits, as nanochat trains its tokenizers (a smaller
+# vocabulary spends fewer tokens on numbers this way).
+NANOCHAT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]"""
+    r"""|\s+(?!\S)|\s+"""
+)
+# The patterns a trained tokenizer may be given by name.
+NAMED_PATTERNS = {"nanochat": NANOCHAT_PATTERN, "gpt4": CL100K_PATTERN, "gpt2": R50K_PATTERN, "o200k": O200K_PATTERN}
+
 _CL100K_SPECIALS = {
     ENDOFTEXT: 100257,
     "<|fim_prefix|>": 100258,
@@ -44,6 +53,6 @@ KNOWN_SETTINGS = {
 # tokens under these patterns: none of them has a pre-token holding a non-space character
 # followed by a space, and none looks behind, so the pre-tokens on each side are exactly those of
 # the whole. (cl100k joins punctuation to the *newlines* after it, so newlines are not safe.)
-# The tokenizer tests check this with hypothesis on adversarial text for all three, and that
+# The tokenizer tests check this with hypothesis on adversarial text for all four, and that
 # tiktoken's own patterns for these names are these.
-CUT_SAFE_PATTERNS = frozenset({R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN})
+CUT_SAFE_PATTERNS = frozenset({R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN, NANOCHAT_PATTERN})
