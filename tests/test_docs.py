@@ -41,7 +41,7 @@ def run(tmp_path: Path, prepared: Path, code: str) -> subprocess.CompletedProces
 
 
 RUN_BY_TESTS = {"nanogpt", "torchdata", "packed", "tour-prepare", "tour-packed", "tour-evaluate", "prepare-api",
-                "documents"}
+                "documents", "train-tokenizer"}
 
 
 def test_every_python_block_is_run_or_says_why_not_and_every_example_is_run():
@@ -85,6 +85,19 @@ def test_the_tour_evaluation_commands_run_as_typed(tmp_path, prepared):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 0 and "bigram" in done.stdout, (argv, done.stderr[-2000:])
     assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_the_tokenizer_training_commands_run_as_typed(tmp_path):
+    pytest.importorskip("rustbpe")
+    from pydoc_data.topics import topics
+
+    texts = [text for _, text in sorted(topics.items())]
+    write_docs(tmp_path / "corpus", texts[:40])
+    write_docs(tmp_path / "val", texts[40:50])
+    for argv in _commands("train-tokenizer"):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+    assert (tmp_path / "data" / "mine" / "meta.json").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
 def test_prepare_from_python_as_the_docs_show(tmp_path, prepared):

@@ -85,6 +85,8 @@ def _add_others(sub: Any) -> None:
     bp.add_argument("--mb", type=float, default=100.0, help="corpus size in MB (default: 100)")
     bp.add_argument("--vocab-size", type=int, default=32768, help="vocabulary, special token included (default: 32768)")
     bp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    bp.add_argument("--compression-vocab", type=int, default=4096,
+                    help="vocabulary trained on the Python docs for the compression table (default: 4096)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         args.buffer_size, args.rounds, args.mean_length)
         elif args.what == "tokenizer":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_tokenizer(Path(tmp), args.mb, args.vocab_size, args.rounds)
+                figures = bench_tokenizer(Path(tmp), args.mb, args.vocab_size, args.rounds, args.compression_vocab)
         elif args.what == "resume":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_resume(Path(tmp), args.at, args.block_size, args.batch_size, args.buffer_size,

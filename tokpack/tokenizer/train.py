@@ -19,10 +19,13 @@ Memory on the reading side is one buffer of documents; the counting is rustbpe's
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
+import queue
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +120,50 @@ def text_budget(files: list[Path], options: ReadOptions, max_chars: float, doc_c
             return
 
 
+@contextlib.contextmanager
+def read_ahead(items: Iterator[str], chunk: int = 1024, depth: int = 8) -> Iterator[Iterator[str]]:
+    """``items`` read by a thread of its own, ``depth`` chunks ahead: the reading (decompressing,
+    parsing, cropping) overlaps the trainer's counting, which releases the GIL. Memory: ``depth``
+    chunks of ``chunk`` documents. An error in the reader comes out of the returned iterator."""
+    chunks: queue.Queue[list[str] | BaseException | None] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: list[str] | BaseException | None) -> None:
+        while not stop.is_set():  # a consumer that stopped early takes nothing more
+            try:
+                return chunks.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def read() -> None:
+        try:
+            batch: list[str] = []
+            for item in items:
+                batch.append(item)
+                if len(batch) == chunk:
+                    put(batch)
+                    batch = []
+                if stop.is_set():
+                    return
+            put(batch)
+            put(None)
+        except BaseException as exc:  # handed to the consumer, which raises it in its own thread
+            put(exc)
+
+    def consume() -> Iterator[str]:
+        while (got := chunks.get()) is not None:
+            if isinstance(got, BaseException):
+                raise got
+            yield from got
+
+    reader = threading.Thread(target=read, name="tokpack-read-ahead", daemon=True)
+    reader.start()
+    try:
+        yield consume()
+    finally:
+        stop.set()
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
     """Train and write the tokenizer; returns what ``training.json`` records."""
     try:
@@ -137,7 +184,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 yield text
 
         trainer = rustbpe.Tokenizer()
-        trainer.train_from_iterator(texts(), config.vocab_size - len(config.special), pattern=pattern)
+        with read_ahead(texts()) as ahead:
+            trainer.train_from_iterator(ahead, config.vocab_size - len(config.special), pattern=pattern)
     if not seen["text"]:
         raise ValueError(f"the inputs ({', '.join(config.inputs)}) hold no text but whitespace, or none at all; "
                          "pass files with text")
