@@ -73,3 +73,16 @@ def test_bench_tokenizer_trains_both_ways_and_compares(capsys):
                                 "--compression-vocab", "300"])
     assert figures["speed_vs_rustbpe"] > 0 and len(figures["runs"]) == 2
     assert [row["tokenizer"] for row in figures["compression"]] == ["trained here (300)", "gpt2", "cl100k_base"]
+
+
+def test_every_bench_states_the_machine_and_each_ratios_range(capsys):
+    import re
+
+    assert main(["packing", "--tokens", "30000", "--mean-length", "80", "--block-size", "64", "--batch-size", "4",
+                 "--batches", "2", "--buffer-size", "8", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["machine"]["cores"] >= 1 and len(figures["machine"]["load_average"]) == 3
+    assert re.match(r"\d+ cores, load average [\d.]+ [\d.]+ [\d.]+", out)
+    ranges = re.findall(r"(\d+\.\d\d)-(\d+\.\d\d)", out)
+    assert len(ranges) >= 5 and all(float(lo) <= float(hi) for lo, hi in ranges)

@@ -28,6 +28,7 @@ from ..prepare.run import default_workers
 from .loops import bench_loader, bench_open, bench_train
 from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
+from .timing import machine
 from .tokenizer import bench_tokenizer
 
 
@@ -106,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> int:
+        seen = machine()
+        print(f"{seen['cores']} cores, load average {' '.join(map(str, seen['load_average']))} (1, 5, 15 min)")
         if args.what == "prepare":
             figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
                                     not args.no_peers, args.torchrun, args.tokenizer, args.encoding)
@@ -130,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)
         else:
             figures = bench_train(args.folder, args.config, args.steps, args.num_workers)
-        print(json.dumps(figures))
+        print(json.dumps({**figures, "machine": {**seen, "load_average_after": machine()["load_average"]}}))
         return 0
 
     return run_cli(body)

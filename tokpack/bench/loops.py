@@ -28,7 +28,7 @@ from ..data.windows import TokenWindows, WindowBatch
 from ..format import FORMAT_VERSION, INDEX_DTYPE, META_NAME, read_meta
 from ..models import GPT, GPTConfig
 from . import peers as peer_tools
-from .timing import interleaved, per_second, ratio, timed
+from .timing import interleaved, per_second, ratio, ratio_range, timed
 
 
 class BusyWindows(TokenWindows):
@@ -176,11 +176,11 @@ def throughput_table(path: Path, T: int, B: int, batches: int, rounds: int, peer
     times = interleaved(runs, rounds)
     names = list(times)
     rows = [{"run": name, "tokens/s": batches * B * T / statistics.median(t),
-             "vs nanoGPT": ratio(times, names[0], name) ** -1, "vs raw": ratio(times, names[1], name) ** -1}
-            for name, t in times.items()]
+             "vs nanoGPT": ratio(times, names[0], name) ** -1, "vs raw": ratio(times, names[1], name) ** -1,
+             "vs raw, rounds' range": ratio_range(times, names[1], name, True)} for name, t in times.items()]
     print(f"B={B}, T={T}, {len(data):,}-token uint16 memmap in the page cache, {batches} batches a run, "
           f"medians of {rounds} interleaved rounds")
-    print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw"]))
+    print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw", "vs raw, rounds' range"]))
     figures = {"loader_vs_nanogpt": rows[2]["vs nanoGPT"], "loader_vs_raw": rows[2]["vs raw"],
                "workers2_vs_nanogpt": rows[3]["vs nanoGPT"]}
     if len(names) > 4:

@@ -27,7 +27,7 @@ from ..prepare import PrepareConfig, prepare
 from ..prepare.units import input_sha256
 from ..tokenizer import load_encoding
 from . import peers as peer_tools
-from .timing import interleaved, ratio
+from .timing import interleaved, ratio, ratio_range
 
 
 def synthetic_corpus(folder: Path, megabytes: float, shard_mb: float = 16) -> list[str]:
@@ -175,11 +175,12 @@ def _report(times: dict[str, list[float]], tokens: int, docs: list[str], workers
             fast_skip: str | None) -> dict[str, Any]:
     ours = f"tokpack.prepare, {workers} workers"
     rows = [{"run": name, "seconds": statistics.median(t), "tokens/s": tokens / statistics.median(t),
-             "tokpack time / this": 1 / ratio(times, ours, name)} for name, t in times.items()]
+             "tokpack time / this": 1 / ratio(times, ours, name), "rounds' range": ratio_range(times, ours, name, True)}
+            for name, t in times.items()]
     corpus_mb = sum(len(d.encode()) for d in docs) / 1e6
     print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {tokens:,} tokens; "
           f"medians of {repeat} interleaved rounds")
-    print(table(rows, ["run", "seconds", "tokens/s", "tokpack time / this"]))
+    print(table(rows, ["run", "seconds", "tokens/s", "tokpack time / this", "rounds' range"]))
     print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB"
           + (f"; with --tokenizer {hf_rss:.0f} MB" if hf_rss else ""))
     names = list(times)

@@ -8,6 +8,7 @@ the result, since a noisy stretch falls on all of them alike.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -41,3 +42,17 @@ def interleaved(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, li
 def ratio(times: dict[str, list[float]], ours: str, other: str) -> float:
     """Median over rounds of other's time / ours: above 1, ours is faster."""
     return statistics.median(o / t for t, o in zip(times[ours], times[other]))
+
+
+def ratio_range(times: dict[str, list[float]], ours: str, other: str, inverse: bool = False) -> str:
+    """The lowest and highest round's ``ratio`` (or its inverse), so a noisy run shows."""
+    rounds = [o / t for t, o in zip(times[ours], times[other])]
+    if inverse:
+        rounds = [1 / r for r in rounds]
+    return f"{min(rounds):.2f}-{max(rounds):.2f}"
+
+
+def machine() -> dict[str, Any]:
+    """The cores this process may use and the load average: a loaded machine makes noisy figures."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cores": cores, "load_average": [round(x, 2) for x in os.getloadavg()]}
