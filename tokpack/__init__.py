@@ -51,6 +51,7 @@ _EXPORTS = {
     "evaluate": "evaluation",
     "PrepareConfig": "prepare",
     "load_encoding": "tokenizer",
+    "Encoder": "tokenizer",
     "read_meta": "format",
     "Split": "split",
     "open_split": "split",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from .format import read_meta
     from .prepare import PrepareConfig
     from .split import Split, open_split, open_tokens
-    from .tokenizer import load_encoding
+    from .tokenizer import Encoder, load_encoding
 
 # Spelled out, so that static analysis sees the public names; tests check it matches _EXPORTS.
 # ``prepare`` is the write wing's package: ``from tokpack.prepare import prepare, PrepareConfig``.
@@ -81,7 +82,7 @@ __all__ = [
     "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler", "WeightedSampler",
     "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset", "pad_collate",
     "PackedDocuments", "PackedBatch",
-    "MixedWindows", "TokenStream", "build_stream_loader", "evaluate", "PrepareConfig", "load_encoding",
+    "MixedWindows", "TokenStream", "build_stream_loader", "evaluate", "PrepareConfig", "load_encoding", "Encoder",
     "read_meta", "Split", "open_split", "open_tokens",
 ]
 
