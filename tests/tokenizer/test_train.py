@@ -181,3 +181,27 @@ def test_without_the_extra_it_is_one_line(corpus, tmp_path, capsys, monkeypatch)
     with pytest.raises(SystemExit):
         main(["train", str(corpus), "--out", str(tmp_path / "tok")])
     assert 'needs rustbpe; pip install "tokpack[train]"' in capsys.readouterr().err
+
+
+def test_a_failure_while_writing_leaves_the_folder_as_it_was(trained, corpus, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from tokpack.tokenizer import train as module
+
+    out = tmp_path / "tok"
+    shutil.copytree(trained, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = module.open_new, []
+
+    def failing(path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device", str(path))
+        return real(path)
+
+    monkeypatch.setattr(module, "open_new", failing)
+    with pytest.raises(SystemExit):
+        main(["train", str(corpus), "--vocab-size", "400", "--out", str(out), "--quiet", "--force"])
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]  # no staging folder left behind

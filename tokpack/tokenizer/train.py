@@ -249,25 +249,39 @@ def _toml_string(text: str) -> str:
 
 
 def _publish(out: Path, files: dict[str, bytes]) -> None:
-    """Write every file under a temporary name, then rename them all: a failure before the renames
-    leaves the folder as it was."""
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    temporary = {name: out / f".{name}.tokpack-tmp" for name in files}
-    for path in temporary.values():
-        remove_own(path)  # of a killed run of this command
+    """Write every file into a new hidden folder beside ``out``, then rename that folder into place:
+    the files appear together or not at all. A folder holding only an earlier tokenizer of this
+    command is set aside first and removed after; one holding other files too gets the files
+    renamed in one by one (all written before the first rename)."""
+    staging = out.parent / f".{out.name}.tokpack-tmp"
+    _remove_ours(staging)  # of a killed run of this command
+    staging.mkdir(parents=True)
     try:
         for name, data in files.items():
-            with open_new(temporary[name]) as f:
+            with open_new(staging / name) as f:
                 f.write(data)
-        for name in files:
-            os.replace(temporary[name], out / name)
-    except BaseException:
-        for path in temporary.values():
-            remove_own(path)
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        raise
+        if not out.exists():
+            os.rename(staging, out)
+        elif {p.name for p in out.iterdir()} <= set(FILES):
+            old = out.parent / f".{out.name}.tokpack-old"
+            _remove_ours(old)
+            os.rename(out, old)
+            os.rename(staging, out)
+            _remove_ours(old)
+        else:
+            for name in files:
+                os.replace(staging / name, out / name)
+    finally:
+        _remove_ours(staging)
+
+
+def _remove_ours(folder: Path) -> None:
+    """A folder of this command's files only, removed; anything else in it stays, and so does it."""
+    if folder.is_dir() and not folder.is_symlink():
+        for name in FILES:
+            remove_own(folder / name)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def hf_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: list[str]) -> str:
