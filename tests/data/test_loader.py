@@ -122,11 +122,11 @@ def test_to_device_keeps_structure():
 def test_check_reports_differences(prepared, monkeypatch):
     rows = check_folder(prepared, batches=6, block_size=16, batch_size=4, workers=(0,))
     assert all(v in ("same", "n/a") for row in rows for k, v in row.items() if k != "check")
-    original = RandomStartSampler.indices
+    original = RandomStartSampler._chunks
     draws = iter(range(10**6))
     # A sampler that ignores its position: resumed and repeated runs must now differ.
-    monkeypatch.setattr(RandomStartSampler, "indices", lambda self, e, s: (next(draws) % self.num_items
-                                                                           for _ in original(self, e, s)))
+    monkeypatch.setattr(RandomStartSampler, "_chunks", lambda self, e, s: (
+        [next(draws) % self.num_items for _ in values] for values in original(self, e, s)))
     rows = check_folder(prepared, batches=6, block_size=16, batch_size=4, workers=(0,))
     assert rows[0]["train (random starts)"] == "DIFFERENT" and rows[0]["val (in order)"] == "same"
 

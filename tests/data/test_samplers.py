@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tokpack.data.samplers import EpochSampler, RandomStartSampler, InOrderSampler
+from tokpack.data.samplers import EpochSampler, InOrderSampler, RandomStartSampler, WeightedSampler
 
 
 def _flat(sampler) -> list[int]:
@@ -203,3 +204,17 @@ print(json.dumps({"grown_mb": (peak_kb() - before) / 1024, "first": first}))
     again = EpochSampler(9_000_000_000, 64, seed=0, world_size=3, rank=2)
     again.set_position(4, 10**9 // 64)
     assert next(iter(again)) == first
+
+
+@pytest.mark.parametrize("num_samples,batch_size,drop_last,start", [
+    (None, 32, True, 0), (None, 7, True, 300), (5000, 32, False, 0), (5000, 48, False, 100), (5000, 48, True, 3),
+    (1000, 1000, False, 0), (10, 3, False, 2)])
+def test_drawn_batches_are_the_index_streams_cut_into_batches(num_samples, batch_size, drop_last, start):
+    from tokpack.data.samplers import IndexSampler
+
+    for sampler in (RandomStartSampler(10**6, batch_size, seed=3, num_samples=num_samples, drop_last=drop_last),
+                    WeightedSampler(np.linspace(1, 2, 500), batch_size, seed=3, num_samples=num_samples or 10**6,
+                                    drop_last=drop_last)):
+        fast = itertools.islice(sampler.batches(1, start), 200)
+        reference = itertools.islice(IndexSampler.batches(sampler, 1, start), 200)
+        assert [list(b) for b in fast] == [list(b) for b in reference]

@@ -32,9 +32,14 @@ STATE_VERSION = 3
 
 class Batch(list):
     """A batch of indices that knows its place, so a dataset can seed its per-batch randomness
-    from (seed, rank, epoch, batch) wherever, and in whichever worker, the batch is read."""
+    from (seed, rank, epoch, batch) wherever, and in whichever worker, the batch is read. The seed
+    is hashed from the place only when a dataset asks for it: most batches draw nothing."""
 
-    seed: int
+    place: tuple[int, int, int, int] | None = None  # (seed, rank, epoch, batch)
+
+    @property
+    def seed(self) -> int | None:
+        return None if self.place is None else mix_seed("batch", *self.place)
 
 
 def _checked_int(state: dict[str, Any], key: str, low: int, high: float) -> int:
@@ -127,6 +132,10 @@ class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
     def batch_seed(self, epoch: int, batch: int) -> int:
         return mix_seed("batch", self.seed, self.rank, epoch, batch)
 
+    def batch_place(self, epoch: int, batch: int) -> tuple[int, int, int, int]:
+        """What ``batch_seed`` hashes: a batch carries it, and is seeded only if it is asked."""
+        return self.seed, self.rank, epoch, batch
+
 
 class SamplerIterator(Iterator[list[int]]):
     """One pass of a sampler. It claims its epoch with its first batch: the sampler's next pass is
@@ -149,7 +158,7 @@ class SamplerIterator(Iterator[list[int]]):
             self.sampler.epoch, self.sampler.start_batch = self.epoch + 1, 0
         batch = next(self._batches)
         indices = batch if isinstance(batch, Batch) else Batch(batch)
-        indices.seed = self.sampler.batch_seed(self.epoch, self.batch)
+        indices.place = self.sampler.batch_place(self.epoch, self.batch)
         self.batch += 1
         return indices
 
@@ -206,16 +215,40 @@ class DrawSampler(IndexSampler):
         return whole + (1 if rest and not self.drop_last else 0)
 
     def indices(self, epoch: int, start: int) -> Iterator[int]:
+        for values in self._chunks(epoch, start):
+            yield from values
+
+    def _chunks(self, epoch: int, start: int) -> Iterator[list[int]]:
+        """The draws from position ``start`` on, a chunk's list at a time, cut at ``num_samples``."""
         end = self.num_samples if self.num_samples is not None else math.inf
         chunk, offset = divmod(start, CHUNK)
         position = start
         while position < end:
-            for index in self.draw(generator(self.kind, self.seed, self.rank, epoch, chunk)).tolist()[offset:]:
-                if position >= end:
-                    return
-                yield index
-                position += 1
+            values = self.draw(generator(self.kind, self.seed, self.rank, epoch, chunk)).tolist()[offset:]
+            if end - position < len(values):
+                values = values[:int(end - position)]
+            position += len(values)
+            yield values
             chunk, offset = chunk + 1, 0
+
+    def batches(self, epoch: int, start: int) -> Iterator[list[int]]:
+        # The batches of IndexSampler.batches, sliced a chunk at a time instead of index by index.
+        B = self.batch_size
+        pending: list[int] = []
+        for values in self._chunks(epoch, start * B):
+            if pending:
+                take = B - len(pending)
+                pending += values[:take]
+                values = values[take:]
+                if len(pending) < B:
+                    continue
+                yield Batch(pending)
+            full = len(values) - len(values) % B
+            for i in range(0, full, B):
+                yield Batch(values[i:i + B])
+            pending = values[full:]
+        if pending and not self.drop_last:
+            yield Batch(pending)
 
 
 class RandomStartSampler(DrawSampler):

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..split import Split, open_split
+from .runtime import mix_seed
 from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
 
 IGNORE_INDEX = -100
@@ -148,7 +149,8 @@ class TokenWindows(Dataset):
         batch's place (seed, rank, epoch, batch): the same draws in any worker, after any resume.
         Made on first use in a batch, so batches that draw nothing pay nothing."""
         if self._rng is None:
-            self._rng = np.random.default_rng(self._rng_seed)
+            seed = mix_seed("batch", *self._rng_seed) if isinstance(self._rng_seed, tuple) else self._rng_seed
+            self._rng = np.random.default_rng(seed)
         return self._rng
 
     def default_sampler(self, batch_size: int, seed: int, *, shuffle: bool | None = None,
@@ -248,16 +250,16 @@ class TokenWindows(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> WindowBatch | CompactWindows:
         """B windows in one vectorised gather per file: int64 (x, y), or with ``compact`` the
         stored tokens, which the loader widens in the main process (or on the device)."""
-        seed = getattr(indices, "seed", None)
-        if seed is not None:
-            self._rng_seed, self._rng = seed, None
+        place = getattr(indices, "place", None)
+        if place is not None:
+            self._rng_seed, self._rng = place, None
         batch = self.gather(indices)
         return batch if self.compact else batch.widen()
 
     def gather(self, indices: Sequence[int]) -> CompactWindows:
         """The windows' T + 1 tokens as stored, one (B, T + 1) array, with what widening needs."""
         idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.first[-1]):
+        if idx.size and (idx.view(np.uint64) >= np.uint64(self.first[-1])).any():  # a negative one wraps past
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
         if len(self.split.files) == 1:  # the usual case: one file, one gather, no per-file copy
             local = idx
