@@ -32,7 +32,8 @@ def test_bench_loader_runs_on_tiny_sizes(capsys):
     figures = _figures(capsys, ["loader", "--tokens", "200000", "--block-size", "64", "--batch-size", "8",
                                 "--batches", "5", "--memory-batches", "20", "--work", "1", "--rounds", "1",
                                 "--no-peers", "--start-methods", "fork"])
-    assert {"loader_vs_nanogpt", "loader_vs_raw", "worker_anon_growth_mb", "loader_hidden"} <= set(figures)
+    assert {"loader_vs_nanogpt", "loader_vs_raw", "loader_vs_slice", "worker_anon_growth_mb",
+            "loader_hidden"} <= set(figures)
     assert figures["memory_batches"] == 20
 
 

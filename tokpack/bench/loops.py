@@ -54,6 +54,11 @@ def get_batch_nanogpt(path: Path, block_size: int, batch_size: int, g: torch.Gen
     return x, y
 
 
+def contiguous_slice(data: np.ndarray, block_size: int, batch_size: int, rng: np.random.Generator) -> torch.Tensor:
+    start = int(rng.integers(0, len(data) - batch_size * (block_size + 1)))
+    return torch.from_numpy(data[start:start + batch_size * (block_size + 1)].astype(np.int64))
+
+
 def raw_gather(data: np.ndarray, block_size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
     ix = rng.integers(0, len(data) - block_size, batch_size)
     return data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
@@ -162,6 +167,8 @@ def throughput_table(path: Path, T: int, B: int, batches: int, rounds: int, peer
     runs = {
         "nanoGPT get_batch": lambda: [get_batch_nanogpt(path, T, B, g) for _ in range(batches)],
         "raw gather + int64 (no DataLoader)": lambda: [raw_gather(data, T, B, rng) for _ in range(batches)],
+        # The least a batch can cost: one contiguous read of B * (T + 1) tokens, widened once.
+        "one contiguous slice + int64": lambda: [contiguous_slice(data, T, B, rng) for _ in range(batches)],
         "tokpack build_loader, 0 workers": lambda: [next(streams["0"]) for _ in range(batches)],
         "tokpack build_loader, 2 workers": lambda: [next(streams["2"]) for _ in range(batches)],
     }
@@ -177,14 +184,15 @@ def throughput_table(path: Path, T: int, B: int, batches: int, rounds: int, peer
     names = list(times)
     rows = [{"run": name, "tokens/s": batches * B * T / statistics.median(t),
              "vs nanoGPT": ratio(times, names[0], name) ** -1, "vs raw": ratio(times, names[1], name) ** -1,
-             "vs raw, rounds' range": ratio_range(times, names[1], name, True)} for name, t in times.items()]
+             "vs slice": ratio(times, names[2], name) ** -1,
+             "vs slice, rounds' range": ratio_range(times, names[2], name, True)} for name, t in times.items()]
     print(f"B={B}, T={T}, {len(data):,}-token uint16 memmap in the page cache, {batches} batches a run, "
           f"medians of {rounds} interleaved rounds")
-    print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw", "vs raw, rounds' range"]))
-    figures = {"loader_vs_nanogpt": rows[2]["vs nanoGPT"], "loader_vs_raw": rows[2]["vs raw"],
-               "workers2_vs_nanogpt": rows[3]["vs nanoGPT"]}
-    if len(names) > 4:
-        figures["workers2_vs_litdata2"] = ratio(times, names[3], names[4])
+    print(table(rows, ["run", "tokens/s", "vs nanoGPT", "vs raw", "vs slice", "vs slice, rounds' range"]))
+    figures = {"loader_vs_nanogpt": rows[3]["vs nanoGPT"], "loader_vs_raw": rows[3]["vs raw"],
+               "loader_vs_slice": rows[3]["vs slice"], "workers2_vs_nanogpt": rows[4]["vs nanoGPT"]}
+    if len(names) > 5:
+        figures["workers2_vs_litdata2"] = ratio(times, names[4], names[5])
     streams.clear()  # lets the persistent workers go before the next measurements
     return figures
 
