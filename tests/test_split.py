@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 from helpers import shard_file
 from tokpack import split as split_module
 from tokpack.bench.loops import write_shard_folder
-from tokpack.data.documents import DocumentDataset
 from tokpack.data.loader import build_loader
 from tokpack.data.windows import TokenWindows
 from tokpack.split import open_split

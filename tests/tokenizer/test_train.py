@@ -69,7 +69,8 @@ def test_the_vocabulary_is_nanochats_for_the_same_text_budget_and_pattern(traine
     anchor = _nanochat_tok_train(texts, 20000, 500, 600)
     ours = load_encoding(str(trained / "tokenizer.toml"))
     assert ours.library._mergeable_ranks == anchor._mergeable_ranks  # rank for rank, not just the size
-    assert ours.library._special_tokens == anchor._special_tokens and ours.eot_token == anchor._special_tokens["<|bos|>"]
+    assert ours.library._special_tokens == anchor._special_tokens
+    assert ours.eot_token == anchor._special_tokens["<|bos|>"]
     record = json.loads((trained / "training.json").read_text())
     assert record["ranks_sha256"] == ours.vocab_sha256 and record["budget_reached"] and record["vocab_size"] == 600
     assert 20000 < record["chars"] <= 20500 and record["documents"] < len(DOCS)

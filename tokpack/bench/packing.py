@@ -112,7 +112,8 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
     times = interleaved(runs, rounds)
     names = list(times)
     rows = [{"run": name, "rows/s": batches * B / statistics.median(t), "packed / this": ratio(times, names[0], name),
-             "rounds' range": ratio_range(times, names[0], name), "packed, 2 workers / this": ratio(times, names[3], name)}
+             "rounds' range": ratio_range(times, names[0], name),
+             "packed, 2 workers / this": ratio(times, names[3], name)}
             for name, t in times.items()]
     print(f"B={B}, T={T}, {len(docs):,} documents of {len(flat):,} tokens (mean {len(flat) / len(docs):.0f}), "
           f"buffer {buffer_size}, {batches} batches a run, medians of {rounds} interleaved rounds; "

@@ -33,8 +33,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD, UNIT_RECORD_GLOB, UnitPart,
-                      UnitRecord, remove_own, write_megatron_index)
+from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD,
+                      UNIT_RECORD_GLOB, UnitPart, UnitRecord, remove_own, write_megatron_index)
 from ..tokenizer import encode_in_order
 from ..verify import VerifyError, check_file, check_index
 from .cluster import Entry, share_of

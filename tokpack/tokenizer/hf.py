@@ -50,7 +50,8 @@ class HFEncoder:
             self.library = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
             spec = json.loads(raw)
         except Exception as exc:  # the library raises its own types for a file it cannot read
-            raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({exc}); pass the tokenizer's own file") from None
+            raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({exc}); pass the tokenizer's own "
+                             "file") from None
         self.file, self.vocab_sha256 = file, hashlib.sha256(raw).hexdigest()
         self.version = tokenizers.__version__
         self.name = file.parent.name if file.name == TOKENIZER_FILE else file.name.removesuffix(".json")

@@ -38,7 +38,7 @@ from ..corpus import ReadOptions, documents
 from ..format import open_new, remove_own
 from ..inputs import resolve_inputs
 from ..options import option
-from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
+from .bpe import TiktokenEncoder, gpt2_byte_decoder
 from .patterns import ENDOFTEXT, NAMED_PATTERNS
 from .vocab import build
 
