@@ -97,7 +97,8 @@ def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     Models with ``target_log_probs`` (the n-gram baselines) are gathered from directly. Others give
     logits: as a tensor, the first item of a tuple (nanoGPT's ``(logits, loss)``), or ``.logits``
     (Hugging Face). A forward that takes ``targets`` (nanoGPT's) is given them, with -1 where we
-    ignore a label, since without targets it returns the last position's logits alone. Packed
+    ignore a label, since without targets it returns the last position's logits alone; one that
+    takes ``use_cache`` (Hugging Face's) is given False. Packed
     batches pass their ``position_ids`` and ``cu_seqlens`` on; a model that takes neither is refused
     for them, since it would attend across documents.
     """
@@ -116,6 +117,8 @@ def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
                              "it would attend across documents; evaluate it on TokenWindows, or give it both")
         if "targets" in takes:
             packed["targets"] = y.masked_fill(y == IGNORE_INDEX, -1)
+        if "use_cache" in takes:  # Hugging Face builds a cache before it reads position_ids: none is wanted here
+            packed["use_cache"] = False
         out = model(x, **packed)
         logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
         if logits.shape[:2] != x.shape:

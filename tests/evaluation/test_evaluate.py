@@ -345,3 +345,20 @@ def test_bits_per_byte_does_not_depend_on_the_tokenizer(tmp_path):
     assert n_small > 1.2 * n_gpt2 and abs(small_result["loss"] / gpt2_result["loss"] - 1) > 0.1  # other tokens
     assert gpt2_result["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
     assert small_result["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_models_that_take_use_cache_are_given_false(prepared):
+    # Hugging Face's causal LMs build a cache before they read position_ids: scoring needs none.
+    seen = []
+
+    class CacheMinded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt = GPT(GPTConfig(vocab_size=50304, block_size=16, n_layer=1, n_head=2, n_embd=16))
+
+        def forward(self, input_ids, use_cache=True):
+            seen.append(use_cache)
+            return self.gpt(input_ids)
+
+    result = tokpack.evaluate(CacheMinded(), build_loader(TokenWindows(prepared, 16, split="val", stride=16), 4))
+    assert result["tokens"] > 0 and seen and set(seen) == {False}

@@ -211,3 +211,25 @@ def test_a_flag_that_would_do_nothing_is_refused(tmp_path, capsys, extra, fragme
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and fragment in err and "\n" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_special_token_text_in_a_document_is_ordinary_text_unless_asked(tmp_path, capsys):
+    # A web page that writes "<|endoftext|>": by default its text, as tiktoken's encode_ordinary
+    # gives it, so the end-of-text id marks document boundaries only.
+    folder = write_gpt2_tokenizer(tmp_path / "tok")
+    gpt2 = load_encoding("gpt2")
+    text = "a page that writes <|endoftext|> in its text"
+    assert load_encoding(str(folder)).encode_ordinary(text) == gpt2.encode_ordinary(text)
+    assert 50256 in load_encoding(str(folder), special_text="special").encode_ordinary(text)
+    docs = [text, "another <|endoftext|>document", "plain"] * 10
+    corpus = write_docs(tmp_path / "c", docs)
+    for mode, inside in (("ordinary", 0), ("special", 2 * 10)):
+        out = tmp_path / mode
+        assert main([str(corpus), "--out-dir", str(out), "--tokenizer", str(folder), "--special-text", mode,
+                     "--quiet"]) == 0
+        ids = [t for split in ("train", "val") for doc in _documents(out, split) for t in doc[:-1]]
+        assert ids.count(50256) == inside  # end-of-text ids inside documents, not at their ends
+        assert read_meta(out)["options"]["special_text"] == mode
+    with pytest.raises(SystemExit):
+        main([str(corpus), "--out-dir", str(tmp_path / "tt"), "--special-text", "special", "--quiet"])
+    assert "--special-text special applies to Hugging Face tokenizers" in capsys.readouterr().err

@@ -83,6 +83,20 @@ class PackedRows(NamedTuple):
     max_seqlen: int
     form: str
     max_docs: int | None
+    hf_extras: tuple[str, ...] = ()  # the hf form's optional keys, as DataCollatorWithFlattening names them
+
+    def _hf(self, x: np.ndarray, labels: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:
+        """The hf form: the keys, shapes and dtypes Hugging Face's ``DataCollatorWithFlattening``
+        gives, its optional ones (flash-attention's and ``seq_idx``) when asked for."""
+        out: dict[str, Any] = {name: torch.from_numpy(a.reshape(1, -1))
+                               for name, a in (("input_ids", x), ("labels", labels), ("position_ids", position_ids))}
+        if "flash_attn_kwargs" in self.hf_extras:
+            out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = torch.from_numpy(self.cu_seqlens.astype(np.int32))
+            out["max_length_q"] = out["max_length_k"] = int(self.max_seqlen)
+        if "seq_idx" in self.hf_extras:
+            segments = np.repeat(np.arange(len(self.cu_seqlens) - 1, dtype=np.int32), np.diff(self.cu_seqlens))
+            out["seq_idx"] = torch.from_numpy(segments.reshape(1, -1))
+        return out
 
     def widen(self) -> PackedBatch | dict[str, torch.Tensor]:
         B, width = self.tokens.shape
@@ -95,8 +109,7 @@ class PackedRows(NamedTuple):
             labels = x.copy()
             labels[1:][y[:-1] == IGNORE_INDEX] = IGNORE_INDEX
             labels[cu_seqlens[:-1]] = IGNORE_INDEX  # as DataCollatorWithFlattening: no target across a boundary
-            return {name: torch.from_numpy(a.reshape(1, -1))
-                    for name, a in (("input_ids", x), ("labels", labels), ("position_ids", position_ids))}
+            return self._hf(x, labels, position_ids)
         if self.max_docs is not None:
             if len(cu_seqlens) - 1 > self.max_docs:
                 raise ValueError(f"a batch holds {len(cu_seqlens) - 1} documents, more than max_docs={self.max_docs}; "
@@ -225,7 +238,8 @@ class PackedDocuments(Dataset):
     def __init__(self, path: str | Path | Split, block_size: int, split: str | None = None, packing: str = "aligned",
                  *, stride: int | None = None, max_doc_len: int | None = None, buffer_size: int = BUFFER_SIZE,
                  split_long: bool = False, mask_boundary: bool = False, form: str = "rows",
-                 max_docs: int | None = None, bos_id: int | None = None):
+                 max_docs: int | None = None, bos_id: int | None = None, return_flash_attn_kwargs: bool = False,
+                 return_seq_idx: bool = False):
         """Args:
             path: a split's ``.bin``, a prepared folder (with ``split``), llm.c shards, a Megatron
                 ``.bin``, or a ``Split`` already opened.
@@ -246,7 +260,14 @@ class PackedDocuments(Dataset):
                 for compiled models); a batch with more documents is refused.
             bos_id: the id that leads every document; None: the encoding's end-of-text from meta.json
                 (llm.c shards: their document-start token).
+            return_flash_attn_kwargs: with ``form="hf"``, also ``cu_seq_lens_q/k`` (int32) and
+                ``max_length_q/k`` (ints), as ``DataCollatorWithFlattening`` gives them on request.
+            return_seq_idx: with ``form="hf"``, also ``seq_idx`` (int32, each token's segment).
         """
+        if (return_flash_attn_kwargs or return_seq_idx) and form != "hf":
+            raise ValueError("return_flash_attn_kwargs and return_seq_idx add keys to the hf form; pass form='hf'")
+        self.hf_extras = tuple(name for name, asked in (("flash_attn_kwargs", return_flash_attn_kwargs),
+                                                        ("seq_idx", return_seq_idx)) if asked)
         T = _whole("block_size", block_size)
         _check_parameters(T, packing, form, stride, buffer_size, max_doc_len, split_long, max_docs)
         self.index = DocumentIndex(open_split(path, split))
@@ -328,7 +349,7 @@ class PackedDocuments(Dataset):
         return (f"{mode} T={self.block_size} max_doc_len={self.max_doc_len}{' split' if self.split_long else ''} "
                 f"buffer={self.buffer_size} "
                 f"bos={self.bos_id}{'+' if self.insert_bos else ''} mask={self.mask_boundary} {self.form} "
-                f"{self.max_docs}")
+                f"{self.max_docs}{''.join(f' {name}' for name in self.hf_extras)}")
 
     def fingerprint(self) -> str:
         return self.split.fingerprint
@@ -499,7 +520,7 @@ class PackedDocuments(Dataset):
         positions = np.arange(B * T, dtype=np.int32) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
         flat = np.concatenate([*skipped, np.array(last, dtype=np.int64)])
         return PackedRows(tokens, positions.astype(np.uint16 if T <= 2**16 else np.uint32), cu_seqlens, flat,
-                          max(spans), self.form, self.max_docs)
+                          max(spans), self.form, self.max_docs, self.hf_extras)
 
     def _check_rows(self, rows: Sequence[Row]) -> None:
         count, width = len(self.lengths), self.block_size + 1

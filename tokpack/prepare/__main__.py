@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args["encoding"] = tokenizer
         args["inputs"] = tuple(args["inputs"]) or None
         config = build_config(PrepareConfig, config_path, args)
-        if tokenizer is not None and load_encoding(config.encoding, config.eot_token).kind != "huggingface":
+        if tokenizer is not None and load_encoding(config.encoding, config.eot_token,
+                                                   config.special_text).kind != "huggingface":
             raise ValueError(f"--tokenizer {tokenizer} is not a Hugging Face tokenizer.json (nor a folder holding "
                              "one); pass a tiktoken encoding or spec file with --encoding")
         fix_mmap_threshold()  # this process only prepares: keep its peak flat

@@ -30,7 +30,7 @@ LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc", "megatron")
 # The options that change the output: meta.json records them, and a rerun's units must match them.
-OUTPUT_OPTIONS = ("encoding", "eot_token", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
+OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
                   "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "unit_mb")
 
 
@@ -47,6 +47,10 @@ class PrepareConfig:
     eot_token: str | None = option(None, "the special token that ends (or, with --eot prepend, starts) each "
                                    "document, when a tokenizer.json's config does not name it (default: from the "
                                    "config)")
+    special_text: str = option("ordinary", "a Hugging Face tokenizer's special-token text inside a document: "
+                               "ordinary encodes it as text (the end-of-text id only where documents meet, as "
+                               "tiktoken does); special gives its special id, the library's default",
+                               ("ordinary", "special"))
     dtype: str = option("auto", "token dtype; auto is the narrowest that holds every id",
                         ("auto", "uint16", "uint32"))
     val_fraction: float = option(0.1, "share of documents (or of a lone document's tail) that goes to val")

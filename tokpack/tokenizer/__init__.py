@@ -44,6 +44,7 @@ __all__ = ["Encoder", "TiktokenEncoder", "HFEncoder", "load_encoding", "folder_e
            "MAX_FILE_BYTES"]
 
 P = TypeVar("P")
+SPECIAL_TEXT = ("ordinary", "special")
 
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
 _FIRST_CUT = regex.compile(_CUT_BEFORE_SPACE)
@@ -106,13 +107,17 @@ def encoding_key(name: str) -> str:
     return str(Path(name).absolute()) if is_path(name) else name
 
 
-def load_encoding(name: str, eot_token: str | None = None) -> Encoder:
+def load_encoding(name: str, eot_token: str | None = None, special_text: str = "ordinary") -> Encoder:
     """The encoder ``name`` means: a built-in tiktoken name (``gpt2`` works offline, ``cl100k_base``
     and ``o200k_base`` too with tokpack[fast], whose vocabulary hashes as tiktoken pins them), or
     a path to a ``NAME.tiktoken`` file, a spec file (``.toml``, or ``.json`` by its content), a
     Hugging Face ``tokenizer.json`` (whatever its name) or its folder, whose end-of-text token
-    ``eot_token`` names when its config does not. Loaded once per process, and again if the file
-    changes."""
+    ``eot_token`` names when its config does not, and which encodes special-token text in a
+    document as ordinary text (``special_text="ordinary"``, as tiktoken's ``encode_ordinary`` does)
+    or as the special ids (``"special"``, the library's own default). Loaded once per process, and
+    again if the file changes."""
+    if special_text not in SPECIAL_TEXT:
+        raise ValueError(f"--special-text {special_text!r} is not one of {', '.join(SPECIAL_TEXT)}")
     stamp = None
     if is_path(name):
         file = Path(name) / TOKENIZER_FILE if Path(name).is_dir() else Path(name)
@@ -121,17 +126,18 @@ def load_encoding(name: str, eot_token: str | None = None) -> Encoder:
             stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
         except OSError:
             pass  # the loader names the missing file
-    return _load_encoding(name, eot_token, stamp)
+    return _load_encoding(name, eot_token, special_text, stamp)
 
 
 @lru_cache(maxsize=None)
-def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int] | None) -> Encoder:
+def _load_encoding(name: str, eot_token: str | None, special_text: str,
+                   stamp: tuple[int, int, int] | None) -> Encoder:
     if not is_path(name):
-        _no_eot_token(name, eot_token)
+        _only_for_hf(name, eot_token, special_text)
         return TiktokenEncoder(_tiktoken_by_name(name))
     path = Path(name)
     if path.is_dir():
-        return HFEncoder(path, eot_token)
+        return HFEncoder(path, eot_token, special_text=special_text)
     if path.suffix == ".json":
         raw = read_file(path, "tokenizer file", "pass a spec file or a Hugging Face tokenizer.json")
         try:
@@ -139,10 +145,10 @@ def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int]
         except (ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path} is not valid JSON ({exc}); pass a spec file or a tokenizer.json") from None
         if isinstance(content, dict) and "model" in content:  # a Hugging Face tokenizer.json
-            return HFEncoder(path, eot_token, raw)
-        _no_eot_token(name, eot_token)
+            return HFEncoder(path, eot_token, raw, special_text)
+        _only_for_hf(name, eot_token, special_text)
         return from_spec(path, content)
-    _no_eot_token(name, eot_token)
+    _only_for_hf(name, eot_token, special_text)
     if path.suffix == ".toml":
         from ..options import load_toml
 
@@ -150,10 +156,14 @@ def _load_encoding(name: str, eot_token: str | None, stamp: tuple[int, int, int]
     return TiktokenEncoder(from_tiktoken_file(path))
 
 
-def _no_eot_token(name: str, eot_token: str | None) -> None:
+def _only_for_hf(name: str, eot_token: str | None, special_text: str) -> None:
+    """Refuse the options only a Hugging Face tokenizer takes, for a tiktoken encoding."""
     if eot_token is not None:
         raise ValueError(f"--eot-token applies to Hugging Face tokenizers; {name!r} names its own end of text "
                          "(a spec file's eot key, or <|endoftext|>): drop --eot-token")
+    if special_text != "ordinary":
+        raise ValueError(f"--special-text {special_text} applies to Hugging Face tokenizers; {name!r} always encodes "
+                         "special-token text in a document as ordinary text: drop --special-text")
 
 
 def _tiktoken_by_name(name: str) -> tiktoken.Encoding:
@@ -201,7 +211,7 @@ def folder_encoding(meta: dict[str, Any]) -> Encoder:
     if is_path(name) and not Path(name).exists():
         raise FileNotFoundError(f"the tokenizer this folder was prepared with, {name}, is gone; put it back at that "
                                 "path, or prepare the corpus again")
-    enc = load_encoding(name, meta["options"].get("eot_token"))
+    enc = load_encoding(name, meta["options"].get("eot_token"), meta["options"].get("special_text", "ordinary"))
     found = (enc.vocab_sha256, enc.n_vocab, enc.eot_token)
     expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])
     if found != expected:

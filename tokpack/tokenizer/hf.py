@@ -33,11 +33,15 @@ class HFEncoder:
     kind = "huggingface"
     parallel = True  # the library's encode_batch runs on every core without the GIL
 
-    def __init__(self, path: Path, eot_token: str | None = None, raw: bytes | None = None):
+    def __init__(self, path: Path, eot_token: str | None = None, raw: bytes | None = None,
+                 special_text: str = "ordinary"):
         """Args:
             path: a tokenizer.json (whatever its name) or its folder.
             eot_token: the end-of-text token, where the tokenizer's config does not name it.
             raw: the file's bytes, when the caller has read them already.
+            special_text: "ordinary" encodes a special token's text inside a document as text, so
+                the end-of-text id appears only where tokpack puts it; "special", as the library
+                does by default, gives its special id.
         """
         try:
             import tokenizers
@@ -52,6 +56,7 @@ class HFEncoder:
         except Exception as exc:  # the library raises its own types for a file it cannot read
             raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({exc}); pass the tokenizer's own "
                              "file") from None
+        self.library.encode_special_tokens = special_text == "ordinary"
         self.file, self.vocab_sha256 = file, hashlib.sha256(raw).hexdigest()
         self.version = tokenizers.__version__
         self.name = file.parent.name if file.name == TOKENIZER_FILE else file.name.removesuffix(".json")
