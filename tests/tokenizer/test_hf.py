@@ -233,3 +233,19 @@ def test_special_token_text_in_a_document_is_ordinary_text_unless_asked(tmp_path
     with pytest.raises(SystemExit):
         main([str(corpus), "--out-dir", str(tmp_path / "tt"), "--special-text", "special", "--quiet"])
     assert "--special-text special applies to Hugging Face tokenizers" in capsys.readouterr().err
+
+
+def test_documents_led_by_the_token_take_the_configs_bos_token(tmp_path):
+    path = _trained(tmp_path / "tok", pre_tokenizers.Metaspace(prepend_scheme="first"), decoders.Metaspace(),
+                    ["<s>", "</s>"])
+    config = {"bos_token": "<s>", "eos_token": {"content": "</s>"}}
+    (path.parent / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer.from_file(str(path))
+    corpus = write_docs(tmp_path / "c", TEXTS)
+    for eot, token, first in (("append", "</s>", False), ("prepend", "<s>", True)):
+        out = tmp_path / eot
+        assert main([str(corpus), "--out-dir", str(out), "--tokenizer", str(path), "--eot", eot, "--quiet"]) == 0
+        docs = _documents(out, "train")
+        assert all((doc[0] if first else doc[-1]) == tok.token_to_id(token) for doc in docs)
+        assert read_meta(out)["encoding"]["eot_id"] == tok.token_to_id(token)
+    assert evaluate_main([str(tmp_path / "prepend"), "--model", "unigram", "--quiet"]) == 0  # readers agree

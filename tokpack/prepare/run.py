@@ -135,7 +135,9 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     straight to train.bin / val.bin. A sharded run (``--shard-tokens``, ``--format llmc`` or
     torchrun) publishes each unit's shards as it finishes, with a record, so a rerun keeps them.
     """
-    enc = load_encoding(config.encoding, config.eot_token, config.special_text)
+    # Documents led by the token: a Hugging Face config's BOS token, where it names one.
+    prepend = config.eot == "prepend" or (config.eot == "auto" and config.format == "llmc")
+    enc = load_encoding(config.encoding, config.eot_token, config.special_text, prepend)
     dtype = token_dtype(enc, config.dtype)
     groups, val_files = _input_groups(config)
     files = tuple(f for _, found in groups for f in found)

@@ -107,15 +107,17 @@ def encoding_key(name: str) -> str:
     return str(Path(name).absolute()) if is_path(name) else name
 
 
-def load_encoding(name: str, eot_token: str | None = None, special_text: str = "ordinary") -> Encoder:
+def load_encoding(name: str, eot_token: str | None = None, special_text: str = "ordinary",
+                  prepend: bool = False) -> Encoder:
     """The encoder ``name`` means: a built-in tiktoken name (``gpt2`` works offline, ``cl100k_base``
     and ``o200k_base`` too with tokpack[fast], whose vocabulary hashes as tiktoken pins them), or
     a path to a ``NAME.tiktoken`` file, a spec file (``.toml``, or ``.json`` by its content), a
     Hugging Face ``tokenizer.json`` (whatever its name) or its folder, whose end-of-text token
     ``eot_token`` names when its config does not, and which encodes special-token text in a
     document as ordinary text (``special_text="ordinary"``, as tiktoken's ``encode_ordinary`` does)
-    or as the special ids (``"special"``, the library's own default). Loaded once per process, and
-    again if the file changes."""
+    or as the special ids (``"special"``, the library's own default); with ``prepend`` (documents
+    led by the token, ``--eot prepend``) its config's BOS token is the one, where it names one.
+    Loaded once per process, and again if the file changes."""
     if special_text not in SPECIAL_TEXT:
         raise ValueError(f"--special-text {special_text!r} is not one of {', '.join(SPECIAL_TEXT)}")
     stamp = None
@@ -126,18 +128,18 @@ def load_encoding(name: str, eot_token: str | None = None, special_text: str = "
             stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
         except OSError:
             pass  # the loader names the missing file
-    return _load_encoding(name, eot_token, special_text, stamp)
+    return _load_encoding(name, eot_token, special_text, prepend, stamp)
 
 
 @lru_cache(maxsize=None)
-def _load_encoding(name: str, eot_token: str | None, special_text: str,
+def _load_encoding(name: str, eot_token: str | None, special_text: str, prepend: bool,
                    stamp: tuple[int, int, int] | None) -> Encoder:
     if not is_path(name):
         _only_for_hf(name, eot_token, special_text)
         return TiktokenEncoder(_tiktoken_by_name(name))
     path = Path(name)
     if path.is_dir():
-        return HFEncoder(path, eot_token, special_text=special_text)
+        return HFEncoder(path, eot_token, special_text=special_text, prepend=prepend)
     if path.suffix == ".json":
         raw = read_file(path, "tokenizer file", "pass a spec file or a Hugging Face tokenizer.json")
         try:
@@ -145,7 +147,7 @@ def _load_encoding(name: str, eot_token: str | None, special_text: str,
         except (ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path} is not valid JSON ({exc}); pass a spec file or a tokenizer.json") from None
         if isinstance(content, dict) and "model" in content:  # a Hugging Face tokenizer.json
-            return HFEncoder(path, eot_token, raw, special_text)
+            return HFEncoder(path, eot_token, raw, special_text, prepend)
         _only_for_hf(name, eot_token, special_text)
         return from_spec(path, content)
     _only_for_hf(name, eot_token, special_text)
@@ -211,7 +213,9 @@ def folder_encoding(meta: dict[str, Any]) -> Encoder:
     if is_path(name) and not Path(name).exists():
         raise FileNotFoundError(f"the tokenizer this folder was prepared with, {name}, is gone; put it back at that "
                                 "path, or prepare the corpus again")
-    enc = load_encoding(name, meta["options"].get("eot_token"), meta["options"].get("special_text", "ordinary"))
+    options = meta["options"]
+    enc = load_encoding(name, options.get("eot_token"), options.get("special_text", "ordinary"),
+                        meta["eot"] == "prepend")
     found = (enc.vocab_sha256, enc.n_vocab, enc.eot_token)
     expected = (recorded.get("ranks_sha256", found[0]), recorded["n_vocab"], recorded["eot_id"])
     if found != expected:

@@ -34,7 +34,7 @@ class HFEncoder:
     parallel = True  # the library's encode_batch runs on every core without the GIL
 
     def __init__(self, path: Path, eot_token: str | None = None, raw: bytes | None = None,
-                 special_text: str = "ordinary"):
+                 special_text: str = "ordinary", prepend: bool = False):
         """Args:
             path: a tokenizer.json (whatever its name) or its folder.
             eot_token: the end-of-text token, where the tokenizer's config does not name it.
@@ -42,6 +42,8 @@ class HFEncoder:
             special_text: "ordinary" encodes a special token's text inside a document as text, so
                 the end-of-text id appears only where tokpack puts it; "special", as the library
                 does by default, gives its special id.
+            prepend: documents are led by the token (``--eot prepend``): the config's BOS token,
+                where it names one, rather than its end-of-sequence token.
         """
         try:
             import tokenizers
@@ -65,7 +67,7 @@ class HFEncoder:
         self.specials = {token.content: int(i) for i, token in added.items() if token.special}
         self.special_ids = frozenset(self.specials.values())
         self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
-        self.eot_name = self._eot(eot_token)
+        self.eot_name = self._eot(eot_token, prepend)
         self.eot_token = self.library.token_to_id(self.eot_name)
         # GPT-2's own pipeline (no normalizer; byte-level pre-tokenizing with GPT-2's regex, no prefix
         # space) splits text as tiktoken's gpt2 pattern does, whose cut points are proven safe; any
@@ -74,8 +76,9 @@ class HFEncoder:
             "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
         self.can_cut = gpt2_like
 
-    def _eot(self, asked: str | None) -> str:
-        """The end-of-text token: asked for, or the config's eos_token, or the one special token."""
+    def _eot(self, asked: str | None, prepend: bool = False) -> str:
+        """The end-of-text token: asked for, or the config's bos_token (documents led by it) or
+        eos_token, or ``<|endoftext|>``, or the one special token."""
         if asked is not None:
             if self.library.token_to_id(asked) is None:
                 raise ValueError(f"--eot-token {asked!r} is not a token of {self.file}; its special tokens: "
@@ -90,10 +93,11 @@ class HFEncoder:
             settings = json.loads(read_file(config, "tokenizer config", "fix it")) if config.is_file() else {}
         except (ValueError, UnicodeDecodeError):
             settings = {}
-        eos = settings.get("eos_token") if isinstance(settings, dict) else None  # a list or null names none
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str) and self.library.token_to_id(eos) is not None:
-            return eos
+        for key in ("bos_token", "eos_token") if prepend else ("eos_token",):
+            named = settings.get(key) if isinstance(settings, dict) else None  # a list or null names none
+            named = named.get("content") if isinstance(named, dict) else named
+            if isinstance(named, str) and self.library.token_to_id(named) is not None:
+                return named
         if "<|endoftext|>" in self.specials:
             return "<|endoftext|>"
         if len(self.specials) == 1:
