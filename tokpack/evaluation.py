@@ -92,42 +92,83 @@ def _check_ids(model: torch.nn.Module, loader: Any, token_bytes: np.ndarray | No
 
 
 def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    """Per-position log-probabilities of the targets (float32 or wider), from whatever ``model`` is.
+    """``score(x, y, text, **packed)``: the loss summed, in float64, over every scored target and
+    over the ``text`` targets, from whatever ``model`` is.
 
     Models with ``target_log_probs`` (the n-gram baselines) are gathered from directly. Others give
     logits: as a tensor, the first item of a tuple (nanoGPT's ``(logits, loss)``), or ``.logits``
-    (Hugging Face). A forward that takes ``targets`` (nanoGPT's) is given them, with -1 where we
-    ignore a label, since without targets it returns the last position's logits alone; one that
-    takes ``use_cache`` (Hugging Face's) is given False. Packed
-    batches pass their ``position_ids`` and ``cu_seqlens`` on; a model that takes neither is refused
-    for them, since it would attend across documents.
+    (Hugging Face). One that takes ``use_cache`` (Hugging Face's) is given False. Packed batches
+    pass their ``position_ids`` and ``cu_seqlens`` on; a model that takes neither is refused for
+    them, since it would attend across documents. A forward that takes ``targets`` (nanoGPT's)
+    returns every position's logits only when given them, and then computes its own cross-entropy:
+    see ``_own_loss``, which uses it instead of computing it twice.
     """
     direct = getattr(model, "target_log_probs", None)
-    if direct is not None:
-        return lambda x, y, **packed: direct(x, y)  # an n-gram sees only the previous token
+    if direct is not None:  # an n-gram sees only the previous token
+        return lambda x, y, text, **packed: _summed(-direct(x, y), y, text)
     forward = getattr(getattr(model, "_orig_mod", model), "forward", model)
     try:
         takes = set(inspect.signature(forward).parameters)
     except (TypeError, ValueError):
         takes = set()
+    own = _own_loss(model) if "targets" in takes else None
 
-    def score(x: torch.Tensor, y: torch.Tensor, **packed: torch.Tensor) -> torch.Tensor:
+    def score(x: torch.Tensor, y: torch.Tensor, text: torch.Tensor, **packed: torch.Tensor) -> torch.Tensor:
         if packed and not {"position_ids", "cu_seqlens"} <= takes:
             raise ValueError(f"{type(model).__name__}.forward takes no position_ids and cu_seqlens, so on packed rows "
                              "it would attend across documents; evaluate it on TokenWindows, or give it both")
-        if "targets" in takes:
-            packed["targets"] = y.masked_fill(y == IGNORE_INDEX, -1)
         if "use_cache" in takes:  # Hugging Face builds a cache before it reads position_ids: none is wanted here
             packed["use_cache"] = False
-        out = model(x, **packed)
-        logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
-        if logits.shape[:2] != x.shape:
-            raise ValueError(f"{type(model).__name__} gave logits of shape {tuple(logits.shape)} for inputs of "
-                             f"shape {tuple(x.shape)}; evaluate needs logits for every position")
-        if logits.dtype != torch.float64:  # half precision is too coarse to sum; float64 stays exact
-            logits = logits.float()
-        return -F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
-                                reduction="none").view(y.shape)
+        if own is not None:
+            return own(x, y, text, **packed)
+        return _summed(_token_losses(model, model(x, **packed), x, y), y, text)
+
+    return score
+
+
+def _token_losses(model: torch.nn.Module, out: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each position's cross-entropy (0 where ignored), in float32 or wider, from a model's output."""
+    logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+    if logits.shape[:2] != x.shape:
+        raise ValueError(f"{type(model).__name__} gave logits of shape {tuple(logits.shape)} for inputs of "
+                         f"shape {tuple(x.shape)}; evaluate needs logits for every position")
+    if logits.dtype != torch.float64:  # half precision is too coarse to sum; float64 stays exact
+        logits = logits.float()
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="none").view(y.shape)
+
+
+def _summed(losses: torch.Tensor, y: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    scored = torch.where(y != IGNORE_INDEX, losses, 0)
+    return torch.stack([scored.sum(dtype=torch.float64), torch.where(text, scored, 0).sum(dtype=torch.float64)])
+
+
+def _own_loss(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
+    """Scoring through a model that computes its own loss (nanoGPT's ``forward(idx, targets)``:
+    the mean cross-entropy over targets that are not -1). It is given the text targets alone, so
+    its loss times their count is their sum, and only the few other targets (end of text) are
+    scored here: one cross-entropy over the vocabulary a position, not two. Trusted only once the
+    first batch shows its loss to be that plain mean (a loss with other terms, label smoothing or
+    an auxiliary loss, is then scored position by position, as any model)."""
+    trusted: list[bool] = []
+
+    def score(x: torch.Tensor, y: torch.Tensor, text: torch.Tensor, **packed: torch.Tensor) -> torch.Tensor:
+        given = y.masked_fill(~text, -1) if trusted != [False] else y.masked_fill(y == IGNORE_INDEX, -1)
+        out = model(x, targets=given, **packed)
+        loss = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if trusted == [False] or not (torch.is_tensor(loss) and loss.dim() == 0):
+            return _summed(_token_losses(model, out, x, y), y, text)
+        logits = out[0]
+        n = text.sum()
+        text_sum = torch.where(n > 0, loss.double() * n, 0)
+        rest = (y != IGNORE_INDEX) & ~text
+        rest_sum = F.cross_entropy(logits[rest].double(), y[rest], reduction="sum") if rest.any() else text_sum * 0
+        if not trusted:
+            exact = _summed(_token_losses(model, out, x, y), y, text)
+            trusted.append(bool(torch.isclose(text_sum, exact[1], rtol=1e-4, atol=1e-6)))
+            if not trusted[0]:
+                return exact
+        return torch.stack([text_sum + rest_sum, text_sum])
 
     return score
 
@@ -154,13 +195,14 @@ def _sums(score: Callable[..., torch.Tensor], batches: Iterator[Any], device: to
         packed = ({"position_ids": batch.position_ids, "cu_seqlens": batch.cu_seqlens}
                   if hasattr(batch, "cu_seqlens") else {})
         scored = y != IGNORE_INDEX
-        losses = -torch.where(scored, score(x, y, **packed), 0)
-        loss_sums[0] += losses.sum(dtype=torch.float64)
-        counts[0] += scored.sum()
         if lengths is not None:
             nbytes = lengths[y.clamp(min=0)].masked_fill(~scored, 0)
-            loss_sums[1] += torch.where(nbytes > 0, losses, 0).sum(dtype=torch.float64)
+            text = nbytes > 0
             counts[1] += nbytes.sum()
+        else:
+            text = scored
+        loss_sums += score(x, y, text, **packed)
+        counts[0] += scored.sum()
         windows += x.shape[0]
         if progress is not None:
             progress(x.shape[0])

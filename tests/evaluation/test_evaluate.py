@@ -362,3 +362,30 @@ def test_models_that_take_use_cache_are_given_false(prepared):
 
     result = tokpack.evaluate(CacheMinded(), build_loader(TokenWindows(prepared, 16, split="val", stride=16), 4))
     assert result["tokens"] > 0 and seen and set(seen) == {False}
+
+
+def test_a_models_own_loss_is_used_only_when_it_is_the_plain_cross_entropy(prepared, monkeypatch):
+    # nanoGPT's forward computes its loss whenever it is given targets: evaluate uses it rather than
+    # a second cross-entropy, once the first batch shows it to be the plain mean over the targets.
+    val = np.asarray(open_tokens(prepared / "val.bin"))
+    model = NanoGPTShaped(V, 16).eval()
+    expected = _direct_model_loss(model, val, 16)
+    calls = []
+    real = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    loader = build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4)
+    result = tokpack.evaluate(model, loader)
+    assert result["loss"] == pytest.approx(expected, rel=1e-6) and len(loader) > 3
+    full = [n for n in calls if n == 4 * 16]  # a cross-entropy over a whole batch's positions
+    assert len(full) == len(loader) + 1  # the model's own each batch, and one check of it on the first
+
+    class WithAuxLoss(torch.nn.Module):  # a loss that is not the plain mean: never taken as the sum
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, idx, targets=None):
+            logits, loss = self.inner(idx, targets)
+            return logits, loss + 0.25
+
+    assert tokpack.evaluate(WithAuxLoss(), loader)["loss"] == pytest.approx(expected, rel=1e-6)
