@@ -87,3 +87,10 @@ def test_every_bench_states_the_machine_and_each_ratios_range(capsys):
     assert re.match(r"\d+ cores, load average [\d.]+ [\d.]+ [\d.]+", out)
     ranges = re.findall(r"(\d+\.\d\d)-(\d+\.\d\d)", out)
     assert len(ranges) >= 5 and all(float(lo) <= float(hi) for lo, hi in ranges)
+
+
+def test_bench_evaluate_compares_with_estimate_loss(prepared, capsys):
+    figures = _figures(capsys, ["evaluate", "--folder", str(prepared), "--block-size", "16", "--batch-size", "4",
+                                "--n-layer", "1", "--n-embd", "16", "--rounds", "1"])
+    assert [row["run"] for row in figures["rows"]][0] == "nanoGPT estimate_loss (batches built)"
+    assert figures["tokens"] > 0 and all(row["speed vs estimate_loss"] > 0 for row in figures["rows"])

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..cli import parser, run_cli
 from ..prepare.run import default_workers
-from .loops import bench_loader, bench_open, bench_train
+from .loops import bench_evaluate, bench_loader, bench_open, bench_train
 from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
 from .timing import machine
@@ -82,6 +82,14 @@ def _add_others(sub: Any) -> None:
     kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
     kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
     kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
+    ev = sub.add_parser("evaluate", help="tokpack.evaluate against nanoGPT's estimate_loss on the same model")
+    ev.add_argument("--folder", type=Path, default=Path("data/sample"), help="prepared folder (default: data/sample)")
+    ev.add_argument("--block-size", type=int, default=128, help="T (default: 128)")
+    ev.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
+    ev.add_argument("--n-layer", type=int, default=2, help="the GPT's layers (default: 2)")
+    ev.add_argument("--n-embd", type=int, default=128, help="the GPT's width (default: 128)")
+    ev.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    ev.add_argument("--split", default="val", help="the split scored (default: val; train for a longer sweep)")
     bp = sub.add_parser("tokenizer", help="tokpack's tokenizer training against rustbpe fed directly")
     bp.add_argument("--mb", type=float, default=100.0, help="corpus size in MB (default: 100)")
     bp.add_argument("--vocab-size", type=int, default=32768, help="vocabulary, special token included (default: 32768)")
@@ -121,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_packing(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
                                         args.buffer_size, args.rounds, args.mean_length)
+        elif args.what == "evaluate":
+            figures = bench_evaluate(args.folder, args.block_size, args.batch_size, args.n_layer, args.n_embd,
+                                     args.rounds, args.split)
         elif args.what == "tokenizer":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_tokenizer(Path(tmp), args.mb, args.vocab_size, args.rounds, args.compression_vocab)

@@ -297,3 +297,49 @@ def write_shard_folder(folder: Path, shards: int, tokens_per_shard: int) -> Path
             "options": {"encoding": "gpt2", "format": "flat"}, "splits": splits}
     (folder / META_NAME).write_text(json.dumps(meta))
     return folder
+
+
+class NanoGPTContract(nn.Module):
+    """tokpack's GPT behind nanoGPT's ``forward(idx, targets=None) -> (logits, loss)``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+        logits = self.model(idx)
+        if targets is None:
+            return logits[:, [-1], :], None
+        return logits, nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+
+def bench_evaluate(folder: Path, block_size: int, batch_size: int, n_layer: int, n_embd: int,
+                   rounds: int, split: str = "val") -> dict[str, Any]:
+    """``tokpack.evaluate`` at stride T against nanoGPT's ``estimate_loss`` loop over the same windows
+    (already built, so the loop is the model's forward and its loss alone), on one model in both
+    contracts: tokpack's (logits) and nanoGPT's (``(logits, loss)`` given targets)."""
+    from ..evaluation import evaluate
+
+    val = TokenWindows(folder, block_size, split=split, stride=block_size)
+    loader = build_loader(val, batch_size)
+    batches = [(x, y.masked_fill(y == -100, -1)) for x, y in loader]
+    gpt = GPT(GPTConfig(vocab_size=50304, block_size=block_size, n_layer=n_layer, n_head=2, n_embd=n_embd), seed=0)
+    nano = NanoGPTContract(gpt).eval()
+
+    def estimate_loss() -> float:
+        with torch.no_grad():
+            return float(np.mean([nano(x, y)[1].item() for x, y in batches]))
+
+    runs = {"nanoGPT estimate_loss (batches built)": estimate_loss,
+            "tokpack.evaluate, nanoGPT's model": lambda: evaluate(nano, loader),
+            "tokpack.evaluate, tokpack's GPT": lambda: evaluate(gpt.eval(), loader)}
+    times = interleaved(runs, rounds)
+    names = list(times)
+    tokens = sum(int((y >= 0).sum()) for _, y in batches)
+    rows = [{"run": name, "tokens/s": tokens / statistics.median(t), "speed vs estimate_loss":
+             ratio(times, names[0], name) ** -1, "rounds' range": ratio_range(times, names[0], name, True)}
+            for name, t in times.items()]
+    print(f"{tokens:,} {split} tokens, B={batch_size}, T={block_size}, GPT {n_layer}x{n_embd}, vocabulary 50,304; "
+          f"medians of {rounds} interleaved rounds")
+    print(table(rows, ["run", "tokens/s", "speed vs estimate_loss", "rounds' range"]))
+    return {"bench": "evaluate", "tokens": tokens, "rows": rows}
