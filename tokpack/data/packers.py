@@ -91,9 +91,9 @@ class TrainingRows:
 
     def __init__(self, lengths: np.ndarray, stream: tuple[int, int, int, bool], packing: str, capacity: int,
                  max_doc_len: int | None, buffer_size: int, state: PackerState | None = None):
-        self.state = state or PackerState()
-        self.buffer = list(self.state.buffer)
-        self.row, self.taken = self.state.row, self.state.taken
+        start = state or PackerState()
+        self.buffer = list(start.buffer)  # its own: the state it started from stays as it was
+        self.row, self.taken = start.row, start.taken
         docs = document_stream(lengths, *stream, start=self.taken)
         cap = math.inf if max_doc_len is None else max_doc_len
         self._rows = (self._aligned(docs, capacity, cap) if packing == "aligned" else
