@@ -101,6 +101,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             runs["tokenizers encode_batch (raw)"] = count(
                 "hf_raw", lambda: sum(len(e.ids) for e in hf.encode_batch(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
+        runs.update(_small_file_runs(docs, config, enc, workers, Path(tmp), count))
         runs.update(_command_runs(corpus, Path(tmp), workers, torchrun))
         if peers:
             runs.update(_peer_runs(files, Path(tmp), workers))
@@ -108,6 +109,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
         assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
         assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
+        assert counts["files_raw"] == counts["files_tokpack"], counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
@@ -116,6 +118,25 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
     return _report(times, counts["one"], docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip)
+
+
+def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, workers: int, tmp: Path,
+                     count: Count) -> dict[str, Any]:
+    """A folder of 500 small text files (the first documents, about 15 KB each), where the cost a
+    file carries (opening, hashing, bookkeeping) shows: prepare against reading them and raw
+    ``encode_ordinary_batch``."""
+    folder = tmp / "small-files"
+    folder.mkdir()
+    for i, doc in enumerate(docs[:500]):
+        (folder / f"{i:04d}.txt").write_text(doc, "utf-8")
+    files = sorted(folder.iterdir())
+    small = replace(config, inputs=(str(folder),), out_dir=str(tmp / "small-out"))
+    return {
+        "500 files: read + encode_ordinary_batch": count(
+            "files_raw", lambda: sum(map(len, enc.encode_ordinary_batch([f.read_text("utf-8") for f in files],
+                                                                        num_threads=workers)))),
+        "500 files: tokpack.prepare": count("files_tokpack", lambda: _prepared_tokens(prepare(small))),
+    }
 
 
 def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, count: Count) -> dict[str, Any]:
@@ -197,8 +218,10 @@ def _report(times: dict[str, list[float]], tokens: int, docs: list[str], workers
             "splintr_prepare_vs_best_raw": min(ratio(times, splintr, n) for n in names[:2]),
             "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr", one),
             "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken", one)}),
+        "small_files_time_over_raw": 1 / ratio(times, "500 files: tokpack.prepare",
+                                               "500 files: read + encode_ordinary_batch"),
         **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
-           if not n.startswith(("tokenizers", "tokpack.prepare --", "one document"))},
+           if not n.startswith(("tokenizers", "tokpack.prepare --", "one document", "500 files"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
         **({"hf_prepare_peak_rss_mb": hf_rss} if tokenizer else {}),
     }
