@@ -134,8 +134,8 @@ def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequen
         if target == folder or folder in target.parents:
             raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
                              "its own output; choose an --out-dir outside the input folders")
-    for f in files:
-        if f.resolve().parent == target and (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME):
+    for f in files:  # the name first: resolving every input costs a system call a path component
+        if (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME) and f.resolve().parent == target:
             raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")
