@@ -138,6 +138,9 @@ def _load_encoding(name: str, eot_token: str | None, special_text: str, prepend:
         _only_for_hf(name, eot_token, special_text)
         return TiktokenEncoder(_tiktoken_by_name(name))
     path = Path(name)
+    if not path.exists():
+        raise FileNotFoundError(f"tokenizer {name} does not exist; pass an encoding name ({', '.join(KNOWN_SETTINGS)}, "
+                                "...) or an existing .tiktoken, spec (.toml/.json) or tokenizer.json file or folder")
     if path.is_dir():
         return HFEncoder(path, eot_token, special_text=special_text, prepend=prepend)
     if path.suffix == ".json":
