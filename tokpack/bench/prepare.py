@@ -26,6 +26,7 @@ from ..cli import table
 from ..prepare import PrepareConfig, prepare
 from ..prepare.units import input_sha256
 from ..tokenizer import load_encoding
+from ..tokenizer.fast import SplintrBackend
 from . import peers as peer_tools
 from .timing import interleaved, ratio, ratio_range
 
@@ -110,6 +111,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
         assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
         assert counts["files_raw"] == counts["files_tokpack"], counts
+        assert counts.get("fast_raw", counts["one"]) == counts["one"], counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
@@ -150,7 +152,9 @@ def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, coun
     single = replace(config, inputs=(str(one),), out_dir=str(tmp / "one-out"))
     # prepare cuts a lone document into train and val at a character, as nanoGPT's recipe does.
     cut = int(len(text) * (1 - config.val_fraction))
+    raw = SplintrBackend(enc).tokenizer  # the library itself, on the documents in memory
     return {
+        "splintr encode_batch (raw)": count("fast_raw", lambda: sum(len(ids) for ids in raw.encode_batch(docs))),
         "tokpack.prepare --backend splintr": count("fast", lambda: _prepared_tokens(prepare(fast_config))),
         "one document: encode_ordinary, 1 thread": count(
             "one_raw", lambda: len(enc.encode_ordinary(text[:cut])) + len(enc.encode_ordinary(text[cut:]))),
@@ -223,12 +227,13 @@ def _report(times: dict[str, list[float]], counts: dict[str, int], docs: list[st
         **({} if fast_skip else {
             "splintr_prepare_vs_allcore": ratio(times, splintr, names[1]),
             "splintr_prepare_vs_best_raw": min(ratio(times, splintr, n) for n in names[:2]),
+            "splintr_prepare_time_over_raw_splintr": 1 / ratio(times, splintr, "splintr encode_batch (raw)"),
             "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr", one),
             "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken", one)}),
         "small_files_time_over_raw": 1 / ratio(times, "500 files: tokpack.prepare",
                                                "500 files: read + encode_ordinary_batch"),
         **{f"prepare_time_over_{_key(n)}": 1 / ratio(times, ours, n) for n in names[4:]
-           if not n.startswith(("tokenizers", "tokpack.prepare --", "one document", "500 files"))},
+           if not n.startswith(("tokenizers", "tokpack.prepare --", "one document", "500 files", "splintr"))},
         "rss_corpus_mb": rss_megabytes or corpus_mb, "prepare_peak_rss_mb": rss,
         **({"hf_prepare_peak_rss_mb": hf_rss} if tokenizer else {}),
     }

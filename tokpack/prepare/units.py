@@ -232,6 +232,7 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
         for only, entries in _passes(plan, share):
             tokenize(_encoded(plan, entries), writers, DocumentBuffer(plan.out, plan.config.seed), plan,
                      sum(plan.sizes[f] for f, _, _ in entries), only)
+        plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
         return finish(plan, unit, digest, writers)
     except BaseException:
         for writer in writers.values():

@@ -9,8 +9,10 @@ Built-in names, ``NAME.tiktoken`` files and spec files all load into this class 
 from __future__ import annotations
 
 import base64
-import dataclasses
+import collections
 import hashlib
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property, lru_cache
 from importlib.metadata import version
 from typing import Any
@@ -44,12 +46,44 @@ def gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(visible, chars)}
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class _Check:
-    """A seeded share of an accelerated backend's pieces re-encoded with tiktoken."""
+    """A seeded share of an accelerated backend's pieces re-encoded with tiktoken, in a thread of
+    its own: the thread that feeds the backend goes on to the next batch. At most ``AHEAD``
+    batches wait for their check; ``flush`` waits for all and raises the first difference."""
 
-    fraction: float
-    seed: int
+    AHEAD = 4
+
+    def __init__(self, fraction: float, seed: int):
+        self.fraction, self.seed = fraction, seed
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: collections.deque[Future[None]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def _run(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
+             out: list[np.ndarray]) -> None:
+        for text, ids in zip(texts, out):
+            if fast.sampled(text, self.seed, self.fraction):
+                fast.check_piece(backend, library, text, ids)
+
+    def submit(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
+               out: list[np.ndarray]) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-check")
+            while self._pending and (self._pending[0].done() or len(self._pending) >= self.AHEAD):
+                self._pending.popleft().result()  # a difference found so far stops the run here
+            self._pending.append(self._pool.submit(self._run, backend, library, texts, out))
+
+    def flush(self) -> None:
+        with self._lock:
+            try:
+                while self._pending:
+                    self._pending.popleft().result()
+            finally:
+                self._pending.clear()
+                if self._pool is not None:  # its thread goes; the next batch starts another
+                    self._pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = None
 
 
 class TiktokenEncoder:
@@ -78,12 +112,14 @@ class TiktokenEncoder:
         if self.backend is None:
             return [self.library.encode_to_numpy(text, disallowed_special=()) for text in texts]
         out = self.backend.encode_batch(texts)
-        check = self._check
-        if check is not None:
-            for text, ids in zip(texts, out):
-                if fast.sampled(text, check.seed, check.fraction):
-                    fast.check_piece(self.backend, self.library, text, ids)
+        if self._check is not None:
+            self._check.submit(self.backend, self.library, texts, out)
         return out
+
+    def flush(self) -> None:
+        """Wait for the backend's checks in flight; a difference raises here."""
+        if self._check is not None:
+            self._check.flush()
 
     def decode(self, ids: list[int]) -> str:
         return self.library.decode(ids)

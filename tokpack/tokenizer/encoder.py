@@ -49,6 +49,10 @@ class Encoder(Protocol):
         """The bytes of the text a token stands for; KeyError for an id the vocabulary leaves unused."""
         ...
 
+    def flush(self) -> None:
+        """Wait for work in flight (an accelerated backend's checks); an error found there raises."""
+        ...
+
     def with_backend(self, asked: str, check_fraction: float, seed: int) -> Encoder:
         """This encoder on the backend ``asked`` (auto, tiktoken or splintr), or itself."""
         ...

@@ -130,6 +130,9 @@ class HFEncoder:
             return bytes([int(piece[3:5], 16)])
         return piece.replace("\u2581", " ").encode("utf-8")
 
+    def flush(self) -> None:
+        """Nothing runs in the background here."""
+
     def with_backend(self, asked: str, check_fraction: float, seed: int) -> HFEncoder:
         if asked != "auto":
             raise ValueError(f"--backend {asked} applies to tiktoken encodings; {self.file} is encoded by the "
