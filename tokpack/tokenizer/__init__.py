@@ -58,6 +58,7 @@ def safe_cut(text: str, lo: int, hi: int, last: bool = True) -> int:
     return match.start() + 1 if match else -1
 
 
+@lru_cache(maxsize=1)
 def builtin_names() -> frozenset[str]:
     """The encodings a bare name always means, whatever files the working directory holds."""
     return frozenset({*KNOWN_SETTINGS, *tiktoken.list_encoding_names()})
