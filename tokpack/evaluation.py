@@ -162,7 +162,7 @@ def _own_loss(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
         n = text.sum()
         text_sum = torch.where(n > 0, loss.double() * n, 0)
         rest = (y != IGNORE_INDEX) & ~text
-        rest_sum = F.cross_entropy(logits[rest].double(), y[rest], reduction="sum") if rest.any() else text_sum * 0
+        rest_sum = F.cross_entropy(logits[rest].double(), y[rest], reduction="sum")  # 0 where there is none
         if not trusted:
             exact = _summed(_token_losses(model, out, x, y), y, text)
             trusted.append(bool(torch.isclose(text_sum, exact[1], rtol=1e-4, atol=1e-6)))
@@ -225,7 +225,8 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
 
     ``model`` may return logits, ``(logits, loss)`` or an object with ``.logits``. Sums stay on
     the device and are read once at the end (after one all-reduce under torch.distributed), so
-    the loop never waits on the host. ``token_bytes`` (bytes per token id) defaults to the
+    the loop never waits on the host (but for one wait a batch with a nanoGPT-style model, to pick
+    out its few end-of-text targets: see ``_own_loss``). ``token_bytes`` (bytes per token id) defaults to the
     encoding in meta.json beside the loader's files; without it, bits_per_byte is None.
 
     Two conventions: ``loss`` (and ppl, bits_per_token) is the mean over every scored target,

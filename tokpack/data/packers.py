@@ -169,19 +169,18 @@ def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int,
     if not state.row <= placed <= state.row * capacity:
         raise ValueError(f"a packing state claims {state.row} rows from {placed} placed documents, which no packing "
                          f"makes (each row holds 1 to {capacity}); it is forged or from another stream")
-    cap = math.inf if max_doc_len is None else max_doc_len
-    arrivals = np.array([_MASK - (key >> _FIELD & _MASK) for key in buffer], dtype=np.int64)
-    if (arrivals >= state.taken).any() or len(set(arrivals.tolist())) < len(buffer):
+    entries = np.array(buffer_entries(buffer), dtype=np.int64).reshape(-1, 2)  # [arrival, document]
+    arrivals = entries[:, 0]
+    if (arrivals >= state.taken).any() or len(np.unique(arrivals)) < len(buffer):
         raise ValueError("a packing state's buffer holds documents that did not arrive where it says")
     for epoch in np.unique(arrivals // share).tolist():
         here = arrivals // share == epoch
-        docs = stream_documents(len(lengths), arrivals[here] % share, seed, rank, world_size, shuffle, epoch)
-        keys = np.array(buffer, dtype=object)[here]
-        for key, doc in zip(keys.tolist(), docs.tolist()):
-            length = int(lengths[doc])
-            if key & _MASK != doc or key >> 2 * _FIELD != (length if length < cap else cap):
-                raise ValueError("a packing state's buffer holds a document the stream does not hold at that "
-                                 "place; it is forged or from another corpus")
+        held = stream_documents(len(lengths), arrivals[here] % share, seed, rank, world_size, shuffle, epoch)
+        if not np.array_equal(held, entries[here, 1]) or any(
+                key != buffer_key(doc, int(lengths[doc]), arrival, max_doc_len)
+                for key, (arrival, doc) in zip(np.array(buffer, dtype=object)[here].tolist(), entries[here].tolist())):
+            raise ValueError("a packing state's buffer holds a document the stream does not hold at that "
+                             "place; it is forged or from another corpus")
 
 
 def evaluation_rows(docs: Iterator[tuple[int, int]], capacity: int, stride: int) -> Iterator[Row]:

@@ -135,10 +135,6 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     straight to train.bin / val.bin. A sharded run (``--shard-tokens``, ``--format llmc`` or
     torchrun) publishes each unit's shards as it finishes, with a record, so a rerun keeps them.
     """
-    # Documents led by the token: a Hugging Face config's BOS token, where it names one.
-    prepend = config.eot == "prepend" or (config.eot == "auto" and config.format == "llmc")
-    enc = load_encoding(config.encoding, config.eot_token, config.special_text, prepend)
-    dtype = token_dtype(enc, config.dtype)
     groups, val_files = _input_groups(config)
     files = tuple(f for _, found in groups for f in found)
     single = not config.val_inputs and is_single_document(files, config.doc_sep)
@@ -149,6 +145,9 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if config.format == "llmc" else
                                                    "none" if single else "append")
+    # Documents led by the token take a Hugging Face config's BOS token, where it names one.
+    enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
+    dtype = token_dtype(enc, config.dtype)
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     remove_leftovers(out)  # of a run killed after its meta.json: they would hold the folder back
     # Fail fast, before the corpus is read; checked again once the folder is locked.
