@@ -194,3 +194,44 @@ def byte_unigram(enc, byte_logp: np.ndarray):
             return self.table[targets.clamp(min=0)]
 
     return ByteUnigram()
+
+
+def write_llmc_model(model, path: Path, dtype: str = "float32") -> Path:
+    """A GPT written as llm.c's train_gpt2.py writes its checkpoints: a 256-word header (magic
+    20240326, version 3 float32 or 5 bfloat16, block, vocab, layers, heads, channels, padded vocab),
+    then wte padded to a multiple of 128 rows, wpe, and each per-layer tensor for all layers in turn."""
+    import torch
+
+    c = model.config
+    params = {name: p.detach().cpu() for name, p in model.named_parameters()}
+    wte = params["transformer.wte.weight"]
+    padded = -(-wte.shape[0] // 128) * 128
+    params["transformer.wte.weight"] = torch.cat([wte, wte.new_zeros(padded - wte.shape[0], wte.shape[1])])
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20240326, {"float32": 3, "bfloat16": 5}[dtype], c.block_size, c.vocab_size, c.n_layer, c.n_head,
+                  c.n_embd, padded]
+    names = ["transformer.wte.weight", "transformer.wpe.weight"]
+    for part in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                 "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                 "mlp.c_proj.weight", "mlp.c_proj.bias"):
+        names += [f"transformer.h.{i}.{part}" for i in range(c.n_layer)]
+    names += ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for name in names:
+            t = params[name].float()
+            f.write((t.numpy() if dtype == "float32" else t.to(torch.bfloat16).view(torch.int16).numpy()).tobytes())
+    return path
+
+
+def write_llmc_tokenizer(enc, path: Path) -> Path:
+    """llm.c's tokenizer file (version 2): a 256-word header (magic 20240328, 2, tokens, end of
+    text), then each token's length as one byte and its bytes."""
+    header = np.zeros(256, dtype="<i4")
+    header[:4] = [20240328, 2, enc.n_vocab, enc.eot_token]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for token in range(enc.n_vocab):
+            b = enc.decode_single_token_bytes(token)
+            f.write(bytes([len(b)]) + b)
+    return path

@@ -3,6 +3,7 @@
     python -m tokpack.evaluate data/sample --model bigram --model unigram   # baselines, no training
     python -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt --stride 128 64 --documents
     python -m tokpack.evaluate data/shakespeare --checkpoint out-shakespeare/ckpt.pt   # nanoGPT's too
+    python -m tokpack.evaluate data/edu --llmc-model gpt2_124M.bin --hf-model models/my-llama
     torchrun --standalone --nproc_per_node=2 -m tokpack.evaluate data/sample --checkpoint out/ckpt.pt
 
 ``evaluate(model, loader, device=...)`` runs every window of an evaluation loader through the
@@ -98,10 +99,13 @@ def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     Models with ``target_log_probs`` (the n-gram baselines) are gathered from directly. Others give
     logits: as a tensor, the first item of a tuple (nanoGPT's ``(logits, loss)``), or ``.logits``
     (Hugging Face). One that takes ``use_cache`` (Hugging Face's) is given False. Packed batches
-    pass their ``position_ids`` and ``cu_seqlens`` on; a model that takes neither is refused for
-    them, since it would attend across documents. A forward that takes ``targets`` (nanoGPT's)
-    returns every position's logits only when given them, and then computes its own cross-entropy:
-    see ``_own_loss``, which uses it instead of computing it twice.
+    pass their ``position_ids`` and ``cu_seqlens`` on. A model that takes ``position_ids`` and
+    ``use_cache`` but no ``cu_seqlens`` (Hugging Face's, which without a cache reads restarting
+    position ids as documents apart) is given the position ids alone, once the first batch with two
+    documents in a row shows that the second one's logits are those it has alone; any other model
+    is refused for them, since it would attend across documents. A forward that takes ``targets``
+    (nanoGPT's) returns every position's logits only when given them, and then computes its own
+    cross-entropy: see ``_own_loss``, which uses it instead of computing it twice.
     """
     direct = getattr(model, "target_log_probs", None)
     if direct is not None:  # an n-gram sees only the previous token
@@ -112,23 +116,53 @@ def _scorer(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     except (TypeError, ValueError):
         takes = set()
     own = _own_loss(model) if "targets" in takes else None
+    by_positions = "cu_seqlens" not in takes and {"position_ids", "use_cache"} <= takes
+    proven: list[bool] = []
 
     def score(x: torch.Tensor, y: torch.Tensor, text: torch.Tensor, **packed: torch.Tensor) -> torch.Tensor:
-        if packed and not {"position_ids", "cu_seqlens"} <= takes:
+        if packed and not {"position_ids", "cu_seqlens"} <= takes and not by_positions:
             raise ValueError(f"{type(model).__name__}.forward takes no position_ids and cu_seqlens, so on packed rows "
                              "it would attend across documents; evaluate it on TokenWindows, or give it both")
+        cu_seqlens = packed.pop("cu_seqlens") if packed and by_positions else None
         if "use_cache" in takes:  # Hugging Face builds a cache before it reads position_ids: none is wanted here
             packed["use_cache"] = False
         if own is not None:
             return own(x, y, text, **packed)
-        return _summed(_token_losses(model, model(x, **packed), x, y), y, text)
+        out = model(x, **packed)
+        if cu_seqlens is not None and not proven:
+            _prove_apart(model, x, packed, cu_seqlens, out, proven)
+        return _summed(_token_losses(model, out, x, y), y, text)
 
     return score
 
 
+def _logits(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+
+
+def _prove_apart(model: torch.nn.Module, x: torch.Tensor, packed: dict[str, Any], cu_seqlens: torch.Tensor,
+                 out: Any, proven: list[bool]) -> None:
+    """Refuse a model that, given position ids alone, attends across documents: the second segment
+    of a row scored alone must give the logits it got packed (one extra forward of one segment)."""
+    T = x.shape[1]
+    starts = [s for s in cu_seqlens.tolist() if s < x.numel()]
+    for row in range(x.shape[0]):
+        inside = [s - row * T for s in starts if row * T <= s < (row + 1) * T] + [T]
+        if len(inside) < 3:
+            continue
+        lo, hi = inside[1], inside[2]
+        alone = model(x[row:row + 1, lo:hi], position_ids=packed["position_ids"][row:row + 1, lo:hi], use_cache=False)
+        if not torch.allclose(_logits(alone).float(), _logits(out)[row:row + 1, lo:hi].float(), rtol=1e-3, atol=1e-3):
+            raise ValueError(f"{type(model).__name__} attends across documents when given position ids alone (a "
+                             "document's logits change with the one packed before it); evaluate it without "
+                             "--documents, on TokenWindows")
+        proven.append(True)
+        return
+
+
 def _token_losses(model: torch.nn.Module, out: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Each position's cross-entropy (0 where ignored), in float32 or wider, from a model's output."""
-    logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+    logits = _logits(out)
     if logits.shape[:2] != x.shape:
         raise ValueError(f"{type(model).__name__} gave logits of shape {tuple(logits.shape)} for inputs of "
                          f"shape {tuple(x.shape)}; evaluate needs logits for every position")
@@ -275,39 +309,55 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     }
 
 
-def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Sequence[str],
-            add_k: float, device: str) -> list[tuple[str, torch.nn.Module, int | None]]:
-    """(name, model, its block size or None) for every checkpoint and baseline asked for."""
+def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Sequence[str], add_k: float,
+            device: str, hf_models: Sequence[str] = (), llmc_models: Sequence[str] = ()
+            ) -> Iterator[tuple[str, torch.nn.Module, int | None]]:
+    """(name, model, its block size or None) for every checkpoint and baseline asked for, loaded one
+    at a time; other trainers' models only after their tokenizer is found to be the folder's encoding."""
+    from .checkpoints import check_llmc_tokenizer, load_hf, load_llmc
     from .models import NGram, load_gpt
 
     meta = splits["train"].meta
     assert meta is not None
     n_vocab = meta["encoding"]["n_vocab"]
-    models: list[tuple[str, torch.nn.Module, int | None]] = []
     for path in checkpoints:
         model, _ = load_gpt(path, device)
         if model.config.vocab_size < n_vocab:
             raise ValueError(f"checkpoint {path} has vocab_size {model.config.vocab_size} but {splits['train'].folder} "
                              f"uses {meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its "
                              "own encoding")
-        models.append((Path(path).name, model, model.config.block_size))
+        yield Path(path).name, model, model.config.block_size
+    for path in llmc_models:
+        model = load_llmc(path, device)
+        check_llmc_tokenizer(path, model, folder_encoding(meta))
+        yield Path(path).name, model, model.config.block_size
+    for path in hf_models:
+        hf, block = load_hf(path, folder_encoding(meta), device)
+        yield Path(path).name, hf, block or None
     for name in baselines:
         order = {"unigram": 1, "bigram": 2}[name]
-        models.append((name, NGram(splits["train"], n_vocab, order, add_k), None))
-    return models
+        yield name, NGram(splits["train"], n_vocab, order, add_k), None
 
 
 def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequence[str] = (), split: str = "val",
           block_size: int | None = None, strides: Sequence[int] | None = None, batch_size: int = 4,
           add_k: float = 0.01, device: str = "cpu", quiet: bool = False,
-          documents: bool = False) -> list[dict[str, Any]]:
+          documents: bool = False, hf_models: Sequence[str] = (), llmc_models: Sequence[str] = ()
+          ) -> list[dict[str, Any]]:
     """One result row per (model, stride), and with ``documents`` a second one scoring each
-    document alone (packed rows with a document mask, ``PackedDocuments(stride=S)``)."""
+    document alone (packed rows with a document mask, ``PackedDocuments(stride=S)``).
+
+    Args:
+        checkpoints: scripts/train_gpt.py's or nanoGPT's checkpoints.
+        hf_models: local Hugging Face causal LM folders (``tokpack.checkpoints.load_hf``).
+        llmc_models: llm.c GPT-2 checkpoints (``tokpack.checkpoints.load_llmc``).
+    """
     splits = open_splits(folder)
     if split not in splits:
         raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
-    if not checkpoints and not baselines:
-        raise ValueError("nothing to evaluate; pass --checkpoint CKPT or --model bigram")
+    if not checkpoints and not baselines and not hf_models and not llmc_models:
+        raise ValueError("nothing to evaluate; pass --checkpoint CKPT, --hf-model DIR, --llmc-model FILE or "
+                         "--model bigram")
     meta = splits[split].meta
     assert meta is not None
     token_bytes = token_byte_lengths(meta)
@@ -315,7 +365,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
     rows = []
     from tqdm import tqdm
 
-    for name, model, model_block in _models(splits, checkpoints, baselines, add_k, device):
+    for name, model, model_block in _models(splits, checkpoints, baselines, add_k, device, hf_models, llmc_models):
         T = block_size if block_size is not None else model_block or 256
         if T < 1:
             raise ValueError(f"--block-size {T} must be at least 1")
@@ -340,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
     p.add_argument("--checkpoint", action="append", default=[],
                    help="a checkpoint of scripts/train_gpt.py or nanoGPT's train.py; repeatable")
+    p.add_argument("--hf-model", action="append", default=[], metavar="DIR",
+                   help="a local Hugging Face causal LM folder with its tokenizer.json (needs transformers); repeatable")
+    p.add_argument("--llmc-model", action="append", default=[], metavar="FILE",
+                   help="an llm.c GPT-2 checkpoint (gpt2_124M.bin); repeatable")
     p.add_argument("--model", action="append", default=[], choices=["bigram", "unigram"],
                    help="an add-k n-gram baseline estimated from train.bin; repeatable")
     p.add_argument("--split", default="val", help="split to score (default: val)")
@@ -361,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             png_path(args.plot)  # a missing extra or a bad name is one line before the sweep, not after it
         with process_group(args.device) as place:
             rows = sweep(args.folder, args.checkpoint, args.model, args.split, args.block_size, args.stride,
-                         args.batch_size, args.add_k, place.device, args.quiet, args.documents)
+                         args.batch_size, args.add_k, place.device, args.quiet, args.documents, args.hf_model,
+                         args.llmc_model)
         if place.leader:
             print(table(rows, ["model", "split", "block_size", "stride", "scope", "loss", "ppl", "bits_per_token",
                                "bits_per_byte", "tokens", "windows"]))

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .options import option
 from .split import Split, open_split
 
 
@@ -38,6 +39,8 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    gelu: str = option("none", "the MLP's GELU: exact (none), or GPT-2's tanh approximation as llm.c computes it",
+                       ("none", "tanh"))
 
 
 class SelfAttention(nn.Module):
@@ -65,7 +68,7 @@ class MLP(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=c.gelu)
         self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
         self.dropout = nn.Dropout(c.dropout)
 
@@ -129,6 +132,8 @@ class GPT(nn.Module):
         super().__init__()
         if attention not in ("auto", "sdpa", "flex"):
             raise ValueError(f"attention {attention!r} is not one of auto, sdpa, flex")
+        if config.gelu not in ("none", "tanh"):
+            raise ValueError(f"gelu {config.gelu!r} is not one of none, tanh")
         self.config, self.attention = config, attention
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),

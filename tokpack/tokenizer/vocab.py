@@ -46,8 +46,8 @@ MAX_FILE_BYTES = 128 << 20
 MAX_SPECIAL_GAP = 1 << 16
 
 
-def read_file(path: Path, what: str, fix: str) -> bytes:
-    """The bytes of a regular file of at most MAX_FILE_BYTES; ``what`` names it in errors."""
+def read_file(path: Path, what: str, fix: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``what`` names it in errors."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     except FileNotFoundError:
@@ -56,10 +56,11 @@ def read_file(path: Path, what: str, fix: str) -> bytes:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{what} {path} is not a regular file; {fix}")
-        if info.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{what} {path} is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
-                             f"vocabulary file may have; {fix}")
-        return f.read(MAX_FILE_BYTES + 1)
+        data = f.read(min(info.st_size, limit) + 1)  # a file that grew since is caught below too
+        if len(data) > limit:
+            raise ValueError(f"{what} {path} is {max(info.st_size, len(data)):,} bytes, more than the {limit:,} a "
+                             f"{what} may have; {fix}")
+        return data
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
