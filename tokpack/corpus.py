@@ -298,6 +298,16 @@ def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterato
             yield iter((_SURROGATE.sub("\ufffd", value) if surrogate else value,))
 
 
+def parquet_row_groups(path: Path) -> list[int]:
+    """The rows (documents) of each row group of a parquet file, from its footer alone."""
+    pq = _extra("pyarrow.parquet", "parquet", path)
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except Exception as exc:  # pyarrow raises its own types for a file that is not parquet
+        raise ValueError(f"{path} is not a readable parquet file ({exc}); re-create it or leave it out") from None
+    return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+
+
 def documents(files: Sequence[Path | tuple[Path, int, int | None]],
               options: ReadOptions = ReadOptions()) -> Iterator[Iterator[str]]:
     """Every document of every file, in order, each as an iterator of its text runs. A file may

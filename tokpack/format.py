@@ -79,6 +79,8 @@ class SplitInfo(TypedDict):
     shards: NotRequired[list[FileEntry]]
     idx: NotRequired[FileEntry]
     megatron_idx: NotRequired[FileEntry]
+    # Of a split that holds whole parquet files: each file's row group sizes, in documents.
+    row_groups: NotRequired[list[list[int]]]
 
 
 class EncodingInfo(TypedDict):
@@ -211,6 +213,11 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
             return f"split {name!r} has no valid bin entry"
         if "megatron_idx" in info and bad_file(info["megatron_idx"]):
             return f"split {name!r} has an invalid megatron_idx entry"
+        groups = info.get("row_groups")
+        if groups is not None and not (isinstance(groups, list) and all(
+                isinstance(sizes, list) and all(_is_count(n) for n in sizes) for sizes in groups)
+                and sum(map(sum, groups)) == info["documents"]):
+            return f"split {name!r} has row_groups that are not lists of counts summing to its documents"
     return None
 
 

@@ -15,7 +15,7 @@ from helpers import make_docs, megatron_indexed, prepare_docs
 from tokpack.bench.packing import nanochat_bestfit
 from tokpack.check import resumed, take
 from tokpack.data.loader import build_loader
-from tokpack.data.packers import document_stream
+from tokpack.data.packers import Order
 from tokpack.data.packing import PackedDocuments
 from tokpack.evaluation import evaluate
 from tokpack.models import GPT, GPTConfig
@@ -302,7 +302,8 @@ def test_training_rows_are_a_function_of_the_seed_and_rank_shares_are_disjoint(p
     n = len(data)
 
     def one_epoch(seed, rank=0, world=1):
-        return [d for d, _ in itertools.islice(document_stream(data.lengths, seed, rank, world, True), n // world)]
+        batches = Order().batches(data.lengths, (seed, rank, world, True))
+        return [d for [(d, _)] in itertools.islice(batches, n // world)]
 
     assert sorted(one_epoch(1)) == list(range(n)) and one_epoch(1) != one_epoch(2) and one_epoch(1) == one_epoch(1)
     shares = [set(one_epoch(1, r, 2)) for r in range(2)]

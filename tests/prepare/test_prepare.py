@@ -307,9 +307,18 @@ def test_llmc_shards_are_the_flat_stream_in_llmc_layout(tmp_path):
         shards = sorted(llmc.glob(f"fineweb10B_{split}_*.bin"))
         assert [s.name for s in shards] == [f["file"] for f in meta["splits"][split]["shards"]]
         parts = [_llmc_read(s) for s in shards]
-        assert all(len(p) == 1000 for p in parts[:-1]) and 0 < len(parts[-1]) <= 1000
+        # Each shard ends at a document's end (as modded-nanogpt reads them), so each starts with one.
+        assert all(0 < len(p) <= 1000 and p[0] == 50256 for p in parts) and len(parts) >= 2
+        starts = set(np.flatnonzero(np.fromfile(flat / f"{split}.bin", dtype=np.uint16) == 50256).tolist())
+        assert set(np.cumsum([len(p) for p in parts])[:-1].tolist()) <= starts
         assert np.concatenate(parts).tolist() == np.fromfile(flat / f"{split}.bin", dtype=np.uint16).tolist()
     verify_folder(llmc)
+    cut = tmp_path / "cut"  # llm.c's own writer's rule: shards of exactly --shard-tokens, documents running on
+    assert main([str(corpus), "--out-dir", str(cut), "--format", "llmc", "--shard-tokens", "1000",
+                 "--val-fraction", "0.3", "--shard-boundary", "token", "--quiet"]) == 0
+    parts = [_llmc_read(s) for s in sorted(cut.glob("cut_train_*.bin"))]
+    assert all(len(p) == 1000 for p in parts[:-1]) and 500 <= len(parts[-1]) <= 1000
+    assert np.concatenate(parts).tolist() == np.fromfile(flat / "train.bin", dtype=np.uint16).tolist()
     assert "decoded:" in describe(llmc, "train", at=990, count=20)  # a peek across a shard boundary
     windows = TokenWindows(llmc, 64, split="train")
     assert len(windows.paths) == len(meta["splits"]["train"]["shards"])
@@ -318,7 +327,8 @@ def test_llmc_shards_are_the_flat_stream_in_llmc_layout(tmp_path):
         verify_folder(llmc)
     hidden = tmp_path / ".cache"  # shards named after a hidden folder are still tokpack's own names
     assert main([str(corpus), "--out-dir", str(hidden), "--format", "llmc", "--quiet"]) == 0
-    assert TokenWindows(hidden, 64, split="train").paths[0].name == ".cache_train_000001.bin"
+    train = TokenWindows(hidden, 64, split="train").paths
+    assert train[0].name == ".cache_train_000001.bin" and len(train) == 2  # two, though one would hold them
 
 
 def test_rerun_with_fewer_shards_leaves_no_stale_shard(tmp_path):

@@ -142,7 +142,7 @@ def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size
     Synthetic lengths: every document exactly one row (T + 1 tokens, BOS-led), so the packer's
     state at any row is known without packing up to it; the resume checks that state in
     O(buffer_size) like any other."""
-    from ..data.packers import PackerState, buffer_key, stream_documents
+    from ..data.packers import Order, PackerState, buffer_key
 
     width = block_size + 1
     starts = np.arange(documents, dtype=np.int64) * width
@@ -160,7 +160,7 @@ def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size
         keys = []
         for epoch in np.unique(arrivals // documents).tolist():
             here = arrivals[arrivals // documents == epoch]
-            docs = stream_documents(documents, here % documents, *stream[:3], stream[3], epoch)
+            docs = Order().documents_at(documents, here % documents, stream, epoch, (np.zeros(1), np.array([documents])))
             keys += [buffer_key(doc, width, arrival, None) for arrival, doc in zip(here.tolist(), docs.tolist())]
         loader = build_loader(dataset, batch_size, seed=0)
         state = {**loader.state_dict(), "batch": batch,

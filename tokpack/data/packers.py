@@ -43,30 +43,99 @@ class PackerState:
     buffer: list[int] = field(default_factory=list)
 
 
-def per_rank(documents: int, world_size: int) -> int:
-    """Documents each rank takes an epoch: equal, disjoint shares."""
-    return documents // world_size
+RANKS = ("documents", "rows", "groups")
 
 
-def stream_documents(n: int, positions: np.ndarray, seed: int, rank: int, world_size: int, shuffle: bool,
-                     epoch: int) -> np.ndarray:
-    """The documents at ``positions`` of one rank's share of ``epoch``: positions rank, rank +
-    world_size, ... of the epoch's order (a seeded shuffle, or the stored order)."""
-    places = positions.astype(np.uint64) * np.uint64(world_size) + np.uint64(rank)
-    return Shuffle(n, "packing", seed, epoch)(places) if shuffle else places.astype(np.int64)
+@dataclass(frozen=True)
+class Order:
+    """Which documents one rank's packer takes, in what order, and how many at a time.
 
+    ``ranks``: ``"documents"``, each rank every world_size-th document of the epoch's order (a
+    seeded shuffle, or the stored order), equal shares; ``"rows"``, one stream for all ranks packed
+    into steps of world_size rows, rank r taking the r-th row of each (modded-nanogpt's layout);
+    ``"groups"``, each rank the row groups r, r + world_size, ... of every input parquet file, in
+    stored order (nanochat's). ``refill``: the documents best fit adds at a time when its buffer
+    runs short (nanochat: 128, its tokenizer batch); a batch never crosses a row group.
+    ``groups``: for "groups", each input file's row group sizes in documents, in the split's order.
+    ``files``: with ``drop``, the token file of each document: a step that would take a document
+    of a later file than its first is dropped, and the next starts at that document (modded's rule
+    at a shard's end).
+    """
 
-def document_stream(lengths: np.ndarray, seed: int, rank: int, world_size: int, shuffle: bool,
-                    start: int = 0) -> Iterator[tuple[int, int]]:
-    """One rank's endless (document, length) stream from its ``start``-th document: epoch after
-    epoch, the rank's share of each epoch's order, trimmed to a multiple of world_size."""
-    share = per_rank(len(lengths), world_size)
-    first_epoch, skip = divmod(start, share)
-    for epoch in itertools.count(first_epoch):
-        for lo in range(skip if epoch == first_epoch else 0, share, CHUNK):
-            docs = stream_documents(len(lengths), np.arange(lo, min(lo + CHUNK, share)), seed, rank, world_size,
-                                    shuffle, epoch)
-            yield from zip(docs.tolist(), lengths[docs].tolist())
+    ranks: str = "documents"
+    refill: int = 1
+    groups: tuple[tuple[int, ...], ...] = ()
+    files: np.ndarray | None = field(default=None, compare=False)
+
+    def ranges(self, n: int, stream: tuple[int, int, int, bool]) -> tuple[np.ndarray, np.ndarray]:
+        """The first document and the size of each run of one epoch a rank takes in stored order:
+        its row groups ("groups"), else one run of its whole share, whose documents
+        ``documents_at`` places. O(row groups)."""
+        _, rank, world, _ = stream
+        if self.ranks != "groups":
+            return np.zeros(1, dtype=np.int64), np.array([n if self.ranks == "rows" else n // world], dtype=np.int64)
+        firsts, counts, at = [], [], 0
+        for sizes in self.groups:
+            offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            firsts.append(at + offsets[rank:-1:world])
+            counts.append(np.asarray(sizes, dtype=np.int64)[rank::world])
+            at += int(offsets[-1])
+        return np.concatenate([np.zeros(0, np.int64), *firsts]), np.concatenate([np.zeros(0, np.int64), *counts])
+
+    def documents_at(self, n: int, positions: np.ndarray, stream: tuple[int, int, int, bool], epoch: int,
+                     runs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """The documents at ``positions`` of a rank's ``epoch``."""
+        seed, rank, world, shuffle = stream
+        if self.ranks == "groups":
+            firsts, counts = runs
+            ends = np.cumsum(counts)
+            run = np.searchsorted(ends, positions, side="right")
+            return firsts[run] + positions - (ends[run] - counts[run])
+        if self.ranks == "rows":
+            rank, world = 0, 1
+        places = positions.astype(np.uint64) * np.uint64(world) + np.uint64(rank)
+        return Shuffle(n, "packing", seed, epoch)(places) if shuffle else places.astype(np.int64)
+
+    def breaks(self, positions: np.ndarray, runs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Whether each epoch position starts a refill batch: at every run's start, then every ``refill``."""
+        counts = runs[1]
+        ends = np.cumsum(counts)
+        run = np.searchsorted(ends, positions, side="right")
+        return (positions - ends[run] + counts[run]) % self.refill == 0
+
+    def batches(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+                start: int = 0) -> Iterator[list[tuple[int, int]]]:
+        """A rank's endless (document, length) stream from its ``start``-th document, epoch after
+        epoch, in refill batches."""
+        runs = self.ranges(len(lengths), stream)
+        share = int(runs[1].sum())
+        first_epoch, skip = divmod(start, share)
+        batch: list[tuple[int, int]] = []
+        for epoch in itertools.count(first_epoch):
+            for lo in range(skip if epoch == first_epoch else 0, share, CHUNK):
+                positions = np.arange(lo, min(lo + CHUNK, share))
+                docs = self.documents_at(len(lengths), positions, stream, epoch, runs)
+                if self.refill == 1 and self.ranks != "groups":
+                    for pair in zip(docs.tolist(), lengths[docs].tolist()):
+                        yield [pair]
+                    continue
+                for doc, n, first in zip(docs.tolist(), lengths[docs].tolist(), self.breaks(positions, runs).tolist()):
+                    if first and batch:
+                        yield batch
+                        batch = []
+                    batch.append((doc, n))
+            if batch:
+                yield batch
+                batch = []
+
+    def check_world(self, n: int, world: int) -> None:
+        """Refuse a world size under which some rank would take no document."""
+        if self.ranks == "documents" and n < world:
+            raise ValueError(f"{n} documents cannot be shared by {world} ranks; use more data")
+        if self.ranks == "groups" and not any(len(sizes) >= world for sizes in self.groups):
+            most = max(map(len, self.groups))
+            raise ValueError(f"ranks='groups' gives each of {world} ranks whole parquet row groups, and no input file "
+                             f"has more than {most}; use {most} ranks or fewer, or ranks='documents'")
 
 
 def buffer_key(doc: int, length: int, arrival: int, max_doc_len: int | None) -> int:
@@ -80,62 +149,96 @@ def buffer_entries(buffer: list[int]) -> list[list[int]]:
     return [[_MASK - (key >> _FIELD & _MASK), key & _MASK] for key in buffer]
 
 
+@dataclass(frozen=True)
+class Packer:
+    """What training rows depend on beside the stream: ``packing`` ("aligned" or "bestfit"), the
+    row's ``capacity`` (T + 1), ``max_doc_len``, best fit's ``buffer_size`` and the ``order``."""
+
+    packing: str
+    capacity: int
+    max_doc_len: int | None
+    buffer_size: int
+    order: Order = Order()
+
+
 class TrainingRows:
-    """One rank's endless training rows, ``packing`` "aligned" or "bestfit", from ``state`` on.
+    """One rank's endless training rows, from ``state`` on.
 
     aligned: documents in order, each cut to ``max_doc_len``; the one reaching a row's end is cut
-    there (its rest dropped). bestfit: from a buffer refilled to ``buffer_size`` documents before
-    every choice, the longest that fits whole (the earliest among equals); when none fits, the
-    shortest is cropped to fill the row. O(log buffer_size) a choice, O(buffer_size) memory.
+    there (its rest dropped). bestfit: from a buffer refilled to at least ``buffer_size`` documents
+    before every choice, the longest that fits whole (the earliest among equals); when none fits,
+    the shortest is cropped to fill the row. O(log buffer_size) a choice, O(buffer_size) memory.
+    With ranks="rows" every rank packs each step's rows and keeps its own: O(world_size) the cost.
     """
 
-    def __init__(self, lengths: np.ndarray, stream: tuple[int, int, int, bool], packing: str, capacity: int,
-                 max_doc_len: int | None, buffer_size: int, state: PackerState | None = None):
+    def __init__(self, lengths: np.ndarray, stream: tuple[int, int, int, bool], packer: Packer,
+                 state: PackerState | None = None):
         start = state or PackerState()
         self.buffer = list(start.buffer)  # its own: the state it started from stays as it was
         self.row, self.taken = start.row, start.taken
-        docs = document_stream(lengths, *stream, start=self.taken)
-        cap = math.inf if max_doc_len is None else max_doc_len
-        self._rows = (self._aligned(docs, capacity, cap) if packing == "aligned" else
-                      self._bestfit(docs, capacity, cap, buffer_size))
+        order = packer.order
+        seed, rank, world, shuffle = stream
+        batches = order.batches(lengths, stream, start=self.taken)
+        cap = math.inf if packer.max_doc_len is None else packer.max_doc_len
+        step = world if order.ranks == "rows" else 1
+        if packer.packing == "aligned":
+            steps = self._aligned(batches, packer.capacity, cap, step, order.files)
+        else:
+            steps = self._steps(self._bestfit(batches, packer.capacity, cap, packer.buffer_size), step)
+        self._rows = (rows[rank if step > 1 else 0] for rows in steps)
 
     def __iter__(self) -> Iterator[Row]:
         return self
 
     def __next__(self) -> Row:
-        return next(self._rows)
+        row = next(self._rows)
+        self.row += 1
+        return row
 
     def position(self) -> PackerState:
         """The state at the current row boundary (after the last row handed out)."""
         return PackerState(self.row, self.taken, list(self.buffer))
 
-    def _aligned(self, docs: Iterator[tuple[int, int]], capacity: int, cap: float) -> Iterator[Row]:
-        row: list[Segment] = []
-        room = capacity
-        for doc, n in docs:
-            take = int(min(n, cap, room))
-            row.append((doc, 0, take, 0))
-            room -= take
-            if room == 0:
-                self.taken += len(row)
-                self.row += 1
-                yield tuple(row)
-                row, room = [], capacity
+    @staticmethod
+    def _steps(rows: Iterator[Row], step: int) -> Iterator[list[Row]]:
+        while True:
+            yield [next(rows) for _ in range(step)]
 
-    def _bestfit(self, docs: Iterator[tuple[int, int]], capacity: int, cap: float, size: int) -> Iterator[Row]:
+    def _aligned(self, batches: Iterator[list[tuple[int, int]]], capacity: int, cap: float, step: int,
+                 files: np.ndarray | None) -> Iterator[list[Row]]:
+        rows: list[Row] = []
+        row: list[Segment] = []
+        room, used, file = capacity, 0, -1
+        for batch in batches:
+            for doc, n in batch:
+                if files is not None:
+                    if used and files[doc] != file:  # the step would run past its file's end: dropped
+                        self.taken += used
+                        rows, row, room, used = [], [], capacity, 0
+                    file = files[doc]
+                take = int(min(n, cap, room))
+                row.append((doc, 0, take, 0))
+                room -= take
+                used += 1
+                if room == 0:
+                    rows.append(tuple(row))
+                    row, room = [], capacity
+                    if len(rows) == step:
+                        self.taken += used
+                        yield rows
+                        rows, used = [], 0
+
+    def _bestfit(self, batches: Iterator[list[tuple[int, int]]], capacity: int, cap: float,
+                 size: int) -> Iterator[Row]:
         buffer, taken = self.buffer, self.taken
         insort, bisect_right = bisect.insort, bisect.bisect_right
         row: list[Segment] = []
         pos = 0
         while True:
-            if len(buffer) < size:
-                for doc, n in docs:
+            while len(buffer) < size:
+                for doc, n in next(batches):
                     insort(buffer, (n if n < cap else cap) << 2 * _FIELD | (_MASK - taken) << _FIELD | doc)
                     taken += 1
-                    if len(buffer) >= size:
-                        break
-            if not buffer:
-                return
             room = capacity - pos
             # The last entry of a length is its earliest arrival, so these pick the first-come among equals.
             fits = bisect_right(buffer, room << 2 * _FIELD | _LOW) - 1
@@ -146,38 +249,44 @@ class TrainingRows:
             pos += take
             if pos == capacity:
                 self.taken = taken
-                self.row += 1
                 yield tuple(row)
                 row, pos = [], 0
 
 
-def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int, int, bool], packing: str,
-                capacity: int, max_doc_len: int | None, buffer_size: int) -> None:
+def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int, int, bool], packer: Packer) -> None:
     """Refuse a state this stream could not have reached, in O(buffer_size): every buffer entry must be
     the document the stream holds at its arrival, with its length, not yet placed, sorted; the
-    rows made and documents taken must agree (each row holds 1 to ``capacity`` documents)."""
-    seed, rank, world_size, shuffle = stream
-    buffer, share = state.buffer, per_rank(len(lengths), world_size)
+    rows made and documents taken must agree (each row holds 1 to ``capacity`` documents), and
+    the documents taken must end a refill batch."""
+    order, buffer = packer.order, state.buffer
+    runs = order.ranges(len(lengths), stream)
+    share = int(runs[1].sum())
     if not 0 <= state.taken <= MAX_TAKEN or not 0 <= state.row <= 2**62:
         raise ValueError(f"a packing state at row {state.row} with {state.taken} documents taken is out of range")
     placed = state.taken - len(buffer)
-    # The stream never ends, so best fit's buffer is one short of full at every row boundary.
-    kept = 0 if packing == "aligned" or state.row == 0 else buffer_size - 1
-    if len(buffer) != kept or buffer != sorted(set(buffer)):
-        raise ValueError(f"a packing state's buffer holds {len(buffer)} entries where this packing keeps {kept} "
-                         "(sorted and distinct); it is forged or from another packing")
-    if not state.row <= placed <= state.row * capacity:
+    # The stream never ends, so best fit's buffer is short of full by one at most after its refill.
+    low, high = ((0, 0) if packer.packing == "aligned" or state.row == 0 else
+                 (packer.buffer_size - 1, packer.buffer_size + order.refill - 2))
+    if not low <= len(buffer) <= high or buffer != sorted(set(buffer)):
+        raise ValueError(f"a packing state's buffer holds {len(buffer)} entries where this packing keeps {low} to "
+                         f"{high} (sorted and distinct); it is forged or from another packing")
+    rows = state.row * (stream[2] if order.ranks == "rows" else 1)
+    most = math.inf if order.files is not None else rows * packer.capacity
+    if not rows <= placed <= most:
         raise ValueError(f"a packing state claims {state.row} rows from {placed} placed documents, which no packing "
-                         f"makes (each row holds 1 to {capacity}); it is forged or from another stream")
+                         f"makes (each row holds 1 to {packer.capacity}); it is forged or from another stream")
+    if not order.breaks(np.array([state.taken % share]), runs)[0]:
+        raise ValueError(f"a packing state took {state.taken} documents, which does not end a refill batch of "
+                         f"{order.refill}; it is forged or from another stream")
     entries = np.array(buffer_entries(buffer), dtype=np.int64).reshape(-1, 2)  # [arrival, document]
     arrivals = entries[:, 0]
     if (arrivals >= state.taken).any() or len(np.unique(arrivals)) < len(buffer):
         raise ValueError("a packing state's buffer holds documents that did not arrive where it says")
     for epoch in np.unique(arrivals // share).tolist():
         here = arrivals // share == epoch
-        held = stream_documents(len(lengths), arrivals[here] % share, seed, rank, world_size, shuffle, epoch)
+        held = order.documents_at(len(lengths), arrivals[here] % share, stream, epoch, runs)
         if not np.array_equal(held, entries[here, 1]) or any(
-                key != buffer_key(doc, int(lengths[doc]), arrival, max_doc_len)
+                key != buffer_key(doc, int(lengths[doc]), arrival, packer.max_doc_len)
                 for key, (arrival, doc) in zip(np.array(buffer, dtype=object)[here].tolist(), entries[here].tolist())):
             raise ValueError("a packing state's buffer holds a document the stream does not hold at that "
                              "place; it is forged or from another corpus")

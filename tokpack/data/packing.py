@@ -48,8 +48,8 @@ from torch.utils.data import Dataset
 from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
-from .packers import (PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state, evaluation_rows,
-                      in_order)
+from .packers import (RANKS, Order, Packer, PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state,
+                      evaluation_rows, in_order)
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
 from .windows import IGNORE_INDEX, _whole
@@ -57,6 +57,7 @@ from .windows import IGNORE_INDEX, _whole
 PACKINGS = ("aligned", "bestfit")
 BUFFER_SIZE = 1000  # nanochat's best-fit buffer
 FORMS = ("rows", "flat", "hf")
+SHARD_ENDS = ("continue", "drop")
 
 class PackedBatch(NamedTuple):
     """Packed rows with their documents: x, y and position_ids (B, T) int64 (-100 in y where a target
@@ -153,8 +154,8 @@ class PackingSampler(ResumableBatchSampler):
         if dataset.stride is not None:
             total = sum(1 for _ in dataset.rows())
             self.bounds = (self.rank * total // self.world_size, (self.rank + 1) * total // self.world_size)
-        elif self.num_items < self.world_size:
-            raise ValueError(f"{self.num_items} documents cannot be shared by {self.world_size} ranks; use more data")
+        else:
+            dataset.packer.order.check_world(self.num_items, self.world_size)
         self.resume: PackerState | None = None  # where a restored stream's packer starts
         # The packing arithmetic (lengths only, no token read) kept in the training process, moved on
         # only when a state is taken: O(rows since the last state), O(buffer_size) memory.
@@ -210,6 +211,24 @@ class PackingSampler(ResumableBatchSampler):
                 yield self._request(None, first, min(B, hi - first))
 
 
+def _check_order(packing: str, stride: int | None, ranks: str, refill: int, shard_end: str, split_long: bool) -> None:
+    if ranks not in RANKS:
+        raise ValueError(f"ranks {ranks!r} is not one of {', '.join(RANKS)}")
+    if shard_end not in SHARD_ENDS:
+        raise ValueError(f"shard_end {shard_end!r} is not one of {', '.join(SHARD_ENDS)}")
+    if _whole("refill", refill) < 1:
+        raise ValueError(f"refill {refill} must be at least 1 (the documents best fit adds to its buffer at a time)")
+    if stride is not None and (ranks, refill, shard_end) != ("documents", 1, "continue"):
+        raise ValueError("ranks, refill and shard_end shape training rows; evaluation rows are read in order: drop them")
+    if refill > 1 and packing != "bestfit":
+        raise ValueError(f"refill {refill} sizes best fit's buffer refills; packing={packing!r} has no buffer: drop it")
+    if ranks == "groups" and split_long:
+        raise ValueError("ranks='groups' shares whole documents by row group; split_long cuts them into pieces: drop one")
+    if shard_end == "drop" and (packing != "aligned" or split_long):
+        raise ValueError("shard_end='drop' is modded-nanogpt's rule for packing='aligned' without split_long; use those "
+                         "or drop shard_end")
+
+
 def _check_parameters(T: int, packing: str, form: str, stride: int | None, buffer_size: int,
                       max_doc_len: int | None, split_long: bool, max_docs: int | None) -> None:
     if T < 1:
@@ -239,7 +258,7 @@ class PackedDocuments(Dataset):
                  *, stride: int | None = None, max_doc_len: int | None = None, buffer_size: int = BUFFER_SIZE,
                  split_long: bool = False, mask_boundary: bool = False, form: str = "rows",
                  max_docs: int | None = None, bos_id: int | None = None, return_flash_attn_kwargs: bool = False,
-                 return_seq_idx: bool = False):
+                 return_seq_idx: bool = False, ranks: str = "documents", refill: int = 1, shard_end: str = "continue"):
         """Args:
             path: a split's ``.bin``, a prepared folder (with ``split``), llm.c shards, a Megatron
                 ``.bin``, or a ``Split`` already opened.
@@ -263,6 +282,14 @@ class PackedDocuments(Dataset):
             return_flash_attn_kwargs: with ``form="hf"``, also ``cu_seq_lens_q/k`` (int32) and
                 ``max_length_q/k`` (ints), as ``DataCollatorWithFlattening`` gives them on request.
             return_seq_idx: with ``form="hf"``, also ``seq_idx`` (int32, each token's segment).
+            ranks: how ranks share training documents: ``"documents"``, every world_size-th of a
+                shuffled epoch; ``"rows"``, one stream whose steps of world_size rows give rank r
+                the r-th (modded-nanogpt's); ``"groups"``, each rank its parquet row groups of every
+                input file, in order (nanochat's; needs a folder prepared with --val-inputs).
+            refill: documents best fit adds at a time when its buffer falls below buffer_size
+                (nanochat: 128), never across a row group.
+            shard_end: ``"drop"``: as modded-nanogpt at a shard's end, the step (every rank's
+                row) that would run past a token file's end is dropped with the file's rest.
         """
         if (return_flash_attn_kwargs or return_seq_idx) and form != "hf":
             raise ValueError("return_flash_attn_kwargs and return_seq_idx add keys to the hf form; pass form='hf'")
@@ -270,6 +297,7 @@ class PackedDocuments(Dataset):
                                                         ("seq_idx", return_seq_idx)) if asked)
         T = _whole("block_size", block_size)
         _check_parameters(T, packing, form, stride, buffer_size, max_doc_len, split_long, max_docs)
+        _check_order(packing, stride, ranks, refill, shard_end, split_long)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
         self.bos_id, lead = self._bos(bos_id)
@@ -284,6 +312,9 @@ class PackedDocuments(Dataset):
         self.buffer_size, self.mask_boundary, self.max_docs = buffer_size, mask_boundary, max_docs
         self.split_long = split_long
         self.unit_starts, self.unit_bos, self.lengths = self._units(lead)
+        self.ranks, self.refill, self.shard_end = ranks, refill, shard_end
+        order, self.lengths = self._order(self.lengths)
+        self.packer = Packer(packing, T + 1, self.max_doc_len, buffer_size, order)
         self.default_collate_fn = collate_packed
         self.compact = False  # set on the copy a loader's workers read: they send PackedRows
         self._cursor: tuple[Any, Iterator[Row], int] | None = None  # (stream, its rows, the next row's number)
@@ -306,6 +337,30 @@ class PackedDocuments(Dataset):
         bos = (k > 0) | lead[doc]
         lengths = np.minimum(stored[doc] - skip, np.where(k == 0, head[doc], cap - 1)) + bos
         return self.index.starts[doc] + skip, bos, lengths
+
+    def _order(self, lengths: np.ndarray) -> tuple[Order, np.ndarray]:
+        """The document order of ``ranks``, ``refill`` and ``shard_end`` from the split's facts (its
+        row groups, recorded at prepare; the file each document starts in), with the units'
+        ``lengths`` cut at their file's end where the order drops a shard's end, as modded-nanogpt's
+        loader cuts them."""
+        groups: tuple[tuple[int, ...], ...] = ()
+        if self.ranks == "groups":
+            info = self.split.meta["splits"].get(self.split.name or "", {}) if self.split.meta else {}
+            recorded = info.get("row_groups")
+            if recorded is None:
+                raise ValueError(f"ranks='groups' needs the parquet row groups of {self.split.describe()}, which "
+                                 "prepare records when a split holds whole parquet files: prepare again with "
+                                 "--val-inputs (nanochat's last file), or use ranks='documents'")
+            groups = tuple(tuple(sizes) for sizes in recorded)
+            if sum(map(sum, groups)) != len(lengths):
+                raise ValueError(f"meta.json's row groups of {self.split.describe()} hold {sum(map(sum, groups))} "
+                                 f"documents, its index {len(lengths)}; the folder is damaged: prepare again")
+        files = None
+        if self.shard_end == "drop":
+            offsets = self.index.offsets
+            files = np.searchsorted(offsets, self.unit_starts, side="right") - 1
+            lengths = np.minimum(lengths, offsets[files + 1] - self.unit_starts + self.unit_bos)
+        return Order(self.ranks, self.refill, groups, files), lengths
 
     def _check_fits(self, T: int, buffer_size: int) -> None:
         """Parameters that must fit the data: a row inside the split's tokens, a buffer inside its
@@ -346,8 +401,9 @@ class PackedDocuments(Dataset):
     def describe_packing(self) -> str:
         """The settings rows depend on: a resume state taken under others is refused."""
         mode = f"stride={self.stride}" if self.stride is not None else self.packing
+        order = f" ranks={self.ranks} refill={self.refill} shard_end={self.shard_end}" if self.stride is None else ""
         return (f"{mode} T={self.block_size} max_doc_len={self.max_doc_len}{' split' if self.split_long else ''} "
-                f"buffer={self.buffer_size} "
+                f"buffer={self.buffer_size}{order} "
                 f"bos={self.bos_id}{'+' if self.insert_bos else ''} mask={self.mask_boundary} {self.form} "
                 f"{self.max_docs}{''.join(f' {name}' for name in self.hf_extras)}")
 
@@ -360,8 +416,7 @@ class PackedDocuments(Dataset):
         width = self.block_size + 1
         if self.stride is not None:
             return evaluation_rows(in_order(self.lengths), width, self.stride)
-        return TrainingRows(self.lengths, (seed, rank, world_size, shuffle), self.packing, width, self.max_doc_len,
-                            self.buffer_size, state)
+        return TrainingRows(self.lengths, (seed, rank, world_size, shuffle), self.packer, state)
 
     def save_state(self, stream: tuple[int, int, int, bool], state: PackerState) -> dict[str, Any]:
         """A packer state as a loader's state holds it: plain integers and a checksum of the stream,
@@ -391,8 +446,7 @@ class PackedDocuments(Dataset):
             raise ValueError("a packed loader's packer state names a document this split does not hold")
         keys = sorted(buffer_key(doc, int(self.lengths[doc]), arrival, self.max_doc_len) for arrival, doc in pairs)
         state = PackerState(plain["row"], plain["taken"], keys)
-        check_state(state, self.lengths, stream, self.packing, self.block_size + 1, self.max_doc_len,
-                    self.buffer_size)
+        check_state(state, self.lengths, stream, self.packer)
         return state
 
     def _checksum(self, stream: tuple[int, int, int, bool], plain: dict[str, Any]) -> str:
@@ -424,7 +478,12 @@ class PackedDocuments(Dataset):
             raise ValueError("drop_last does not apply to packed rows; leave it off")
         if self.stride is not None and shuffle:
             raise ValueError("evaluation rows are read in order; drop shuffle=")
-        return PackingSampler(self, batch_size, seed, self.stride is None and shuffle is not False, rank, world_size)
+        ordered = self.ranks == "groups" or self.shard_end == "drop"
+        if ordered and shuffle:
+            raise ValueError(f"ranks={self.ranks!r} and shard_end={self.shard_end!r} read the documents in stored order, "
+                             "as nanochat and modded-nanogpt do; drop shuffle=")
+        return PackingSampler(self, batch_size, seed, self.stride is None and not ordered and shuffle is not False,
+                              rank, world_size)
 
     def __len__(self) -> int:
         return len(self.lengths)

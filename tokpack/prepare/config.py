@@ -31,7 +31,7 @@ EOT_MODES = ("auto", "append", "prepend", "none")
 FORMATS = ("flat", "llmc", "megatron")
 # The options that change the output: meta.json records them, and a rerun's units must match them.
 OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
-                  "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "unit_mb")
+                  "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "shard_boundary", "unit_mb")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class PrepareConfig:
                          "train_text_document.bin/.idx", FORMATS)
     shard_tokens: int = option(0, f"write each split as shards of at most N tokens (default: 0: llm.c's "
                                f"{LLMC_SHARD_TOKENS} with --format llmc, else one file a split)")
+    shard_boundary: str = option("auto", "where a shard ends: document, before a document that does not fit (one "
+                                 "longer than a shard runs on); token, at exactly --shard-tokens (default: auto: "
+                                 "document with --format llmc, as modded-nanogpt reads them, else token)",
+                                 ("auto", "document", "token"))
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
     quiet: bool = option(False, "no progress bar or summary")
 

@@ -23,7 +23,7 @@ from typing import Any
 from .. import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
-from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
+from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import process_group
 from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
 from ..inputs import identity, resolve_groups
@@ -270,10 +270,23 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
         "single_document": plan.single,
         "val": plan.holdout.describe(),
         "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
-        "splits": _combined(parts, plan.holdout),
+        "splits": _with_row_groups(plan, _combined(parts, plan.holdout)),
         "inputs": {**plan.inputs, "units_sha256": [part["input_sha256"] for part in parts]},
         "options": plan.config.output_options(),
     }
+
+
+def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
+    """Each split that holds whole parquet files (--val-inputs) with their row group sizes, in
+    documents, so that readers can share row groups among ranks as nanochat does."""
+    if plan.holdout.kind != "inputs" or not all(map(is_parquet, plan.files)):
+        return splits
+    for split, info in splits.items():
+        files = [f for f in plan.files if (f in plan.holdout.files) == (split == "val")]
+        groups = [parquet_row_groups(f) for f in files]
+        if sum(map(sum, groups)) == info["documents"]:  # every row a document, as the reader makes them
+            info["row_groups"] = groups
+    return splits
 
 
 def _input_folders(config: PrepareConfig) -> list[Path]:

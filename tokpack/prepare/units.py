@@ -212,12 +212,15 @@ def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
     file. Of several units, each names its shards after itself, so that they sort in input order."""
     config = plan.config
     tag = f"{unit:05d}_" if plan.units > 1 else ""
+    at_documents = config.shard_boundary == "document" or (config.shard_boundary == "auto" and config.format == "llmc")
     if config.format == "llmc":
-        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...
+        # llm.c's names and numbering: NAME_val_000000.bin, NAME_train_000001.bin, ...; modded-nanogpt
+        # reads two train shards at least.
         return ShardLayout(f"{plan.out.resolve().name}_{split}_{tag}", 0 if split == "val" or tag else 1,
-                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True)
+                           config.shard_tokens or LLMC_SHARD_TOKENS, header=True, at_documents=at_documents,
+                           min_shards=2 if split == "train" and plan.units == 1 else 1)
     if config.shard_tokens or tag:
-        return ShardLayout(f"{split}_{tag}", 0, config.shard_tokens or None, header=False)
+        return ShardLayout(f"{split}_{tag}", 0, config.shard_tokens or None, header=False, at_documents=at_documents)
     return None
 
 

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,9 @@ class HashingWriter:
         self._file.close()
         return {"file": self.path.name, "bytes": self.nbytes, "sha256": self.sha256.hexdigest()}
 
+    def start_document(self, tokens: int) -> None:
+        """A flat file keeps no document boundaries of its own (the index does)."""
+
     def renames(self) -> list[tuple[str, str]]:
         """(temporary, final) path of the file, for the publishing rename."""
         return [(str(self.tmp), str(self.path))]
@@ -93,23 +97,30 @@ class HashingWriter:
 @dataclass(frozen=True)
 class ShardLayout:
     """How a split is cut into files: ``{prefix}{k:06d}.bin`` from k = ``first``, at most
-    ``max_tokens`` tokens each (None: no limit), with llm.c's header or with none."""
+    ``max_tokens`` tokens each (None: no limit), with llm.c's header or with none. With
+    ``at_documents`` a shard ends before a document that would not fit it (one longer than a shard
+    runs on across shards); ``min_shards`` 2 splits a lone shard of two or more documents in two."""
 
     prefix: str
     first: int
     max_tokens: int | None
     header: bool
+    at_documents: bool = False
+    min_shards: int = 1
 
 
 class ShardWriter:
     """A split as shard files (llm.c's: 256 int32 header words, magic, version, token count, then
-    the tokens; or bare tokens). Documents run on across shard boundaries, so the shards' tokens,
-    concatenated, are the flat split.
+    the tokens; or bare tokens). The shards' tokens, concatenated, are the flat split: documents
+    run on across shard boundaries, or with ``at_documents`` each shard ends at a document's end.
 
     A full shard is held open until the next one fills too: if the writer closes with a last shard
-    under half of ``max_tokens``, the two share their tokens evenly, so no shard of a writer falls
-    below half (llm.c's loader aborts on a shard shorter than processes x B x T + 1 tokens, and
-    modded-nanogpt's on a short validation shard). Costs one extra pass over one shard, in blocks.
+    under half of the held one, the two share their tokens evenly (at the document start nearest
+    the middle with ``at_documents``), so no shard of a writer falls below half (llm.c's loader
+    aborts on a shard shorter than processes x B x T + 1 tokens, and modded-nanogpt's on a short
+    validation shard); modded-nanogpt also needs two train shards, which ``min_shards`` gives.
+    Costs one extra pass over one shard, in blocks; O(documents of two shards) memory for their
+    starts with ``at_documents``.
     """
 
     def __init__(self, folder: Path, layout: ShardLayout, dtype: np.dtype):
@@ -121,7 +132,9 @@ class ShardWriter:
         self.paths: list[Path] = []
         self._file: BinaryIO | None = None
         self._count = 0
-        self._held: tuple[BinaryIO, int] | None = None  # a full shard, not yet finished
+        self._starts = array.array("Q")  # document starts in the open shard
+        self._pending = False  # a document starts with the next shard
+        self._held: tuple[BinaryIO, int, int, array.array] | None = None  # a full shard: file, index, count, starts
 
     def _open(self) -> None:
         path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
@@ -131,6 +144,24 @@ class ShardWriter:
         if self.layout.header:
             self._file.write(bytes(SHARD_HEADER_BYTES))  # filled in when the count is known
         self._count = 0
+        self._starts = array.array("Q", [0] if self._pending else [])
+        self._pending = False
+
+    def start_document(self, tokens: int) -> None:
+        """A document of ``tokens`` tokens comes next: with ``at_documents`` it starts a new shard
+        unless it fits the open one."""
+        if self.layout.at_documents and self._file is not None and self._count + tokens > self.shard_tokens:
+            self._hold()
+        if self._file is None:
+            self._pending = True
+        elif self.layout.at_documents or self.layout.min_shards > 1:
+            self._starts.append(self._count)
+
+    def _hold(self) -> None:
+        """The open shard is done: it waits as the held one, and the one held before is finished."""
+        if self._held is not None:
+            self._finish(*self._held[:3])
+        self._held, self._file = (self._file, len(self.paths) - 1, self._count, self._starts), None  # type: ignore
 
     def write(self, data: np.ndarray) -> None:
         while len(data):
@@ -142,17 +173,22 @@ class ShardWriter:
             self._count += min(room, len(data))
             data = data[room:]
             if self._count == self.shard_tokens:
-                if self._held is not None:
-                    self._finish(*self._held, self.shard_tokens)
-                self._held, self._file = (self._file, len(self.paths) - 1), None  # type: ignore[assignment]
+                self._hold()
 
-    def _balance(self) -> None:
-        """Move the held shard's last tokens to the front of the open, short one: halves of their sum."""
+    def _balance(self, at_documents: bool) -> None:
+        """Move the held shard's last tokens to the front of the open, short one: half of both
+        shards' tokens, or ``at_documents``, from the document start nearest it (none: the held
+        shard is one document, and stays whole)."""
         assert self._held is not None and self._file is not None
-        (held, index), f = self._held, self._file
-        head, size = SHARD_HEADER_BYTES if self.layout.header else 0, self.dtype.itemsize
-        keep = (self.shard_tokens + self._count + 1) // 2
-        moved = (self.shard_tokens - keep) * size
+        held, index, count, starts = self._held
+        keep = (count + self._count + 1) // 2
+        if at_documents:
+            inside = [s for s in starts if 0 < s]
+            if not inside:
+                return
+            keep = min(inside, key=lambda s: (abs(s - keep), s))
+        f, head, size = self._file, SHARD_HEADER_BYTES if self.layout.header else 0, self.dtype.itemsize
+        moved = (count - keep) * size
         with named_errors(self.paths[-1]):
             pos = head + self._count * size
             while pos > head:  # shift the open shard's tokens up by `moved`, from the end backwards
@@ -167,7 +203,7 @@ class ShardWriter:
             while chunk := held.read(1 << 22):
                 f.write(chunk)
             held.truncate(head + keep * size)
-        self._count += self.shard_tokens - keep
+        self._count += count - keep
         self._held = None
         self._finish(held, index, keep)
 
@@ -189,14 +225,21 @@ class ShardWriter:
         f.close()
 
     def close(self) -> list[dict[str, Any]]:
-        if self._held is not None and self._file is not None and 2 * self._count < self.shard_tokens:
-            self._balance()
+        if self.layout.min_shards > 1 and not self.shards and self._held is None and len(self._starts) > 1:
+            self._hold()  # a lone shard of two documents or more: its second half becomes a shard of its own
+            self._open()
+            self._balance(at_documents=True)
+        if self._held is not None and self._file is not None and 2 * self._count < self._held[2]:
+            self._balance(self.layout.at_documents)
         if self._held is not None:
-            self._finish(*self._held, self.shard_tokens)
+            self._finish(*self._held[:3])
             self._held = None
         if self._file is not None:
             self._finish(self._file, len(self.paths) - 1, self._count)
             self._file = None
+        if len(self.shards) < self.layout.min_shards:
+            warnings.warn(f"{self.prefix.rstrip('_')} is one document, so one shard: modded-nanogpt's loader reads two "
+                          "train shards at least; add documents", stacklevel=2)
         return self.shards
 
     def renames(self) -> list[tuple[str, str]]:
@@ -236,7 +279,9 @@ class SplitWriter:
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
-    def start_document(self) -> None:
+    def start_document(self, tokens: int = 0) -> None:
+        """A document of ``tokens`` tokens (its end-of-text included; 0 where unknown) starts."""
+        self.bin.start_document(tokens)
         self._starts.append(self.tokens)
         self.documents += 1
         if len(self._starts) >= INDEX_FLUSH:
@@ -302,7 +347,7 @@ class DocumentBuffer:
             self.parts, self.held = [], 0
 
     def drain_into(self, writer: SplitWriter) -> None:
-        writer.start_document()
+        writer.start_document(self.held + self.spilled + (writer.eot != "none"))
         if self.spilled:
             f = self._spill
             assert f is not None
