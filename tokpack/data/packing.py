@@ -349,8 +349,8 @@ class PackedDocuments(Dataset):
             recorded = info.get("row_groups")
             if recorded is None:
                 raise ValueError(f"ranks='groups' needs the parquet row groups of {self.split.describe()}, which "
-                                 "prepare records when a split holds whole parquet files: prepare again with "
-                                 "--val-inputs (nanochat's last file), or use ranks='documents'")
+                                 "prepare records when a split holds whole parquet files with no empty text: "
+                                 "prepare again with --val-inputs (nanochat's last file), or use ranks='documents'")
             groups = tuple(tuple(sizes) for sizes in recorded)
             if sum(map(sum, groups)) != len(lengths):
                 raise ValueError(f"meta.json's row groups of {self.split.describe()} hold {sum(map(sum, groups))} "
