@@ -314,7 +314,7 @@ def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Seq
             ) -> Iterator[tuple[str, torch.nn.Module, int | None]]:
     """(name, model, its block size or None) for every checkpoint and baseline asked for, loaded one
     at a time; other trainers' models only after their tokenizer is found to be the folder's encoding."""
-    from .checkpoints import check_llmc_tokenizer, load_hf, load_llmc
+    from .models.checkpoints import check_llmc_tokenizer, load_hf, load_llmc
     from .models import NGram, load_gpt
 
     meta = splits["train"].meta
@@ -349,8 +349,8 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
 
     Args:
         checkpoints: scripts/train_gpt.py's or nanoGPT's checkpoints.
-        hf_models: local Hugging Face causal LM folders (``tokpack.checkpoints.load_hf``).
-        llmc_models: llm.c GPT-2 checkpoints (``tokpack.checkpoints.load_llmc``).
+        hf_models: local Hugging Face causal LM folders (``tokpack.models.checkpoints.load_hf``).
+        llmc_models: llm.c GPT-2 checkpoints (``tokpack.models.checkpoints.load_llmc``).
     """
     splits = open_splits(folder)
     if split not in splits:

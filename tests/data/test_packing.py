@@ -195,22 +195,10 @@ def test_the_hf_form_trains_an_hf_style_model_on_each_document_alone(prepared):
     assert loss.item() == pytest.approx(alone, rel=1e-9)
 
 
-def _collator_with_flattening(features):
-    """A miniature of Hugging Face's DataCollatorWithFlattening with return_position_ids,
-    return_flash_attn_kwargs and return_seq_idx: its keys, shapes and dtypes."""
-    ids = [t for f in features for t in f]
-    labels = [t for f in features for t in [-100, *f[1:]]]
-    lengths = [len(f) for f in features]
-    cu = np.concatenate([[0], np.cumsum(lengths)])
-    batch = {"input_ids": torch.tensor([ids], dtype=torch.int64), "labels": torch.tensor([labels], dtype=torch.int64),
-             "position_ids": torch.tensor([[p for n in lengths for p in range(n)]], dtype=torch.int64),
-             "seq_idx": torch.tensor([[i for i, n in enumerate(lengths) for _ in range(n)]], dtype=torch.int32)}
-    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor(cu, dtype=torch.int32)
-    batch["max_length_q"] = batch["max_length_k"] = max(lengths)
-    return batch
-
-
-def test_the_hf_form_gives_the_flattening_collators_optional_keys_on_request(prepared):
+def test_the_hf_form_is_the_real_flattening_collators_batch_with_its_optional_keys(prepared):
+    transformers = pytest.importorskip("transformers")
+    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True,
+                                                       return_tensors="pt")
     T = 32
     asked = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, form="hf",
                             return_flash_attn_kwargs=True, return_seq_idx=True)
@@ -218,7 +206,7 @@ def test_the_hf_form_gives_the_flattening_collators_optional_keys_on_request(pre
     batch = next(iter(build_loader(asked, 3, seed=0, num_workers=0)))
     reference = next(iter(build_loader(rows, 3, seed=0)))
     x, cu = reference.x.reshape(-1).tolist(), reference.cu_seqlens.tolist()
-    expected = _collator_with_flattening([x[s:e] for s, e in zip(cu[:-1], cu[1:])])
+    expected = collator([{"input_ids": x[s:e]} for s, e in zip(cu[:-1], cu[1:])])
     assert set(batch) == set(expected)
     for key, value in expected.items():
         if isinstance(value, int):

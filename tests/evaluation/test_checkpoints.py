@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 import tokpack
 from helpers import make_docs, prepare_docs, write_llmc_model, write_llmc_tokenizer
-from tokpack.checkpoints import load_llmc
+from tokpack.models.checkpoints import load_llmc
 from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows

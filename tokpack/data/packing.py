@@ -211,6 +211,13 @@ class PackingSampler(ResumableBatchSampler):
                 yield self._request(None, first, min(B, hi - first))
 
 
+def _hf_extras(form: str, flash_attn_kwargs: bool, seq_idx: bool) -> tuple[str, ...]:
+    """The hf form's optional keys asked for, as DataCollatorWithFlattening names its options."""
+    if (flash_attn_kwargs or seq_idx) and form != "hf":
+        raise ValueError("return_flash_attn_kwargs and return_seq_idx add keys to the hf form; pass form='hf'")
+    return tuple(name for name, asked in (("flash_attn_kwargs", flash_attn_kwargs), ("seq_idx", seq_idx)) if asked)
+
+
 def _check_order(packing: str, stride: int | None, ranks: str, refill: int, shard_end: str, split_long: bool) -> None:
     if ranks not in RANKS:
         raise ValueError(f"ranks {ranks!r} is not one of {', '.join(RANKS)}")
@@ -291,29 +298,25 @@ class PackedDocuments(Dataset):
             shard_end: ``"drop"``: as modded-nanogpt at a shard's end, the step (every rank's
                 row) that would run past a token file's end is dropped with the file's rest.
         """
-        if (return_flash_attn_kwargs or return_seq_idx) and form != "hf":
-            raise ValueError("return_flash_attn_kwargs and return_seq_idx add keys to the hf form; pass form='hf'")
-        self.hf_extras = tuple(name for name, asked in (("flash_attn_kwargs", return_flash_attn_kwargs),
-                                                        ("seq_idx", return_seq_idx)) if asked)
+        self.hf_extras = _hf_extras(form, return_flash_attn_kwargs, return_seq_idx)
         T = _whole("block_size", block_size)
         _check_parameters(T, packing, form, stride, buffer_size, max_doc_len, split_long, max_docs)
         _check_order(packing, stride, ranks, refill, shard_end, split_long)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
         self.bos_id, lead = self._bos(bos_id)
-        self.packing = packing
+        self.packing, self.ranks, self.refill, self.shard_end = packing, ranks, refill, shard_end
         self._check_fits(T, buffer_size)
         self.insert_bos = bool(lead.any())
-        self.block_size, self.stride, self.packing, self.form = T, stride, packing, form
+        self.block_size, self.stride, self.form = T, stride, form
         cut = max_doc_len is not None or packing == "aligned" or split_long
         self.max_doc_len = (T + 1 if max_doc_len is None else max_doc_len) if cut else None
         if split_long and self.max_doc_len < 2:
             raise ValueError(f"max_doc_len {self.max_doc_len} leaves no room after a piece's BOS; use 2 or more")
         self.buffer_size, self.mask_boundary, self.max_docs = buffer_size, mask_boundary, max_docs
         self.split_long = split_long
-        self.unit_starts, self.unit_bos, self.lengths = self._units(lead)
-        self.ranks, self.refill, self.shard_end = ranks, refill, shard_end
-        order, self.lengths = self._order(self.lengths)
+        self.unit_starts, self.unit_bos, lengths = self._units(lead)
+        order, self.lengths = self._order(lengths)
         self.packer = Packer(packing, T + 1, self.max_doc_len, buffer_size, order)
         self.default_collate_fn = collate_packed
         self.compact = False  # set on the copy a loader's workers read: they send PackedRows

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .options import option
-from .split import Split, open_split
+from ..options import option
+from ..split import Split, open_split
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .models import GPT, GPTConfig
-from .tokenizer import Encoder, load_encoding
-from .tokenizer.vocab import MAX_FILE_BYTES, read_file
+from . import GPT, GPTConfig
+from ..tokenizer import Encoder, load_encoding
+from ..tokenizer.vocab import MAX_FILE_BYTES, read_file
 
 LLMC_MODEL_MAGIC = 20240326
 LLMC_TOKENIZER_MAGIC = 20240328
