@@ -22,9 +22,9 @@ import warnings
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
+from .storage import InputFile, as_input
 from .tokenizer import safe_cut
 
 BLOCK_BYTES = 1 << 20
@@ -56,43 +56,47 @@ class ReadOptions:
 COMPRESSED = (".gz", ".zst")
 
 
-def is_jsonl(path: Path) -> bool:
+def is_jsonl(path: InputFile) -> bool:
     name = path.name
     for suffix in COMPRESSED:
         name = name.removesuffix(suffix)
     return name.endswith(".jsonl")
 
 
-def is_parquet(path: Path) -> bool:
+def is_parquet(path: InputFile) -> bool:
     return path.suffix == ".parquet"
 
 
-def is_records(path: Path) -> bool:
+def is_records(path: InputFile) -> bool:
     """Whether each record of the file (jsonl line, parquet row) is a document."""
     return is_jsonl(path) or is_parquet(path)
 
 
-def _extra(module: str, extra: str, path: Path) -> Any:
+def _extra(module: str, extra: str, path: InputFile) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
         raise ValueError(f"reading {path} needs {module}; pip install \"tokpack[{extra}]\"") from None
 
 
-def _open(path: Path) -> BinaryIO:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+def _open(path: InputFile) -> BinaryIO:
+    """The file's bytes, decompressed: a stream wherever it lives (``InputFile.open_stream``)."""
     if path.suffix == ".zst":
         return io.BufferedReader(_ZstdReader(path, _extra("zstandard", "zstd", path)))
-    return open(path, "rb")
+    raw = path.open_stream()
+    if path.suffix == ".gz":
+        f = gzip.GzipFile(fileobj=raw, mode="rb")
+        f.myfileobj = raw  # closed with it  # type: ignore[attr-defined]
+        return f  # type: ignore[return-value]
+    return raw
 
 
 class _ZstdReader(io.RawIOBase):
     """A .zst file's frames decompressed as they are read (memory stays flat), refusing a file
     that ends inside a frame: zstandard's own readers return a truncated file's text silently."""
 
-    def __init__(self, path: Path, zstandard: Any):
-        self.path, self.zstandard, self.file = path, zstandard, open(path, "rb")
+    def __init__(self, path: InputFile, zstandard: Any):
+        self.path, self.zstandard, self.file = path, zstandard, path.open_stream()
         self.frame = zstandard.ZstdDecompressor().decompressobj()
         self.fed = False  # whether the current frame has been given any input
         self.pending = b""
@@ -124,13 +128,13 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
-def is_single_document(files: Sequence[Path], doc_sep: str | None) -> bool:
+def is_single_document(files: Sequence[InputFile], doc_sep: str | None) -> bool:
     """A lone text file with no separator is one document (nanoGPT's Shakespeare case)."""
     return len(files) == 1 and not is_records(files[0]) and not doc_sep
 
 
 @contextlib.contextmanager
-def _readable(path: Path) -> Iterator[None]:
+def _readable(path: InputFile) -> Iterator[None]:
     """Damaged compressed input as one line naming the file, not a decompressor's traceback."""
     try:
         yield
@@ -143,7 +147,7 @@ def _readable(path: Path) -> Iterator[None]:
         raise ValueError(f"{path} is not a readable zstd file ({exc}); re-create it or leave it out") from None
 
 
-def _decoded_blocks(path: Path, errors: str) -> Iterator[str]:
+def _decoded_blocks(path: InputFile, errors: str) -> Iterator[str]:
     """The text of a file in blocks, with universal newlines: ``\r\n`` and ``\r`` become ``\n``,
     as Python's text mode reads them (and so every Python prepare script sees them)."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(errors), translate=True)
@@ -168,12 +172,12 @@ def _decoded_blocks(path: Path, errors: str) -> Iterator[str]:
                 return
 
 
-def count_chars(path: Path, errors: str) -> int:
+def count_chars(path: InputFile, errors: str) -> int:
     """Characters in a text file, read as a stream."""
-    return sum(len(text) for text in _decoded_blocks(path, errors))
+    return sum(len(text) for text in _decoded_blocks(as_input(path), errors))
 
 
-def _text_documents(path: Path, errors: str, doc_sep: str | None) -> Iterator[Iterator[str]]:
+def _text_documents(path: InputFile, errors: str, doc_sep: str | None) -> Iterator[Iterator[str]]:
     """Each document of a text file as an iterator of its text runs."""
     blocks = _decoded_blocks(path, errors)
     if not doc_sep:
@@ -211,12 +215,12 @@ def _text_documents(path: Path, errors: str, doc_sep: str | None) -> Iterator[It
             return
 
 
-def _where(path: Path, number: int, start: int, cut: bool) -> str:
+def _where(path: InputFile, number: int, start: int, cut: bool) -> str:
     """A jsonl line as an error names it: its number, or in a unit cut from the middle its byte."""
     return f"{path} (the line at byte {start})" if cut else f"{path}:{number}"
 
 
-def _jsonl_text(path: Path, number: int, cut: bool, line: bytes, start: int, errors: str, key: str) -> str:
+def _jsonl_text(path: InputFile, number: int, cut: bool, line: bytes, start: int, errors: str, key: str) -> str:
     """The text field of one jsonl record, or a ValueError naming where it is (file and line)."""
     where = functools.partial(_where, path, number, start, cut)  # formatted only for an error
     try:
@@ -248,7 +252,7 @@ def _jsonl_text(path: Path, number: int, cut: bool, line: bytes, start: int, err
     return value
 
 
-def _jsonl_documents(path: Path, errors: str, key: str, lo: int = 0, hi: int | None = None) -> Iterator[Iterator[str]]:
+def _jsonl_documents(path: InputFile, errors: str, key: str, lo: int = 0, hi: int | None = None) -> Iterator[Iterator[str]]:
     """The records of a jsonl file; with ``lo``/``hi``, those whose line starts in [lo, hi)."""
     with _readable(path), _open(path) as f:
         offset = 0
@@ -265,13 +269,30 @@ def _jsonl_documents(path: Path, errors: str, key: str, lo: int = 0, hi: int | N
                 yield iter((_jsonl_text(path, number, bool(lo), line, start, errors, key),))
 
 
-def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterator[str]]:
+def _parquet_documents(path: InputFile, errors: str, column: str) -> Iterator[Iterator[str]]:
     """The ``column`` of every row, read a batch of a row group at a time."""
+    with _parquet(path) as table:
+        yield from _parquet_rows(path, table, errors, column)
+
+
+@contextlib.contextmanager
+def _parquet(path: InputFile) -> Iterator[Any]:
+    """A parquet file opened by pyarrow: a local one by its path, a remote one through its stream
+    (pyarrow reads the footer, then only the column chunks asked for)."""
     pq = _extra("pyarrow.parquet", "parquet", path)
-    try:
-        table = pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow raises its own types for a file that is not parquet
-        raise ValueError(f"{path} is not a readable parquet file ({exc}); re-create it or leave it out") from None
+    with contextlib.ExitStack() as stack:
+        local = path.local_path()
+        source = local if local is not None else stack.enter_context(path.open_stream())
+        try:
+            table = pq.ParquetFile(source)
+        except Exception as exc:  # pyarrow raises its own types for a file that is not parquet
+            if isinstance(exc, ValueError) and str(exc).startswith(str(path)):
+                raise  # a remote read's own line
+            raise ValueError(f"{path} is not a readable parquet file ({exc}); re-create it or leave it out") from None
+        yield table
+
+
+def _parquet_rows(path: InputFile, table: Any, errors: str, column: str) -> Iterator[Iterator[str]]:
     names = table.schema_arrow.names
     if column not in names:
         raise ValueError(f"{path} has no column {column!r} (found {names}); pass --text-column with the text column")
@@ -298,23 +319,22 @@ def _parquet_documents(path: Path, errors: str, column: str) -> Iterator[Iterato
             yield iter((_SURROGATE.sub("\ufffd", value) if surrogate else value,))
 
 
-def parquet_row_groups(path: Path) -> list[int]:
+def parquet_row_groups(path: InputFile) -> list[int]:
     """The rows (documents) of each row group of a parquet file, from its footer alone."""
-    pq = _extra("pyarrow.parquet", "parquet", path)
-    try:
-        metadata = pq.ParquetFile(path).metadata
-    except Exception as exc:  # pyarrow raises its own types for a file that is not parquet
-        raise ValueError(f"{path} is not a readable parquet file ({exc}); re-create it or leave it out") from None
-    return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    with _parquet(path) as table:
+        metadata = table.metadata
+        return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
-def documents(files: Sequence[Path | tuple[Path, int, int | None]],
+def documents(files: Sequence[InputFile | tuple[InputFile, int, int | None]],
               options: ReadOptions = ReadOptions()) -> Iterator[Iterator[str]]:
     """Every document of every file, in order, each as an iterator of its text runs. A file may
-    come as (path, lo, hi): of a jsonl file, the records whose line starts in [lo, hi)."""
+    come as (path, lo, hi): of a jsonl file, the records whose line starts in [lo, hi). Local
+    paths are taken as they are (``as_input``)."""
     errors = options.errors
     for entry in files:
-        path, lo, hi = entry if isinstance(entry, tuple) else (entry, 0, None)
+        file, lo, hi = entry if isinstance(entry, tuple) else (entry, 0, None)
+        path = as_input(file)
         if is_jsonl(path):
             yield from _jsonl_documents(path, errors, options.jsonl_key, lo, hi)
         elif is_parquet(path):

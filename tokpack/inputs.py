@@ -1,6 +1,9 @@
-"""Corpus inputs: paths, folders and globs resolved to the regular files a run reads, each once.
+"""Corpus inputs: paths, folders, globs and URLs resolved to the files a run reads, each once.
 
     python -c "from tokpack.inputs import resolve_inputs; print(resolve_inputs(['corpus/']))"
+
+Local files come as ``LocalFile`` and remote objects as ``RemoteFile`` (``tokpack.storage``):
+both are ``InputFile``s, which is all a run asks of an input.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import stat
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from .storage import InputFile, LocalFile, expand, is_url
 
 
 def _regular(path: Path) -> bool:
@@ -45,8 +51,10 @@ def _glob(raw: str) -> list[Path]:
     return sorted((p for p in matches if not p.is_dir() and not reached_by_link(p)), key=lambda p: p.parts)
 
 
-def resolve_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
-    """Each path as given with its files: a file, a folder (recursive, sorted) or a glob.
+def resolve_groups(paths: Sequence[str | Path],
+                   storage_options: dict[str, Any] | None = None) -> list[tuple[str, list[InputFile]]]:
+    """Each path as given with its files: a file, a folder (recursive, sorted), a glob, or a URL
+    (an object, a prefix or a glob of a remote store, expanded there the same way).
 
     An existing path is taken literally before it is read as a glob (``data[1].txt``). Only
     regular files are read: others found in folders or globs (FIFOs, sockets, devices) are skipped
@@ -54,10 +62,14 @@ def resolve_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
     """
     if not paths:
         raise ValueError("no corpus given; pass files, folders or globs")
-    groups: list[tuple[str, list[Path]]] = []
-    seen: set[tuple[int, int]] = set()
+    groups: list[tuple[str, list[InputFile]]] = []
+    seen: set[tuple[Any, ...]] = set()
     for raw in map(str, paths):
         path = Path(raw)
+        if is_url(raw):
+            remote: list[InputFile] = list(expand(raw, storage_options or {}))
+            groups.append((raw, _once(remote, seen)))
+            continue
         if path.is_dir():
             found = _walk(path)
             if not found:
@@ -73,29 +85,30 @@ def resolve_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
                 raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern and quote it")
         else:
             raise FileNotFoundError(f"corpus path {raw} does not exist; pass a file, a folder or a glob")
-        files = []
+        regular = []
         for f in found:
             if not _regular(f):
                 warnings.warn(f"skipping {f}: not a regular file", stacklevel=2)
                 continue
-            info = f.stat()
-            if (info.st_dev, info.st_ino) in seen:
-                warnings.warn(f"{f} is reached twice; it is read once", stacklevel=2)
-                continue
-            seen.add((info.st_dev, info.st_ino))
-            files.append(f)
-        groups.append((raw, files))
+            regular.append(LocalFile(f))
+        groups.append((raw, _once(regular, seen)))
     if not any(files for _, files in groups):
         raise ValueError(f"the inputs ({', '.join(map(str, paths))}) hold no regular files; pass text files")
     return groups
 
 
-def identity(path: Path) -> tuple[int, int]:
-    """What makes two paths one file: its device and inode (links and other spellings agree)."""
-    info = path.stat()
-    return info.st_dev, info.st_ino
+def _once(found: list[InputFile], seen: set[tuple[Any, ...]]) -> list[InputFile]:
+    """``found`` without the files already ``seen`` (by identity), each skipped with a warning."""
+    files = []
+    for f in found:
+        if f.identity() in seen:
+            warnings.warn(f"{f} is reached twice; it is read once", stacklevel=3)
+            continue
+        seen.add(f.identity())
+        files.append(f)
+    return files
 
 
-def resolve_inputs(paths: Sequence[str | Path]) -> list[Path]:
-    """Files from paths, folders (recursively, sorted) and globs, in the order given, each once."""
-    return [f for _, files in resolve_groups(paths) for f in files]
+def resolve_inputs(paths: Sequence[str | Path], storage_options: dict[str, Any] | None = None) -> list[InputFile]:
+    """Files from paths, folders (recursively, sorted), globs and URLs, in the order given, each once."""
+    return [f for _, files in resolve_groups(paths, storage_options) for f in files]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -36,6 +37,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 def _describe(annotation: Any) -> str:
     if dataclasses.is_dataclass(annotation):
         return f"a table of {annotation.__name__} keys"
+    if typing.get_origin(annotation) is dict:
+        return "a table"
     if typing.get_origin(annotation) in (tuple, list):
         return f"a list of {_describe(typing.get_args(annotation)[0])}"
     names = [a.__name__ for a in typing.get_args(annotation)] or [annotation.__name__]
@@ -55,6 +58,8 @@ def _checked(annotation: Any, value: Any, key: str, source: str) -> Any:
                 return _checked(option, value, key, source)
             except ValueError:
                 continue
+    elif origin is dict and isinstance(value, dict):
+        return dict(value)
     elif origin in (tuple, list) and isinstance(value, (list, tuple)):
         return tuple(_checked(args[0], v, key, source) for v in value)
     elif annotation is type(None) and value is None:
@@ -146,6 +151,18 @@ def add_options(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (
 
 
 def _scalar(kind: Any) -> Any:
-    """The argparse type of an annotation: ``int | None`` parses as int."""
+    """The argparse type of an annotation: ``int | None`` parses as int, a table as a JSON object."""
     options = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+    if typing.get_origin(options[0]) is dict:
+        return _json_object
     return options[0] if options[0] in (int, float) else str
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a JSON object (give '{{\"key\": value}}')")
+    return value

@@ -12,6 +12,7 @@ import pytest
 from helpers import make_docs, write_docs
 from tokpack.format import read_meta
 from tokpack.prepare import PrepareConfig, prepare
+from tokpack.storage import LocalFile
 from tokpack.verify import verify_folder
 
 
@@ -155,7 +156,7 @@ def _each_rank(world, fn):
 
 def test_ranks_that_see_other_inputs_all_refuse_naming_the_difference(tmp_path):
     import os
-    files = [tmp_path / f"{i}.txt" for i in range(3)]
+    files = [LocalFile(tmp_path / f"{i}.txt") for i in range(3)]
     for f in files:
         f.write_text("same text")
     views = {0: files, 1: files, 2: files}
@@ -163,7 +164,7 @@ def test_ranks_that_see_other_inputs_all_refuse_naming_the_difference(tmp_path):
     other = tmp_path / "node2"
     other.mkdir()
     for name, (text, mtime) in {"size": ("other text!", None), "mtime": ("same text", 10**18)}.items():
-        copy = other / "1.txt"
+        copy = LocalFile(other / "1.txt")
         copy.write_text(text)
         if mtime:
             os.utime(copy, ns=(mtime, mtime))

@@ -17,6 +17,7 @@ from tokpack.prepare import units
 from tokpack.prepare.__main__ import main
 from tokpack.prepare.cluster import share_of
 from tokpack.prepare.units import input_sha256
+from tokpack.storage import LocalFile
 from tokpack.verify import verify_folder
 
 OPTIONS = ["--shard-tokens", "3000", "--unit-mb", "0.15", "--quiet", "--workers", "1"]
@@ -147,7 +148,7 @@ def test_an_input_edited_in_place_is_redone_even_with_its_old_mtime(tmp_path, co
 
 def test_a_units_input_hash_covers_exactly_the_bytes_its_documents_come_from(tmp_path):
     lines = [json.dumps({"text": f"doc {i} " * (i % 7 + 1)}) + "\n" for i in range(200)]
-    path = tmp_path / "web.jsonl"
+    path = LocalFile(tmp_path / "web.jsonl")
     path.write_text("".join(lines))
     data = path.read_bytes()
     sizes = {path: len(data)}

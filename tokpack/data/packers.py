@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -103,28 +104,36 @@ class Order:
         run = np.searchsorted(ends, positions, side="right")
         return (positions - ends[run] + counts[run]) % self.refill == 0
 
-    def batches(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
-                start: int = 0) -> Iterator[list[tuple[int, int]]]:
-        """A rank's endless (document, length) stream from its ``start``-th document, epoch after
-        epoch, in refill batches."""
+    def _chunks(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+                start: int) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
+        """A rank's endless stream from its ``start``-th document as (positions in the epoch,
+        documents, last chunk of an epoch), a chunk at a time."""
         runs = self.ranges(len(lengths), stream)
         share = int(runs[1].sum())
         first_epoch, skip = divmod(start, share)
-        batch: list[tuple[int, int]] = []
         for epoch in itertools.count(first_epoch):
             for lo in range(skip if epoch == first_epoch else 0, share, CHUNK):
                 positions = np.arange(lo, min(lo + CHUNK, share))
-                docs = self.documents_at(len(lengths), positions, stream, epoch, runs)
-                if self.refill == 1 and self.ranks != "groups":
-                    for pair in zip(docs.tolist(), lengths[docs].tolist()):
-                        yield [pair]
-                    continue
-                for doc, n, first in zip(docs.tolist(), lengths[docs].tolist(), self.breaks(positions, runs).tolist()):
-                    if first and batch:
-                        yield batch
-                        batch = []
-                    batch.append((doc, n))
-            if batch:
+                yield positions, self.documents_at(len(lengths), positions, stream, epoch, runs), lo + CHUNK >= share
+
+    def pairs(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+              start: int = 0) -> Iterator[tuple[int, int]]:
+        """A rank's endless (document, length) stream from its ``start``-th document."""
+        for _, docs, _ in self._chunks(lengths, stream, start):
+            yield from zip(docs.tolist(), lengths[docs].tolist())
+
+    def batches(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+                start: int = 0) -> Iterator[list[tuple[int, int]]]:
+        """The same stream in refill batches (from a ``start`` that begins one)."""
+        runs = self.ranges(len(lengths), stream)
+        batch: list[tuple[int, int]] = []
+        for positions, docs, last in self._chunks(lengths, stream, start):
+            for doc, n, first in zip(docs.tolist(), lengths[docs].tolist(), self.breaks(positions, runs).tolist()):
+                if first and batch:
+                    yield batch
+                    batch = []
+                batch.append((doc, n))
+            if last:
                 yield batch
                 batch = []
 
@@ -178,14 +187,17 @@ class TrainingRows:
         self.row, self.taken = start.row, start.taken
         order = packer.order
         seed, rank, world, shuffle = stream
-        batches = order.batches(lengths, stream, start=self.taken)
         cap = math.inf if packer.max_doc_len is None else packer.max_doc_len
         step = world if order.ranks == "rows" else 1
         if packer.packing == "aligned":
-            steps = self._aligned(batches, packer.capacity, cap, step, order.files)
+            steps = self._aligned(order.pairs(lengths, stream, self.taken), packer.capacity, cap, step, order.files)
+            self._rows = (rows[rank if step > 1 else 0] for rows in steps)
         else:
-            steps = self._steps(self._bestfit(batches, packer.capacity, cap, packer.buffer_size), step)
-        self._rows = (rows[rank if step > 1 else 0] for rows in steps)
+            # One document at a time unless the refills come in batches: the common case stays lean.
+            single = order.refill == 1 and order.ranks != "groups"
+            source = order.pairs(lengths, stream, self.taken) if single else order.batches(lengths, stream, self.taken)
+            rows = self._bestfit(source, single, packer.capacity, cap, packer.buffer_size)
+            self._rows = rows if step == 1 else self._rank_of_steps(rows, step, rank)
 
     def __iter__(self) -> Iterator[Row]:
         return self
@@ -200,45 +212,47 @@ class TrainingRows:
         return PackerState(self.row, self.taken, list(self.buffer))
 
     @staticmethod
-    def _steps(rows: Iterator[Row], step: int) -> Iterator[list[Row]]:
+    def _rank_of_steps(rows: Iterator[Row], step: int, rank: int) -> Iterator[Row]:
+        """Row ``rank`` of each step of ``step`` rows, each step packed whole before it is handed out."""
         while True:
-            yield [next(rows) for _ in range(step)]
+            yield [next(rows) for _ in range(step)][rank]
 
-    def _aligned(self, batches: Iterator[list[tuple[int, int]]], capacity: int, cap: float, step: int,
+    def _aligned(self, docs: Iterator[tuple[int, int]], capacity: int, cap: float, step: int,
                  files: np.ndarray | None) -> Iterator[list[Row]]:
         rows: list[Row] = []
         row: list[Segment] = []
         room, used, file = capacity, 0, -1
-        for batch in batches:
-            for doc, n in batch:
-                if files is not None:
-                    if used and files[doc] != file:  # the step would run past its file's end: dropped
-                        self.taken += used
-                        rows, row, room, used = [], [], capacity, 0
-                    file = files[doc]
-                take = int(min(n, cap, room))
-                row.append((doc, 0, take, 0))
-                room -= take
-                used += 1
-                if room == 0:
-                    rows.append(tuple(row))
-                    row, room = [], capacity
-                    if len(rows) == step:
-                        self.taken += used
-                        yield rows
-                        rows, used = [], 0
+        for doc, n in docs:
+            if files is not None:
+                if used and files[doc] != file:  # the step would run past its file's end: dropped
+                    self.taken += used
+                    rows, row, room, used = [], [], capacity, 0
+                file = files[doc]
+            take = int(min(n, cap, room))
+            row.append((doc, 0, take, 0))
+            room -= take
+            used += 1
+            if room == 0:
+                rows.append(tuple(row))
+                row, room = [], capacity
+                if len(rows) == step:
+                    self.taken += used
+                    yield rows
+                    rows, used = [], 0
 
-    def _bestfit(self, batches: Iterator[list[tuple[int, int]]], capacity: int, cap: float,
-                 size: int) -> Iterator[Row]:
+    def _bestfit(self, source: Iterator[Any], single: bool, capacity: int, cap: float, size: int) -> Iterator[Row]:
+        """Best fit over ``source``: (document, length) pairs when ``single``, else refill batches of them."""
         buffer, taken = self.buffer, self.taken
         insort, bisect_right = bisect.insort, bisect.bisect_right
         row: list[Segment] = []
         pos = 0
         while True:
             while len(buffer) < size:
-                for doc, n in next(batches):
+                for doc, n in source if single else next(source):
                     insort(buffer, (n if n < cap else cap) << 2 * _FIELD | (_MASK - taken) << _FIELD | doc)
                     taken += 1
+                    if single and len(buffer) >= size:
+                        break
             room = capacity - pos
             # The last entry of a length is its earliest arrival, so these pick the first-come among equals.
             fits = bisect_right(buffer, room << 2 * _FIELD | _LOW) - 1

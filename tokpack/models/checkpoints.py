@@ -23,7 +23,7 @@ import torch
 
 from . import GPT, GPTConfig
 from ..tokenizer import Encoder, load_encoding
-from ..tokenizer.vocab import MAX_FILE_BYTES, read_file
+from ..tokenizer.vocab import read_file
 
 LLMC_MODEL_MAGIC = 20240326
 LLMC_TOKENIZER_MAGIC = 20240328
@@ -44,7 +44,7 @@ def _llmc_shapes(L: int, C: int, Vp: int, maxT: int) -> list[tuple[str, tuple[in
             + [("transformer.ln_f.weight", (C,)), ("transformer.ln_f.bias", (C,))])
 
 
-def _header(path: Path, magic: int, what: str, fix: str, limit: int) -> tuple[np.ndarray, bytes]:
+def _header(path: Path, magic: int, what: str, fix: str, limit: int | None) -> tuple[np.ndarray, bytes]:
     raw = read_file(path, what, fix, limit)
     if len(raw) < LLMC_HEADER_WORDS * 4:
         raise ValueError(f"{path} is shorter than llm.c's {LLMC_HEADER_WORDS * 4}-byte header; {fix}")
@@ -95,7 +95,7 @@ class LlmcVocabulary:
 
     def __init__(self, path: Path):
         fix = "pass the gpt2_tokenizer.bin llm.c wrote with the checkpoint"
-        header, raw = _header(path, LLMC_TOKENIZER_MAGIC, "llm.c tokenizer", fix, MAX_FILE_BYTES)
+        header, raw = _header(path, LLMC_TOKENIZER_MAGIC, "llm.c tokenizer", fix, None)
         n, self.eot_token = int(header[2]), int(header[3])
         self.tokens, at = [], LLMC_HEADER_WORDS * 4
         for _ in range(n):

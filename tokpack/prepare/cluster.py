@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..cli import USER_ERRORS, error_line
 from ..corpus import COMPRESSED, is_jsonl
 from ..distributed import Distributed
+from ..storage import InputFile
 
 
 class Ranks:
@@ -52,7 +52,7 @@ class Ranks:
         if failed:
             raise ValueError(failed[0])
 
-    def check_same_inputs(self, files: Sequence[Path]) -> None:
+    def check_same_inputs(self, files: Sequence[InputFile]) -> None:
         """Refuse, on every rank and before anything is written, a run whose ranks see other inputs
         than rank 0 (a glob that matched more files on one, a node whose copy differs): each rank
         would tokenize its share of its own view. Sizes and mtimes are compared, and rank 0's listing
@@ -61,8 +61,8 @@ class Ranks:
             return
         mine = []
         for f in files:
-            info = f.stat()
-            mine.append((str(f), info.st_size, info.st_mtime_ns))
+            local = f.local_path()
+            mine.append((str(f), f.size(), f.pin() if local is None else local.stat().st_mtime_ns))
         digests = self.gather(hashlib.sha256(repr(mine).encode("utf-8", "surrogateescape")).hexdigest())
         if len(set(digests)) == 1:
             return
@@ -90,17 +90,17 @@ def _first_difference(reference: list[tuple[str, int, int]], other: list[tuple[s
 
 
 # A file of a unit's share: whole (0, None), or of a jsonl file the lines starting in [lo, hi).
-Entry = tuple[Path, int, "int | None"]
+Entry = tuple[InputFile, int, "int | None"]
 
 
-def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: int) -> list[Entry]:
+def share_of(files: Sequence[InputFile], sizes: dict[InputFile, int], index: int, count: int) -> list[Entry]:
     """Part ``index`` of ``count`` of the inputs as (file, lo, hi): the documents of the file whose
     first byte lies in [lo, hi), hi None for the rest of it. Parts are consecutive byte ranges of
     the inputs laid end to end; a file that cannot be cut goes to the part owning its first byte."""
     total = sum(sizes[f] for f in files)
     lo, hi = index * total // count, (index + 1) * total // count
     last = index == count - 1
-    out: list[tuple[Path, int, int | None]] = []
+    out: list[Entry] = []
     start = 0
     for f in files:
         end = start + sizes[f]
@@ -114,6 +114,6 @@ def share_of(files: Sequence[Path], sizes: dict[Path, int], index: int, count: i
     return out
 
 
-def splittable(path: Path) -> bool:
+def splittable(path: InputFile) -> bool:
     """Whether a file can be cut at a byte offset: uncompressed jsonl, at line starts."""
     return is_jsonl(path) and path.suffix not in COMPRESSED

@@ -38,8 +38,9 @@ OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fractio
 class PrepareConfig:
     """Every option of ``tokpack.prepare``; those that change the output go into meta.json."""
 
-    inputs: tuple[str, ...] = option((), "files, folders (recursive) or globs; text, .jsonl, .gz and .zst of "
-                                     "both, .parquet (default: the built-in sample corpus, the Python docs topics)")
+    inputs: tuple[str, ...] = option((), "files, folders (recursive), globs or URLs (s3://, gs://, https://, "
+                                     "hf://: tokpack[remote]); text, .jsonl, .gz and .zst of both, .parquet "
+                                     "(default: the built-in sample corpus, the Python docs topics)")
     out_dir: str | None = option(None, "output folder (default: data/sample for the sample, else data/<first "
                                  "input's stem>)")
     encoding: str = option("gpt2", "tiktoken encoding name, NAME.tiktoken file, spec file (.toml/.json), or a "
@@ -56,6 +57,10 @@ class PrepareConfig:
     val_fraction: float = option(0.1, "share of documents (or of a lone document's tail) that goes to val")
     val_tokens: int = option(0, "a fixed val budget instead: the documents first in hash order until they hold "
                              "at least N tokens, e.g. modded-nanogpt's 10485760 (default: 0, off)")
+    storage_options: dict[str, Any] | None = option(
+        None, "options of remote inputs' store as a JSON object, or a [storage_options] table in a config: "
+        "endpoint_url, key, secret, anon, profile, timeout (seconds, default 60), ... as fsspec's library for "
+        "the URL takes them; never recorded (default: the library's own, from the environment)")
     val_inputs: tuple[str, ...] = option((), "these files, folders or globs are the val split, whole (nanochat's "
                                          "last parquet file, llm.c's first shard); the rest is train (default: none)")
     seed: int = option(1337, "seed of the per-document split hash")

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta, remove_own
+from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
 from . import units
 from .writers import HashingWriter, remove_temporaries, write_json_atomic
@@ -124,7 +125,7 @@ class OutputFolder:
             self._remove_created()
 
 
-def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequence[Path],
+def check_out_dir(out: Path, force: bool, files: Sequence[InputFile], folders: Sequence[Path],
                   ours: set[str] = frozenset()) -> None:  # type: ignore[assignment]
     """Refuse an output folder that would read its own output, overwrite an input, or overwrite a
     prepared corpus or another tool's token files without ``force``; ``ours`` are token files an
@@ -135,7 +136,8 @@ def check_out_dir(out: Path, force: bool, files: Sequence[Path], folders: Sequen
             raise ValueError(f"--out-dir {out} lies inside the corpus folder {folder}, so a rerun would read "
                              "its own output; choose an --out-dir outside the input folders")
     for f in files:  # the name first: resolving every input costs a system call a path component
-        if (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME) and f.resolve().parent == target:
+        local = f.local_path()
+        if local is not None and (TOKEN_FILE.fullmatch(f.name) or f.name == META_NAME) and local.resolve().parent == target:
             raise ValueError(f"input {f} would be overwritten by the output; choose another --out-dir")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file, not a folder; choose another --out-dir")

@@ -19,10 +19,10 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..corpus import ReadOptions, documents
+from ..storage import InputFile
 from ..tokenizer import Encoder
 
 
@@ -33,7 +33,7 @@ class Holdout:
 
     kind: str  # "fraction", "tokens" or "inputs"
     below: int | None
-    files: frozenset[Path] = frozenset()
+    files: frozenset[InputFile] = frozenset()
     value: Any = None  # the fraction, the token budget, or the val inputs as given
 
     def is_val(self, text_hash: bytes) -> bool:
@@ -55,7 +55,7 @@ def by_fraction(fraction: float) -> Holdout:
     return Holdout("fraction", math.ceil(fraction * 2**64), value=fraction)
 
 
-def by_inputs(files: Sequence[Path], given: Sequence[str]) -> Holdout:
+def by_inputs(files: Sequence[InputFile], given: Sequence[str]) -> Holdout:
     return Holdout("inputs", None, frozenset(files), list(given))
 
 
@@ -64,7 +64,7 @@ def document_hash(key: bytes) -> Any:
     return hashlib.blake2b(digest_size=8, key=key)
 
 
-def by_tokens(budget: int, files: Sequence[Path], enc: Encoder, eot: str, seed: int, options: ReadOptions) -> Holdout:
+def by_tokens(budget: int, files: Sequence[InputFile], enc: Encoder, eot: str, seed: int, options: ReadOptions) -> Holdout:
     """The threshold that makes val the smallest-hash documents holding at least ``budget`` tokens."""
     key = seed.to_bytes(8, "little", signed=True)
     extra = 0 if eot == "none" else 1

@@ -26,7 +26,8 @@ from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import process_group
 from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
-from ..inputs import identity, resolve_groups
+from ..inputs import resolve_groups
+from ..storage import InputFile, is_url, redact
 from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, units
 from .cluster import Ranks
@@ -86,7 +87,7 @@ def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
     return folder
 
 
-def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int]) -> InputsInfo:
+def _describe_inputs(groups: list[tuple[str, list[InputFile]]], sizes: dict[InputFile, int]) -> InputsInfo:
     """Each input as given, with its file count and bytes, and a hash of the whole file listing.
 
     Per-file entries would make meta.json grow with the number of files; the hash still pins them.
@@ -96,7 +97,8 @@ def _describe_inputs(groups: list[tuple[str, list[Path]]], sizes: dict[Path, int
         for f in found:
             listing.update(f"{f}\t{sizes[f]}\n".encode("utf-8", "surrogateescape"))
     return {
-        "given": [{"path": raw, "files": len(found), "bytes": sum(sizes[f] for f in found)} for raw, found in groups],
+        "given": [{"path": redact(raw) if is_url(raw) else raw, "files": len(found), "bytes": sum(sizes[f] for f in found)}
+                  for raw, found in groups],
         "files": len(sizes),
         "bytes": sum(sizes.values()),
         "listing_sha256": listing.hexdigest(),
@@ -153,7 +155,7 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     # Fail fast, before the corpus is read; checked again once the folder is locked.
     check_out_dir(out, config.force, files, _input_folders(config),
                   ours=units.recorded_files(out) if out.is_dir() else set())
-    sizes = {p: p.stat().st_size for p in files}
+    sizes = {p: p.size() for p in files}
     sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
@@ -168,23 +170,24 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options())
 
 
-def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[Path]]], list[Path]]:
+def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:
     """The inputs as given with the files each names, val inputs among them; and the val files."""
-    groups = resolve_groups(config.inputs or [str(write_sample_corpus())])
+    options = config.storage_options
+    groups = resolve_groups(config.inputs or [str(write_sample_corpus())], options)
     if not config.val_inputs:
         return groups, []
-    val_files = [f for _, found in resolve_groups(config.val_inputs) for f in found]
+    val_files = [f for _, found in resolve_groups(config.val_inputs, options) for f in found]
     # A file is one file however it is reached: among the inputs, a val file goes by its val path.
-    val_ids = {identity(f): f for f in val_files}
-    respelled = [(f, val_ids[identity(f)]) for _, found in groups for f in found
-                 if identity(f) in val_ids and val_ids[identity(f)] != f]
+    val_ids = {f.identity(): f for f in val_files}
+    respelled = [(f, val_ids[f.identity()]) for _, found in groups for f in found
+                 if f.identity() in val_ids and val_ids[f.identity()] != f]
     if respelled:
         swap = dict(respelled)
         groups = [(raw, [swap.get(f, f) for f in found]) for raw, found in groups]
         warnings.warn(f"{len(respelled)} input file(s) are --val-inputs reached by another path ({respelled[0][0]} is "
                       f"{respelled[0][1]}); they go to val only", stacklevel=4)
-    listed = {identity(f) for _, found in groups for f in found}
-    groups += [(str(f), [f]) for f in val_files if identity(f) not in listed]  # val inputs not among the inputs
+    listed = {f.identity() for _, found in groups for f in found}
+    groups += [(str(f), [f]) for f in val_files if f.identity() not in listed]  # val inputs not among the inputs
     if all(f in set(val_files) for _, found in groups for f in found):
         raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
                          "name only the val files")
@@ -211,7 +214,7 @@ def _workers(asked: int) -> int:
     return min(asked or cores, cores)
 
 
-def _holdout(config: PrepareConfig, files: tuple[Path, ...], val_files: list[Path], enc: Encoder,
+def _holdout(config: PrepareConfig, files: tuple[InputFile, ...], val_files: list[InputFile], enc: Encoder,
              eot: str) -> holdout.Holdout:
     if config.val_inputs:
         return holdout.by_inputs(val_files, config.val_inputs)
@@ -290,7 +293,7 @@ def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, Spli
 
 
 def _input_folders(config: PrepareConfig) -> list[Path]:
-    return [Path(i) for i in config.inputs if Path(i).is_dir()]
+    return [Path(i) for i in config.inputs if not is_url(i) and Path(i).is_dir()]
 
 
 def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, SplitInfo]:

@@ -68,11 +68,17 @@ def input_sha256(share: list[Entry]) -> str:
     """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
     the byte before ``lo`` (which decides where the first line starts) to the end of the last line
     starting before ``hi``. A read, not a tokenization: a rerun re-reads it to prove a kept unit's
-    input unchanged, even by an edit of the same length under the old mtime."""
+    input unchanged, even by an edit of the same length under the old mtime. A remote object is
+    pinned by its size and version instead (``InputFile.pin``), which its store changes with its
+    bytes: reading it again would cost a second download."""
     digest = hashlib.sha256()
     for path, lo, hi in share:
         digest.update(f"{path}\t{lo}\t{hi}\n".encode("utf-8", "surrogateescape"))
-        with open(path, "rb") as f:
+        pin = path.pin()
+        if pin is not None:
+            digest.update(f"pinned\t{pin}\n".encode())
+            continue
+        with path.open_stream() as f:
             f.seek(max(lo - 1, 0))
             left = None if hi is None else hi - max(lo - 1, 0)
             last = b""

@@ -46,8 +46,10 @@ MAX_FILE_BYTES = 128 << 20
 MAX_SPECIAL_GAP = 1 << 16
 
 
-def read_file(path: Path, what: str, fix: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; ``what`` names it in errors."""
+def read_file(path: Path, what: str, fix: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (None: ``MAX_FILE_BYTES``); ``what``
+    names it in errors."""
+    limit = MAX_FILE_BYTES if limit is None else limit
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     except FileNotFoundError:

@@ -1,0 +1,294 @@
+"""Where input files live: the local disk, or any store fsspec reaches (``s3://``, ``gs://``,
+``https://``, ``hf://``), behind one small interface.
+
+    pip install "tokpack[remote]"
+    python -m tokpack.prepare 's3://bucket/fineweb-edu/*.parquet' --out-dir data/edu
+
+An input file is an ``InputFile``: a name and suffix (which decide how it is read), its size, a
+``pin`` (None for a local file, whose bytes are hashed; a remote object's version, ETag or
+generation, which the store changes when the object changes), an identity (a local file's device
+and inode; a remote object's URL) and ``open_stream()``, a seekable binary stream. A remote stream
+is read in ranges, never downloaded whole, and a transient failure (5xx, throttling, a connection
+reset, a read cut short, a timeout) is retried with backoff a bounded number of times, resuming at
+the byte it had reached; a missing object, a denied request or bad credentials fail at once, one
+line naming the URL and the fix. Credentials come as each library takes them (environment,
+profiles, ``AWS_ENDPOINT_URL``), or as ``--storage-options JSON``; a URL is shown and recorded
+without its user information, query or fragment.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+RETRIES = 6  # attempts at one read, the first included
+BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
+MAX_BACKOFF_S = 5.0
+BLOCK_BYTES = 8 << 20  # a remote stream's read-ahead: memory per open input
+GLOB_CHARS = "*?["
+TIMEOUT_S = 60.0  # a connection or a read that waits longer is retried
+
+
+class InputFile(Protocol):
+    """What a prepare run needs of one input file, wherever it lives."""
+
+    name: str
+    suffix: str
+
+    def size(self) -> int: ...
+
+    def pin(self) -> str | None: ...
+
+    def identity(self) -> tuple[Any, ...]: ...
+
+    def local_path(self) -> Path | None: ...
+
+    def open_stream(self) -> BinaryIO: ...
+
+
+class LocalFile(type(Path())):  # type: ignore[misc]
+    """A local input file: a ``Path`` with the ``InputFile`` interface."""
+
+    def size(self) -> int:
+        return self.stat().st_size
+
+    def pin(self) -> str | None:
+        return None  # its bytes are hashed instead
+
+    def identity(self) -> tuple[Any, ...]:
+        """Device and inode: links and other spellings of one file agree."""
+        info = self.stat()
+        return info.st_dev, info.st_ino
+
+    def local_path(self) -> Path | None:
+        return Path(self)
+
+    def open_stream(self) -> BinaryIO:
+        return open(self, "rb")
+
+
+def as_input(f: InputFile | str | os.PathLike) -> InputFile:
+    """An ``InputFile`` as it is, a local path as a ``LocalFile``: what the readers accept."""
+    return f if hasattr(f, "open_stream") else LocalFile(f)  # type: ignore[return-value]
+
+
+def is_url(raw: str) -> bool:
+    """Whether an input names a remote store (``scheme://``) rather than a local path."""
+    scheme, sep, _ = raw.partition("://")
+    return bool(sep) and scheme.replace("+", "").isalnum() and scheme != "file"
+
+
+def redact(url: str) -> str:
+    """``url`` without user information, query or fragment: what tokpack shows and records."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def parse_options(raw: str, source: str = "--storage-options") -> dict[str, Any]:
+    """Storage options given as a JSON object (a TOML table arrives already as one)."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ValueError(f"{source} {raw!r} is not JSON ({exc}); give an object, e.g. "
+                         "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{source} {raw!r} is not a JSON object; give one, e.g. '{{\"anon\": true}}'")
+    return value
+
+
+class RemoteFile:
+    """An object in a store fsspec reaches, found by ``expand``."""
+
+    def __init__(self, fs: Any, path: str, url: str, size: int, version: str):
+        self.fs, self.path, self.url, self._size, self.version = fs, path, url, size, version
+        self.name = path.rstrip("/").rsplit("/", 1)[-1]
+        self.suffix = os.path.splitext(self.name)[1]
+
+    def size(self) -> int:
+        return self._size
+
+    def pin(self) -> str | None:
+        return f"{self._size}:{self.version}"
+
+    def identity(self) -> tuple[Any, ...]:
+        return ("url", redact(self.url))
+
+    def local_path(self) -> Path | None:
+        return None
+
+    def open_stream(self) -> BinaryIO:
+        return io.BufferedReader(RetryingReader(self), BLOCK_BYTES)  # type: ignore[return-value]
+
+    def __str__(self) -> str:
+        return redact(self.url)
+
+    __repr__ = __str__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteFile) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+
+class RetryingReader(io.RawIOBase):
+    """A remote object read in ranges; a transient failure reopens it at the byte reached, after
+    a backoff, at most ``RETRIES`` times a read. The object must keep its size and version."""
+
+    def __init__(self, file: RemoteFile):
+        self.file, self.pos, self._f = file, 0, None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.file.size()}[whence]
+        self.pos = max(0, base + offset)
+        if self._f is not None:
+            self._f.seek(self.pos)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), max(0, self.file.size() - self.pos))
+        if not want:
+            return 0
+
+        def read() -> bytes:
+            if self._f is None:
+                self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES)
+                self._f.seek(self.pos)
+            return self._f.read(want)
+
+        data = retried(read, str(self.file), self._reset)
+        if not data:  # the object ended before its size: it was cut or replaced mid-read
+            raise ValueError(f"{self.file} ended at byte {self.pos} of {self.file.size()}: it changed while being "
+                             "read; rerun when it is stable")
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def _reset(self) -> None:
+        if self._f is not None:
+            try:
+                self._f.close()
+            except Exception:  # a connection already broken may fail to close too
+                pass
+            self._f = None
+
+    def close(self) -> None:
+        self._reset()
+        super().close()
+
+
+def _permanent(exc: BaseException) -> str | None:
+    """The fix for an error retrying cannot cure, or None for a transient one."""
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(exc, FileNotFoundError) or status == 404:
+        return "it does not exist: check the URL"
+    if isinstance(exc, PermissionError) or status in (401, 403):
+        return "access is denied: check the credentials (environment, profile or --storage-options)"
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return f"the store answered {status}: check the URL and the options"
+    if isinstance(exc, (ValueError, TypeError, NotImplementedError)):
+        return f"{exc}; check the URL and --storage-options"
+    return None
+
+
+def retried(fn: Callable[[], Any], what: str, reset: Callable[[], None] = lambda: None) -> Any:
+    """``fn()``, retried with backoff on transient errors; a permanent one, or the last transient
+    one, as one line naming ``what``."""
+    delay = BACKOFF_S
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            fix = _permanent(exc)
+            if fix is not None:
+                raise ValueError(f"{what}: {fix} ({type(exc).__name__})") from None
+            reset()
+            if attempt == RETRIES:
+                raise ValueError(f"{what} failed {RETRIES} times ({type(exc).__name__}: {exc}); check the endpoint "
+                                 "and the network, and rerun: finished units are kept") from None
+            time.sleep(delay)
+            delay = min(2 * delay, MAX_BACKOFF_S)
+
+
+def _with_timeout(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options with ``timeout`` (seconds a connection or a read may wait; default
+    ``TIMEOUT_S``) as the protocol's library takes it."""
+    options = dict(options)
+    timeout = options.pop("timeout", TIMEOUT_S)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise ValueError(f"storage option timeout {timeout!r} is not a positive number of seconds; fix "
+                         "--storage-options")
+    if protocol in ("http", "https") and "client_kwargs" not in options:
+        import aiohttp
+
+        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout)}
+    elif protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs", {}))
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        options["config_kwargs"] = config
+    return options
+
+
+def _filesystem(raw: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise ValueError(f'reading {redact(raw)} needs fsspec; pip install "tokpack[remote]"') from None
+    try:
+        return fsspec.core.url_to_fs(raw, **_with_timeout(raw.partition("://")[0], options))
+    except ImportError as exc:  # the protocol's own library (s3fs, gcsfs, huggingface_hub, aiohttp)
+        raise ValueError(f'reading {redact(raw)} needs {exc.name or "its fsspec library"}; pip install '
+                         '"tokpack[remote]"') from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{redact(raw)} cannot be opened with these storage options ({exc}); fix "
+                         "--storage-options") from None
+
+
+def _version(info: dict[str, Any]) -> str:
+    for key in ("VersionId", "version_id", "generation", "ETag", "etag", "mtime", "LastModified", "last_modified"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return ""
+
+
+def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
+    """The objects a URL names, sorted: one object, every object below a prefix (hidden names
+    skipped, as in local folders), or a glob's matches."""
+    fs, path = _filesystem(raw, options)
+    where = redact(raw)
+    if any(ch in path for ch in GLOB_CHARS):
+        found = retried(lambda: fs.glob(path, detail=True), where)
+        infos = [info for info in found.values() if info.get("type") != "directory"]
+        if not infos:
+            raise FileNotFoundError(f"glob {where!r} matches no object; check the pattern")
+    else:
+        info = retried(lambda: fs.info(path), where)
+        if info.get("type") == "directory":
+            infos = [i for i in retried(lambda: fs.find(path, detail=True), where).values()
+                     if not any(part.startswith(".") for part in i["name"][len(path):].split("/"))]
+            if not infos:
+                raise ValueError(f"{where} holds no objects; put .txt/.jsonl/.parquet files under it")
+        else:
+            infos = [{**info, "name": info.get("name", path)}]
+    out = []
+    for info in sorted(infos, key=lambda i: i["name"]):
+        url = raw if len(infos) == 1 and info["name"] == path else fs.unstrip_protocol(info["name"])
+        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info)))
+    return out
