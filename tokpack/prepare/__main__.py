@@ -4,6 +4,7 @@
     python -m tokpack.prepare docs/ --out-dir data/web  # many documents: a seeded per-document split
     python -m tokpack.prepare                           # the built-in sample corpus -> data/sample
     torchrun --nproc-per-node=8 -m tokpack.prepare docs/ --out-dir data/web   # every rank a share
+    python -m tokpack.prepare docs/ --out-dir data/web --tasks 8 --task 3      # independent tasks
 
 Options may come from ``--config configs/NAME.toml``; the command line overrides the file.
 """
@@ -22,6 +23,10 @@ from .run import fix_mmap_threshold, prepare
 
 def summary(result: dict[str, Any]) -> str:
     stats = result["stats"]
+    if "splits" not in result:  # an independent task, with units of other tasks still to do
+        return (f"tokpack.prepare -> {stats['out_dir']}: task {stats['task']} of {stats['tasks']} done, "
+                f"{stats['units_done']} of {stats['units']} units recorded; meta.json is written when the last "
+                "one is (or with --finalize)")
     lines = [f"tokpack.prepare -> {stats['out_dir']} ({result['encoding']['name']}, {result['dtype']}, "
              f"{result['options']['format']})"]
     for split, info in result["splits"].items():

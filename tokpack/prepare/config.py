@@ -88,6 +88,12 @@ class PrepareConfig:
                                  "document with --format llmc, as modded-nanogpt reads them, else token)",
                                  ("auto", "document", "token"))
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
+    task: int | None = option(None, "this task's number, 0 to --tasks - 1, of a run shared by independent tasks "
+                              "(default: SLURM_ARRAY_TASK_ID less SLURM_ARRAY_TASK_MIN in a Slurm array)")
+    tasks: int | None = option(None, "how many independent tasks share the run, each any time, in any order, "
+                               "rerun at will (default: SLURM_ARRAY_TASK_COUNT in a Slurm array)")
+    finalize: bool = option(False, "write meta.json of a run of --tasks once every unit is done (the task that "
+                            "finishes the last unit does it too)")
     quiet: bool = option(False, "no progress bar or summary")
 
     def __post_init__(self) -> None:
@@ -122,6 +128,11 @@ class PrepareConfig:
         if self.format == "megatron" and self.shard_tokens:
             raise ValueError(f"--format megatron writes one .bin/.idx pair a split, not shards of "
                              f"{self.shard_tokens} tokens; drop --shard-tokens")
+        if self.tasks is not None and self.tasks < 1:
+            raise ValueError(f"--tasks {self.tasks} must be at least 1")
+        if self.task is not None and (self.tasks is None or not 0 <= self.task < self.tasks):
+            raise ValueError(f"--task {self.task} must lie in 0..{'--tasks - 1' if self.tasks is None else self.tasks - 1}"
+                             f"{'; give --tasks N too' if self.tasks is None else ''}")
         if self.shard_tokens < 0:
             raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
         if not self.unit_mb > 0:

@@ -40,8 +40,8 @@ class OutputFolder:
     runs left behind are removed. If the run fails, every folder it created is removed again.
     """
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, clean: bool = True):
+        self.path, self.clean = path, clean  # clean: remove every run's temporaries (none may be writing)
         self.created: list[Path] = []
         self._lock: BinaryIO | None = None
 
@@ -58,7 +58,8 @@ class OutputFolder:
         except BaseException:
             self._remove_created()
             raise
-        remove_temporaries(self.path, every_run=True)
+        if self.clean:
+            remove_temporaries(self.path, every_run=True)
         return self
 
     def _acquire(self) -> None:

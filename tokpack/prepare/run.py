@@ -29,7 +29,7 @@ from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRe
 from ..inputs import resolve_groups
 from ..storage import InputFile, is_url, redact
 from ..tokenizer import Encoder, load_encoding, token_dtype
-from . import holdout, units
+from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
@@ -108,9 +108,13 @@ def _describe_inputs(groups: list[tuple[str, list[InputFile]]], sizes: dict[Inpu
 def prepare(config: PrepareConfig) -> dict[str, Any]:
     """Run the whole preparation; returns meta.json's content plus a ``stats`` entry.
 
-    On one process or, under torchrun, on every rank of its group (joined here, gloo).
+    On one process, under torchrun on every rank of its group (joined here, gloo), or as one of
+    independent tasks (``--tasks``, ``tokpack.prepare.tasks``).
     """
     started = time.perf_counter()
+    shared = tasks.place(config)
+    if shared is not None:
+        return _prepare_task(config, *shared, started)
     with process_group() as dist:
         ranks = Ranks(dist)
         plans: list[Plan] = []
@@ -119,6 +123,22 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         plan = plans[0]
         ranks.check_same_inputs(plan.files)
         meta = _run(plan, ranks)
+    return _result(meta, plan, started, ranks.leader)
+
+
+def _prepare_task(config: PrepareConfig, task: int, count: int, started: float) -> dict[str, Any]:
+    """One independent task of a run (``tokpack.prepare.tasks``): its units, and meta.json once
+    every unit is done; the result's ``splits`` are absent while units are missing."""
+    plan = make_plan(config, count, started, independent=True)
+    meta = tasks.run(plan, task, count, config.finalize, _meta)
+    if meta is None:
+        done = sum(units.recorded(plan.out, unit, plan.fingerprint) for unit in range(plan.units))
+        return {"stats": {"seconds": time.perf_counter() - started, "out_dir": str(plan.out), "leader": True,
+                          "units_done": done, "units": plan.units, "task": task, "tasks": count}}
+    return _result(meta, plan, started, True)
+
+
+def _result(meta: dict[str, Any], plan: Plan, started: float, leader: bool) -> dict[str, Any]:
     for split, info in meta["splits"].items():
         if info["tokens"] < SHORT_SPLIT:
             warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful windows; "
@@ -126,10 +146,10 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     return {**meta, "stats": {"seconds": elapsed, "tokens_per_s": tokens / elapsed, "peak_rss_mb": peak_rss_mb(),
-                              "workers": plan.workers, "out_dir": str(plan.out), "leader": ranks.leader}}
+                              "workers": plan.workers, "out_dir": str(plan.out), "leader": leader}}
 
 
-def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
+def make_plan(config: PrepareConfig, world: int, started: float, independent: bool = False) -> Plan:
     """Every decision of the run, once: encoding, dtype, inputs, end of text, output folder, units.
 
     The input is cut into units in input order, so the units' outputs, concatenated, are the one
@@ -156,7 +176,7 @@ def make_plan(config: PrepareConfig, world: int, started: float) -> Plan:
     check_out_dir(out, config.force, files, _input_folders(config),
                   ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.size() for p in files}
-    sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1
+    sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1 or independent
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")

@@ -108,6 +108,8 @@ def load(plan: Plan, unit: int) -> UnitRecord | None:
         if record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
             return None
         if record.get("input_sha256") != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
+            warnings.warn(f"the input of unit {unit} changed since it was recorded in {out}; it is redone",
+                          stacklevel=2)
             return None
         _check_files(plan, record)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, VerifyError):
@@ -175,6 +177,19 @@ def _claimed(out: Path, unit: int) -> list[str]:
 def recorded_files(out: Path) -> set[str]:
     """Every file that unit records in ``out`` claim (tokpack's own, whatever their fingerprint)."""
     return {name for _, _, names in _records(out) for name in names}
+
+
+def recorded(out: Path, unit: int, expected: str) -> bool:
+    """Whether ``unit`` has a record of this run (not yet checked as ``load`` checks it)."""
+    try:
+        return json.loads((out / UNIT_RECORD.format(unit)).read_text("utf-8")).get("fingerprint") == expected
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def foreign(out: Path, expected: str) -> list[Path]:
+    """The records in ``out`` of a run with other inputs or options."""
+    return [path for path, record, _ in _records(out) if record is not None and record["fingerprint"] != expected]
 
 
 def drop_foreign(out: Path, expected: str) -> None:

@@ -237,7 +237,7 @@ class ShardWriter:
         if self._file is not None:
             self._finish(self._file, len(self.paths) - 1, self._count)
             self._file = None
-        if len(self.shards) < self.layout.min_shards:
+        if len(self.shards) == 1 < self.layout.min_shards:
             warnings.warn(f"{self.prefix.rstrip('_')} is one document, so one shard: modded-nanogpt's loader reads two "
                           "train shards at least; add documents", stacklevel=2)
         return self.shards
