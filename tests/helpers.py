@@ -235,3 +235,91 @@ def write_llmc_tokenizer(enc, path: Path) -> Path:
             b = enc.decode_single_token_bytes(token)
             f.write(bytes([len(b)]) + b)
     return path
+
+
+class RangeServer:
+    """An HTTP server on 127.0.0.1 (a free port) serving ``files`` by path with Range requests and
+    ETags, as object stores and CDNs do, with faults injected per path: ``faults[path]`` is a queue
+    of "503" (a transient error), "403", and for requests of a body, "reset" (the connection
+    dropped halfway through it) or "stall" (no answer until the server stops). ``requests``
+    records (method, path, range)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        import hashlib
+        import http.server
+        import threading
+
+        self.files, self.faults, self.requests = files, {}, []
+        self.stopping = threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _answer(self, body: bool) -> None:
+                path = self.path.split("?")[0]
+                server.requests.append((self.command, path, self.headers.get("Range")))
+                queue = server.faults.get(path) or [None]
+                fault = queue.pop(0) if body or queue[0] not in ("reset", "stall") else None
+                if fault == "stall":
+                    server.stopping.wait()
+                    return
+                if fault in ("503", "403") or path not in server.files:
+                    self.send_response(404 if fault is None else int(fault))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = server.files[path]
+                lo, hi = 0, len(data) - 1
+                ranged = self.headers.get("Range", "").startswith("bytes=")
+                if ranged:
+                    a, _, b = self.headers["Range"][6:].partition("-")
+                    lo, hi = int(a or 0), min(int(b) if b else len(data) - 1, len(data) - 1)
+                self.send_response(206 if ranged else 200)
+                self.send_header("Content-Length", str(hi - lo + 1))
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
+                self.end_headers()
+                if not body:
+                    return
+                chunk = data[lo:hi + 1]
+                if fault == "reset":
+                    self.wfile.write(chunk[:len(chunk) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.wfile.write(chunk)
+
+            def do_GET(self):
+                self._answer(True)
+
+            def do_HEAD(self):
+                self._answer(False)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "RangeServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-RETRIES = 6  # attempts at one read, the first included
+RETRIES = 6  # attempts at one request, the first included (storage option "retries")
 BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
 BLOCK_BYTES = 8 << 20  # a remote stream's read-ahead: memory per open input
@@ -106,9 +106,11 @@ def parse_options(raw: str, source: str = "--storage-options") -> dict[str, Any]
 class RemoteFile:
     """An object in a store fsspec reaches, found by ``expand``."""
 
-    def __init__(self, fs: Any, path: str, url: str, size: int, version: str):
+    def __init__(self, fs: Any, path: str, url: str, size: int, version: str, retries: int = RETRIES):
         self.fs, self.path, self.url, self._size, self.version = fs, path, url, size, version
-        self.name = path.rstrip("/").rsplit("/", 1)[-1]
+        self.retries = retries
+        key = urllib.parse.urlsplit(path).path if "://" in path else path  # a web URL's query is no part of it
+        self.name = key.rstrip("/").rsplit("/", 1)[-1]
         self.suffix = os.path.splitext(self.name)[1]
 
     def size(self) -> int:
@@ -172,7 +174,7 @@ class RetryingReader(io.RawIOBase):
                 self._f.seek(self.pos)
             return self._f.read(want)
 
-        data = retried(read, str(self.file), self._reset)
+        data = retried(read, str(self.file), self.file.retries, self._reset)
         if not data:  # the object ended before its size: it was cut or replaced mid-read
             raise ValueError(f"{self.file} ended at byte {self.pos} of {self.file.size()}: it changed while being "
                              "read; rerun when it is stable")
@@ -207,11 +209,11 @@ def _permanent(exc: BaseException) -> str | None:
     return None
 
 
-def retried(fn: Callable[[], Any], what: str, reset: Callable[[], None] = lambda: None) -> Any:
-    """``fn()``, retried with backoff on transient errors; a permanent one, or the last transient
-    one, as one line naming ``what``."""
+def retried(fn: Callable[[], Any], what: str, attempts: int, reset: Callable[[], None] = lambda: None) -> Any:
+    """``fn()``, tried ``attempts`` times with backoff on transient errors; a permanent one, or
+    the last transient one, as one line naming ``what``."""
     delay = BACKOFF_S
-    for attempt in range(1, RETRIES + 1):
+    for attempt in range(1, attempts + 1):
         try:
             return fn()
         except Exception as exc:
@@ -219,21 +221,26 @@ def retried(fn: Callable[[], Any], what: str, reset: Callable[[], None] = lambda
             if fix is not None:
                 raise ValueError(f"{what}: {fix} ({type(exc).__name__})") from None
             reset()
-            if attempt == RETRIES:
-                raise ValueError(f"{what} failed {RETRIES} times ({type(exc).__name__}: {exc}); check the endpoint "
+            if attempt == attempts:
+                raise ValueError(f"{what} failed {attempts} times ({type(exc).__name__}: {exc}); check the endpoint "
                                  "and the network, and rerun: finished units are kept") from None
             time.sleep(delay)
             delay = min(2 * delay, MAX_BACKOFF_S)
 
 
+def _number(options: dict[str, Any], key: str, default: float, kind: Any) -> Any:
+    value = options.pop(key, default)
+    if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"storage option {key} {value!r} is not a positive number; fix --storage-options")
+    return value
+
+
 def _with_timeout(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     """The options with ``timeout`` (seconds a connection or a read may wait; default
-    ``TIMEOUT_S``) as the protocol's library takes it."""
+    ``TIMEOUT_S``) as the protocol's library takes it, and without tokpack's own ``retries``."""
     options = dict(options)
-    timeout = options.pop("timeout", TIMEOUT_S)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"storage option timeout {timeout!r} is not a positive number of seconds; fix "
-                         "--storage-options")
+    options.pop("retries", None)
+    timeout = _number(options, "timeout", TIMEOUT_S, (int, float))  # type: ignore[arg-type]
     if protocol in ("http", "https") and "client_kwargs" not in options:
         import aiohttp
 
@@ -268,20 +275,45 @@ def _version(info: dict[str, Any]) -> str:
     return ""
 
 
+def _web_status(url: str) -> int | None:
+    """The HTTP status of a HEAD request for ``url`` (None when there is no answer)."""
+    import urllib.error
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # urllib takes no userinfo
+    try:
+        with urllib.request.urlopen(urllib.request.Request(bare, method="HEAD"), timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
 def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     """The objects a URL names, sorted: one object, every object below a prefix (hidden names
     skipped, as in local folders), or a glob's matches."""
     fs, path = _filesystem(raw, options)
     where = redact(raw)
-    if any(ch in path for ch in GLOB_CHARS):
-        found = retried(lambda: fs.glob(path, detail=True), where)
+    attempts = _number(dict(options), "retries", RETRIES, int)
+    web = raw.partition("://")[0] in ("http", "https")  # a URL, whose "?" starts its query: one object
+    if not web and any(ch in path for ch in GLOB_CHARS):
+        found = retried(lambda: fs.glob(path, detail=True), where, attempts)
         infos = [info for info in found.values() if info.get("type") != "directory"]
         if not infos:
             raise FileNotFoundError(f"glob {where!r} matches no object; check the pattern")
     else:
-        info = retried(lambda: fs.info(path), where)
-        if info.get("type") == "directory":
-            infos = [i for i in retried(lambda: fs.find(path, detail=True), where).values()
+        try:
+            info = retried(lambda: fs.info(path), where, attempts)
+        except ValueError:
+            status = _web_status(raw) if web else None
+            if status in (401, 403):  # fsspec's web filesystem says "not found" for a denied request
+                raise ValueError(f"{where}: access is denied (HTTP {status}): check the credentials (headers in "
+                                 "--storage-options client_kwargs)") from None
+            raise
+        if info.get("type") == "directory" and not web:
+            infos = [i for i in retried(lambda: fs.find(path, detail=True), where, attempts).values()
                      if not any(part.startswith(".") for part in i["name"][len(path):].split("/"))]
             if not infos:
                 raise ValueError(f"{where} holds no objects; put .txt/.jsonl/.parquet files under it")
@@ -290,5 +322,5 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     out = []
     for info in sorted(infos, key=lambda i: i["name"]):
         url = raw if len(infos) == 1 and info["name"] == path else fs.unstrip_protocol(info["name"])
-        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info)))
+        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info), attempts))
     return out

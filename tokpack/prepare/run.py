@@ -172,9 +172,11 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     dtype = token_dtype(enc, config.dtype)
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
     remove_leftovers(out)  # of a run killed after its meta.json: they would hold the folder back
-    # Fail fast, before the corpus is read; checked again once the folder is locked.
-    check_out_dir(out, config.force, files, _input_folders(config),
-                  ours=units.recorded_files(out) if out.is_dir() else set())
+    # Fail fast, before the corpus is read; checked again once the folder is locked (an independent
+    # task first looks whether its run is finished already: then there is nothing to refuse).
+    if not independent:
+        check_out_dir(out, config.force, files, _input_folders(config),
+                      ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.size() for p in files}
     sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1 or independent
     if config.format == "megatron" and sharded:
@@ -302,10 +304,12 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
 def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
     """Each split that holds whole parquet files (--val-inputs) with their row group sizes, in
     documents, so that readers can share row groups among ranks as nanochat does."""
-    if plan.holdout.kind != "inputs" or not all(map(is_parquet, plan.files)):
+    if plan.holdout.kind != "inputs":
         return splits
     for split, info in splits.items():
         files = [f for f in plan.files if (f in plan.holdout.files) == (split == "val")]
+        if not all(map(is_parquet, files)):
+            continue
         groups = [parquet_row_groups(f) for f in files]
         if sum(map(sum, groups)) == info["documents"]:  # every row a document, as the reader makes them
             info["row_groups"] = groups

@@ -17,6 +17,7 @@ so the folder is byte-identical to it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,7 @@ def finished(plan: Plan) -> dict[str, Any] | None:
         meta = read_meta(plan.out)
     except (OSError, ValueError):
         return None
-    same = (meta.get("options") == plan.config.output_options()
+    same = (meta.get("options") == json.loads(json.dumps(plan.config.output_options()))
             and meta.get("inputs", {}).get("listing_sha256") == plan.inputs["listing_sha256"]
             and len(meta.get("inputs", {}).get("units_sha256", [])) == plan.units)
     return meta if same else None
@@ -110,6 +111,8 @@ def _finalize(plan: Plan, explicit: bool, meta_of: Callable[[Plan, list[UnitReco
             return done
         parts = [units.load(plan, unit) for unit in range(plan.units)]
         missing = [unit for unit, part in enumerate(parts) if part is None]
+        if missing and not explicit:
+            return None  # a recorded unit whose input changed since: its task does it again
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
