@@ -24,13 +24,14 @@ import os
 import time
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 RETRIES = 6  # attempts at one request, the first included (storage option "retries")
 BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
-BLOCK_BYTES = 8 << 20  # a remote stream's read-ahead: memory per open input
+BLOCK_BYTES = 8 << 20  # a remote stream's range: two in memory per open input (in use, fetched ahead)
 GLOB_CHARS = "*?["
 TIMEOUT_S = 60.0  # a connection or a read that waits longer is retried
 
@@ -126,7 +127,7 @@ class RemoteFile:
         return None
 
     def open_stream(self) -> BinaryIO:
-        return io.BufferedReader(RetryingReader(self), BLOCK_BYTES)  # type: ignore[return-value]
+        return io.BufferedReader(RetryingReader(self))  # type: ignore[return-value]
 
     def __str__(self) -> str:
         return redact(self.url)
@@ -141,11 +142,15 @@ class RemoteFile:
 
 
 class RetryingReader(io.RawIOBase):
-    """A remote object read in ranges; a transient failure reopens it at the byte reached, after
-    a backoff, at most ``RETRIES`` times a read. The object must keep its size and version."""
+    """A remote object read in ranges, the next range fetched in the background while this one
+    is used (so the network overlaps the tokenizer); a transient failure reopens the object at the
+    byte reached, after a backoff, at most ``retries`` times a range. The object must keep its size."""
 
     def __init__(self, file: RemoteFile):
         self.file, self.pos, self._f = file, 0, None
+        self._block: tuple[int, bytes] = (0, b"")  # the range in use: (its position, its bytes)
+        self._ahead: tuple[int, Future[bytes]] | None = None  # (position, the range fetched from it)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-fetch")
 
     def readable(self) -> bool:
         return True
@@ -159,28 +164,45 @@ class RetryingReader(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.file.size()}[whence]
         self.pos = max(0, base + offset)
-        if self._f is not None:
-            self._f.seek(self.pos)
         return self.pos
 
     def readinto(self, buffer: Any) -> int:
-        want = min(len(buffer), max(0, self.file.size() - self.pos))
-        if not want:
+        if self.pos >= self.file.size():
             return 0
-
-        def read() -> bytes:
-            if self._f is None:
-                self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES)
-                self._f.seek(self.pos)
-            return self._f.read(want)
-
-        data = retried(read, str(self.file), self.file.retries, self._reset)
-        if not data:  # the object ended before its size: it was cut or replaced mid-read
-            raise ValueError(f"{self.file} ended at byte {self.pos} of {self.file.size()}: it changed while being "
-                             "read; rerun when it is stable")
+        start, block = self._block
+        if not start <= self.pos < start + len(block):
+            start, block = self.pos, self._take(self.pos)
+            self._block = (start, block)
+            end = start + len(block)
+            if end < self.file.size():  # the next range comes while this one is used
+                self._ahead = (end, self._pool.submit(self._fetch, end))
+        data = memoryview(block)[self.pos - start:self.pos - start + len(buffer)]
         buffer[:len(data)] = data
         self.pos += len(data)
         return len(data)
+
+    def _take(self, pos: int) -> bytes:
+        """The range from ``pos``: fetched ahead already, or now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == pos:
+            block = ahead[1].result()
+        else:
+            if ahead is not None:
+                ahead[1].result()  # the handle is free again (a failed guess raises here, as it would have)
+            block = self._fetch(pos)
+        if not block:  # the object ended before its size: it was cut or replaced mid-read
+            raise ValueError(f"{self.file} ended at byte {pos} of {self.file.size()}: it changed while being "
+                             "read; rerun when it is stable")
+        return block
+
+    def _fetch(self, pos: int) -> bytes:
+        def read() -> bytes:
+            if self._f is None:
+                self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES, cache_type="none")
+            self._f.seek(pos)
+            return self._f.read(BLOCK_BYTES)
+
+        return retried(read, str(self.file), self.file.retries, self._reset)
 
     def _reset(self) -> None:
         if self._f is not None:
@@ -191,6 +213,14 @@ class RetryingReader(io.RawIOBase):
             self._f = None
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+            try:
+                self._ahead[1].result()
+            except Exception:  # a fetch nobody waits for
+                pass
+            self._ahead = None
+        self._pool.shutdown(wait=True)
         self._reset()
         super().close()
 

@@ -5,6 +5,7 @@
     python -m tokpack.bench open [--shards 200 2000]
     python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024]
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
+    python -m tokpack.bench remote [--mb 32]            # needs tokpack[remote] and moto[server]
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result: medians over rounds in which the runs take turns.
@@ -28,6 +29,7 @@ from ..prepare.run import default_workers
 from .loops import bench_evaluate, bench_loader, bench_open, bench_train
 from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
+from .remote import bench_remote
 from .timing import machine
 from .tokenizer import bench_tokenizer
 
@@ -96,6 +98,9 @@ def _add_others(sub: Any) -> None:
     bp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     bp.add_argument("--compression-vocab", type=int, default=4096,
                     help="vocabulary trained on the Python docs for the compression table (default: 4096)")
+    mp = sub.add_parser("remote", help="prepare from moto's S3 server against the same files on disk")
+    mp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB (default: 32)")
+    mp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -139,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_resume(Path(tmp), args.at, args.block_size, args.batch_size, args.buffer_size,
                                        args.documents, args.replay_limit)
+        elif args.what == "remote":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_remote(Path(tmp), args.mb, args.rounds)
         elif args.what == "open":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)
