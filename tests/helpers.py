@@ -241,8 +241,8 @@ class RangeServer:
     """An HTTP server on 127.0.0.1 (a free port) serving ``files`` by path with Range requests and
     ETags, as object stores and CDNs do, with faults injected per path: ``faults[path]`` is a queue
     of "503" (a transient error), "403", and for requests of a body, "reset" (the connection
-    dropped halfway through it) or "stall" (no answer until the server stops). ``requests``
-    records (method, path, range)."""
+    dropped halfway through it), "stall" (no answer until the server stops) or "gone" (404: the
+    object deleted since it was listed). ``requests`` records (method, path, range)."""
 
     def __init__(self, files: dict[str, bytes]):
         import hashlib
@@ -263,12 +263,12 @@ class RangeServer:
                 path = self.path.split("?")[0]
                 server.requests.append((self.command, path, self.headers.get("Range")))
                 queue = server.faults.get(path) or [None]
-                fault = queue.pop(0) if body or queue[0] not in ("reset", "stall") else None
+                fault = queue.pop(0) if body or queue[0] not in ("reset", "stall", "gone") else None
                 if fault == "stall":
                     server.stopping.wait()
                     return
-                if fault in ("503", "403") or path not in server.files:
-                    self.send_response(404 if fault is None else int(fault))
+                if fault in ("503", "403", "gone") or path not in server.files:
+                    self.send_response(int(fault) if fault in ("503", "403") else 404)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return

@@ -137,9 +137,10 @@ def test_https_inputs_read_in_ranges_through_transient_faults(http, local_corpus
 
 
 def test_https_permanent_errors_and_a_stalled_server_are_one_line(http, tmp_path, capsys):
-    http.faults = {"/web/a.jsonl": ["403"] * 9, "/web/c.txt": ["stall"] * 9}  # denied, stalled: every time
+    http.faults = {"/web/a.jsonl": ["403"] * 9, "/web/c.txt": ["stall"] * 9,  # denied, stalled: every time
+                   "/web/b.jsonl.gz": ["gone"] * 9}  # listed, then deleted before it is read
     cases = {"/web/a.jsonl": "access is denied (HTTP 403)", "/web/gone.txt": "it does not exist",
-             "/web/c.txt": "failed 2 times"}
+             "/web/c.txt": "failed 2 times", "/web/b.jsonl.gz": "it does not exist"}
     for path, fragment in cases.items():
         code, err = _prepare(capsys, f"http://user:pw@{http.url[7:]}{path}", "--out-dir", tmp_path / "o",
                              "--storage-options", QUICK)

@@ -25,6 +25,7 @@ from typing import Any
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
 from ..prepare.units import input_sha256
+from ..storage import LocalFile
 from ..tokenizer import load_encoding
 from ..tokenizer.fast import SplintrBackend
 from . import peers as peer_tools
@@ -89,7 +90,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                 count("batch", lambda: sum(map(len, enc.encode_ordinary_batch(docs, num_threads=workers)))),
             f"tokpack.prepare, {workers} workers": count("tokpack", lambda: _prepared_tokens(prepare(config))),
             # What a rerun adds to prove a kept unit's input unchanged: a read and a hash, no tokenizing.
-            "resume check (input re-read and hashed)": lambda: input_sha256([(f, 0, None) for f in files]),
+            "resume check (input re-read and hashed)": lambda: input_sha256([(LocalFile(f), 0, None) for f in files]),
         }
         fast_skip = _fast_missing()
         if fast_skip:
