@@ -228,6 +228,8 @@ class RetryingReader(io.RawIOBase):
 def _permanent(exc: BaseException) -> str | None:
     """The fix for an error retrying cannot cure, or None for a transient one."""
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if type(exc).__name__ == "FileExpired":  # fsspec: another version than the one listed
+        return "it was replaced while being read: rerun when it is stable"
     if isinstance(exc, FileNotFoundError) or status == 404:
         return "it does not exist: check the URL"
     if isinstance(exc, PermissionError) or status in (401, 403):
@@ -325,6 +327,7 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     """The objects a URL names, sorted: one object, every object below a prefix (hidden names
     skipped, as in local folders), or a glob's matches."""
     fs, path = _filesystem(raw, options)
+    fs.invalidate_cache()  # fsspec keeps listings per filesystem: a second run must see the store as it is now
     where = redact(raw)
     attempts = _number(dict(options), "retries", RETRIES, int)
     web = raw.partition("://")[0] in ("http", "https")  # a URL, whose "?" starts its query: one object

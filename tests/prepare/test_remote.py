@@ -158,3 +158,34 @@ def test_every_fsspec_protocol_takes_the_same_path(tmp_path, capsys):
     code, err = _prepare(capsys, "gs://bucket/x.jsonl", "--out-dir", tmp_path / "o")
     if code == 2 and "needs" in err:  # gcsfs is not among the test extras: the missing library is named
         assert 'pip install "tokpack[remote]"' in err and "\n" not in err, err
+
+
+def test_an_object_replaced_between_two_tasks_redoes_its_unit_from_a_config_with_a_storage_table(
+        s3, tmp_path, capsys):
+    config = tmp_path / "remote.toml"
+    endpoint = s3.meta.endpoint_url
+    config.write_text(f'inputs = ["s3://{BUCKET}/tasks/"]\nunit_mb = 0.01\n\n[storage_options]\n'
+                      f'endpoint_url = "{endpoint}"\nretries = 2\n')
+    docs = make_docs(40, seed=8, words=150)
+    for i, doc in enumerate(docs):
+        s3.put_object(Bucket=BUCKET, Key=f"tasks/d{i:03d}.txt", Body=doc.encode())
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--out-dir", str(out), "--tasks", "2", "--quiet"]
+    assert main([*args, "--task", "0"]) == 0
+    first = docs[0].encode()
+    s3.put_object(Bucket=BUCKET, Key="tasks/d000.txt", Body=(b"X" if first[:1] != b"X" else b"Y") + first[1:])
+    capsys.readouterr()
+    assert main([*args, "--task", "1"]) == 0  # unit 0's object has another version now: no meta.json yet
+    assert "the input of unit 0 changed since it was recorded" in capsys.readouterr().err
+    assert not (out / "meta.json").exists()
+    assert main([*args, "--task", "0"]) == 0 and (out / "meta.json").exists()
+    local = tmp_path / "local"
+    for i, doc in enumerate(docs):
+        (local / "c").mkdir(parents=True, exist_ok=True)
+        body = s3.get_object(Bucket=BUCKET, Key=f"tasks/d{i:03d}.txt")["Body"].read()
+        (local / "c" / f"d{i:03d}.txt").write_bytes(body)
+    assert main([str(local / "c"), "--out-dir", str(local / "out"), "--unit-mb", "0.01", "--tasks", "2", "--task", "0",
+                 "--quiet"]) == 0
+    assert main([str(local / "c"), "--out-dir", str(local / "out"), "--unit-mb", "0.01", "--tasks", "2", "--task", "1",
+                 "--quiet"]) == 0
+    assert _data(out) == _data(local / "out")
