@@ -19,7 +19,6 @@ without its user information, query or fragment.
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 import urllib.parse
@@ -90,18 +89,6 @@ def redact(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def parse_options(raw: str, source: str = "--storage-options") -> dict[str, Any]:
-    """Storage options given as a JSON object (a TOML table arrives already as one)."""
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise ValueError(f"{source} {raw!r} is not JSON ({exc}); give an object, e.g. "
-                         "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{source} {raw!r} is not a JSON object; give one, e.g. '{{\"anon\": true}}'")
-    return value
 
 
 class RemoteFile:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
