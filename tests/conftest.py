@@ -37,3 +37,28 @@ def _keep_the_test_process_allocator():
     real, command.fix_mmap_threshold = command.fix_mmap_threshold, lambda: None
     yield
     command.fix_mmap_threshold = real
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (a free port), for the whole session, with the environment
+    pointing boto at it (AWS_ENDPOINT_URL and test credentials); yields a boto3 client."""
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    import logging
+
+    from helpers import free_port
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        import boto3
+
+        yield boto3.client("s3")
+    server.stop()

@@ -159,8 +159,13 @@ def read_meta(folder: str | Path) -> Meta:
             f"{path} is missing: {folder} is not a complete prepared folder; "
             "run python -m tokpack.prepare to (re)create it"
         )
+    return parse_meta(path.read_bytes(), str(path))
+
+
+def parse_meta(raw: bytes, path: str) -> Meta:
+    """A meta.json's bytes (read from ``path``), checked as ``read_meta`` checks them."""
     try:
-        meta = json.loads(path.read_text("utf-8"))
+        meta = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); rerun python -m tokpack.prepare --force") from None
     version = meta.get("format_version") if isinstance(meta, dict) else None

@@ -18,7 +18,6 @@ from .tokenizer import folder_encoding
 
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
     """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``."""
-    folder = Path(folder)
     splits = open_splits(folder)
     if split not in splits:
         raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .storage.cache import cached_folder, local_folder
+from .storage import is_url, redact
 from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
                      foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
                      Meta, shard_header, split_files)
@@ -125,16 +127,25 @@ class _Folder:
 
 
 def open_split(path: str | Path | Sequence[str | Path] | Split, split: str | None = None,
-               dtype: str | np.dtype | None = None) -> Split:
+               dtype: str | np.dtype | None = None, *, cache_dir: str | Path | None = None,
+               cache_limit: int | None = None, storage_options: dict[str, Any] | None = None) -> Split:
     """The ``Split`` behind ``path``, opened once.
 
     Args:
         path: a token file, a list of them, a glob, a prepared folder (with ``split``), a folder of
-            shards (per ``split`` when it holds several), or a ``Split`` already opened.
+            shards (per ``split`` when it holds several), a prepared folder's URL (read through
+            the cache, ``tokpack.storage.cache``), or a ``Split`` already opened.
         split: the split of a folder: ``train``, ``val``, ...
         dtype: the dtype of bare files that say nothing of theirs; one that contradicts an llm.c
             header, meta.json or a Megatron index is refused.
+        cache_dir: for a URL, the cache folder (default ``$TOKPACK_CACHE_DIR``, ``~/.cache/tokpack``).
+        cache_limit: for a URL, the most bytes the cache holds (default ``$TOKPACK_CACHE_LIMIT``).
+        storage_options: for a URL, the store's options, as for remote inputs.
     """
+    if isinstance(path, str) and is_url(path):
+        if split is None:
+            raise ValueError(f"{redact(path)} is a folder: pass split= (train, val, ...)")
+        path = cached_folder(path, [split], cache_dir, cache_limit, storage_options)
     if isinstance(path, Split):
         if split not in (None, path.name) or (dtype is not None and np.dtype(dtype) != path.dtype):
             raise ValueError(f"{path} is already opened as split {path.name!r} of {path.dtype}; "
@@ -171,10 +182,10 @@ def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split
     """Every split of a prepared folder, with meta.json read once.
 
     Args:
-        folder: a folder written by ``python -m tokpack.prepare``.
+        folder: a folder written by ``python -m tokpack.prepare``, or its URL (``tokpack.storage.cache``).
         meta: its meta.json, if the caller has read it already.
     """
-    folder = Path(folder)
+    folder = local_folder(folder)
     facts = _Folder(folder, meta if meta is not None else read_meta(folder))
     assert facts.meta is not None
     return {name: _opened([folder / f["file"] for f in split_files(info)], {folder: facts}, None, name, folder)

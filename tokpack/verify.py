@@ -18,7 +18,9 @@ import numpy as np
 
 from .cli import parser, run_cli
 from .format import INDEX_DTYPE, megatron_document_starts, read_meta, remove_leftovers, split_files
+from .storage.cache import local_folder
 from .split import open_splits
+from .storage import is_url
 
 CHUNK_BYTES = 1 << 22  # verify streams: memory is this, not the size of a file
 
@@ -66,8 +68,9 @@ def check_index(path: Path, documents: int, tokens: int, where: str) -> None:
 
 
 def verify_folder(folder: str | Path) -> dict[str, int]:
-    """Raise VerifyError (or FileNotFoundError) unless ``folder`` is whole; returns tokens per split."""
-    folder = Path(folder)
+    """Raise VerifyError (or FileNotFoundError) unless ``folder`` (or a remote folder's cached
+    mirror, ``tokpack.storage.cache``) is whole; returns tokens per split."""
+    folder = local_folder(folder)
     meta = read_meta(folder)
     dtype = np.dtype(meta["dtype"])
     n_vocab = meta["encoding"]["n_vocab"]
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         parts = ", ".join(f"{split} {n:,} tokens" for split, n in counts.items())
         print(f"tokpack.verify: {args.folder} is whole ({parts})")
-        removed = remove_leftovers(Path(args.folder))
+        removed = [] if is_url(args.folder) else remove_leftovers(Path(args.folder))
         if removed:
             print(f"tokpack.verify: removed {len(removed)} leftovers of a run killed after it finished "
                   f"({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})")

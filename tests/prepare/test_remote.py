@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import logging
 
 import pytest
 
@@ -16,7 +15,7 @@ from tokpack.prepare.__main__ import main
 from tokpack.storage import _filesystem, redact
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
@@ -47,25 +46,12 @@ def local_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3(local_corpus):
-    """moto's S3 server with the corpus uploaded; the environment points boto at it."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        import boto3
-
-        client = boto3.client("s3")
-        client.create_bucket(Bucket=BUCKET)
-        for name, data in corpus_files().items():
-            client.put_object(Bucket=BUCKET, Key=name, Body=data)
-        yield client
-    server.stop()
+def s3(s3_server):
+    """The corpus uploaded to a bucket of moto's S3 server."""
+    s3_server.create_bucket(Bucket=BUCKET)
+    for name, data in corpus_files().items():
+        s3_server.put_object(Bucket=BUCKET, Key=name, Body=data)
+    return s3_server
 
 
 def _prepare(capsys, *argv) -> tuple[int, str]:

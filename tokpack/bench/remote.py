@@ -1,4 +1,5 @@
-"""Prepare from an S3-compatible store against prepare from the same files on the local disk.
+"""Prepare from an S3-compatible store against prepare from the same files on the local disk,
+and training batches from a prepared folder in the store against the same folder on disk.
 
     pip install "tokpack[remote]" "moto[server]"
     python -m tokpack.bench remote [--mb 32] [--rounds 3]
@@ -6,17 +7,22 @@
 moto's S3 server is started on 127.0.0.1 (its own thread, sharing this machine's cores), the
 synthetic corpus uploaded, and the two prepares take turns; each runs in a fresh process, whose
 peak RSS is read. The remote run reads every object once, in ranges: O(corpus) bytes over the
-network, O(block) memory per open input, so its memory ceiling is the local one's.
+network, two ranges of memory per open input. Then the prepared folder is published to the store
+and read back through the cache (``tokpack.storage.cache``): the cold open fetches the split (its
+time and rate, and the cache's disk use), and the loader's batches/s from the cached mirror are
+timed against the local folder's, 0 and 2 workers.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +74,7 @@ def bench_remote(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
         times = interleaved(runs, rounds)
         same = all((tmp / "local" / n).read_bytes() == (tmp / "s3" / n).read_bytes()
                    for n in ("train.bin", "val.bin", "train.idx", "val.idx"))
+        training = _training(client, tmp, env, rounds)
     finally:
         server.stop()
     rows = [{"run": name, "seconds": min(times[name]), "MB/s": megabytes / min(times[name]),
@@ -77,5 +84,40 @@ def bench_remote(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
     print(f"prepare from moto's S3 server: {speed:.2f}x the local speed (rounds {ratio_range(times, 's3', 'local')}); "
           f"outputs byte-identical: {same}")
     return {"remote_vs_local": round(speed, 3), "rounds": ratio_range(times, "s3", "local"), "identical": same,
-            "peak_rss_mb": {name: stats[name]["peak_rss_mb"] for name in runs}, "megabytes": megabytes}
+            "peak_rss_mb": {name: stats[name]["peak_rss_mb"] for name in runs}, "megabytes": megabytes, **training}
+
+
+def _training(client: Any, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:
+    """The prepared folder published to the store, read back through a cold and then warm cache."""
+    from ..data.loader import build_loader
+    from ..data.windows import TokenWindows
+    from ..split import open_split
+
+    folder = tmp / "local"
+    for f in sorted(folder.iterdir()):
+        if f.name != "meta.json" and not f.name.startswith("."):
+            client.upload_file(str(f), BUCKET, f"published/{f.name}")
+    client.upload_file(str(folder / "meta.json"), BUCKET, "published/meta.json")  # the commit, last
+    os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+    cache = tmp / "cache"
+    started = time.perf_counter()
+    remote = open_split(f"s3://{BUCKET}/published", "train", cache_dir=cache)
+    cold = time.perf_counter() - started
+    disk = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    local = open_split(folder, "train")
+    rows, figures = [], {"cold_open_s": round(cold, 3), "cold_mb_per_s": round(disk / 1e6 / cold, 1),
+                         "cache_disk_mb": round(disk / 1e6, 1)}
+    for workers in (0, 2):
+        def batches(split: Any) -> Any:
+            return lambda: list(itertools.islice(build_loader(TokenWindows(split, 1024), 8, seed=0,
+                                                              num_workers=workers), 200))
+
+        times = interleaved({"local": batches(local), "cached": batches(remote)}, rounds)
+        figures[f"cached_vs_local_{workers}_workers"] = round(ratio(times, "cached", "local"), 3)
+        rows.append({"workers": workers, "local batches/s": 200 / min(times["local"]),
+                     "cached batches/s": 200 / min(times["cached"]), "ratio": ratio(times, "cached", "local")})
+    print(f"a folder in the store: cold open (fetching the train split) {cold:.2f} s, "
+          f"{disk / 1e6 / cold:.0f} MB/s, cache {disk / 1e6:.1f} MB on disk")
+    print(table(rows, ["workers", "local batches/s", "cached batches/s", "ratio"]))
+    return figures
 

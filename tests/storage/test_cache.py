@@ -1,0 +1,133 @@
+"""Prepared folders read from moto's S3 server through the local cache: the local folder's batches
+and resume, the partial-folder rule, objects replaced after publishing, the cache limit, and two
+processes sharing one cache folder."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, make_docs, prepare_docs
+from tokpack.data.loader import build_loader
+from tokpack.data.packing import PackedDocuments
+from tokpack.data.windows import TokenWindows
+from tokpack.evaluation import main as evaluate_main
+from tokpack.split import open_split
+from tokpack.storage.cache import FETCHED
+from tokpack.verify import main as verify_main
+
+BUCKET = "published-folders"
+
+
+@pytest.fixture(scope="module")
+def published(s3_server, tmp_path_factory):
+    """A prepared folder uploaded whole, meta.json last, as ``s3://published-folders/a``; and one
+    whose meta.json never arrived (``.../unpublished``)."""
+    local = prepare_docs(tmp_path_factory.mktemp("pub"), make_docs(80, words=120), val_fraction=0.2,
+                         shard_tokens=4000)
+    s3_server.create_bucket(Bucket=BUCKET)
+    names = sorted(p.name for p in local.iterdir() if not p.name.startswith("."))
+    for prefix in ("a", "unpublished", "replaced"):
+        for name in names:
+            if prefix == "unpublished" and name == "meta.json":
+                continue
+            s3_server.upload_file(str(local / name), BUCKET, f"{prefix}/{name}")
+    shard = next(n for n in names if n.startswith("train_"))
+    body = bytearray((local / shard).read_bytes())
+    body[0] ^= 1  # the same size, another token: replaced after meta.json recorded it
+    s3_server.put_object(Bucket=BUCKET, Key=f"replaced/{shard}", Body=bytes(body))
+    return local
+
+
+def _take(loader, n):
+    return [tuple(t.tolist() for t in b[:2]) for b in itertools.islice(loader, n)]
+
+
+def _batches(data, n, **kwargs):
+    return _take(build_loader(data, 4, seed=3, **kwargs), n)
+
+
+def test_a_remote_folder_gives_the_local_folders_batches_and_resumes_them(published, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/a"
+    remote, local = TokenWindows(url, 32, split="train"), TokenWindows(published, 32, split="train")
+    assert remote.split.fingerprint == local.split.fingerprint
+    for workers in (0, 2):
+        assert _batches(remote, 6, num_workers=workers) == _batches(local, 6, num_workers=workers)
+    loader = build_loader(remote, 4, seed=3)
+    list(itertools.islice(loader, 3))
+    resumed = build_loader(local, 4, seed=3)  # a state taken on the remote folder resumes on the local one
+    resumed.load_state_dict(loader.state_dict())
+    assert _take(resumed, 2) == _batches(local, 5)[3:]
+    packed = PackedDocuments(url, 32, split="val", stride=32)
+    assert [b.x.tolist() for b in build_loader(packed, 4)] == [
+        b.x.tolist() for b in build_loader(PackedDocuments(published, 32, split="val", stride=32), 4)]
+
+
+def test_the_commands_read_a_remote_folder(published, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path / "cache"))
+    assert verify_main([f"s3://{BUCKET}/a"]) == 0
+    assert "is whole" in capsys.readouterr().out
+    assert evaluate_main([f"s3://{BUCKET}/a", "--model", "unigram", "--block-size", "32", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]["tokens"] > 0
+    assert verify_main([f"s3://{BUCKET}/unpublished"]) == 1
+    assert "has no meta.json: it is not a published tokpack folder" in capsys.readouterr().err
+
+
+def test_unpublished_and_replaced_remote_folders_are_refused_in_one_line(published, tmp_path):
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="has no meta.json"):
+        open_split(f"s3://{BUCKET}/unpublished", "train", cache_dir=cache)
+    with pytest.raises(ValueError, match="does not match meta.json .* replaced after the folder was published"):
+        open_split(f"s3://{BUCKET}/replaced", "train", cache_dir=cache)
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix == ".bin"]  # nothing unverified kept
+    with pytest.raises(ValueError, match="cache_limit 1,000 bytes is smaller than"):
+        open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=1000)
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    if os.access(read_only, os.W_OK):  # root writes anyway: a file where the folder should be says the same
+        read_only = tmp_path / "file"
+        read_only.write_text("")
+    with pytest.raises(ValueError, match="is not writable"):
+        open_split(f"s3://{BUCKET}/a", "train", cache_dir=read_only / "cache")
+
+
+OPEN = ("import sys; from tokpack.split import open_split; "
+        "s = open_split(sys.argv[1], 'train', cache_dir=sys.argv[2], cache_limit=int(sys.argv[3])); "
+        "print(int(s.lengths.sum()))")
+
+
+def _open_in(url: str, cache: Path, limit: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", OPEN, url, str(cache), str(limit)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(published, s3_server, tmp_path):
+    cache = tmp_path / "cache"
+    for name in sorted(p.name for p in published.iterdir() if not p.name.startswith(".")):
+        s3_server.upload_file(str(published / name), BUCKET, f"b/{name}")
+    split_bytes = sum(e["bytes"] for e in json.loads((published / "meta.json").read_text())["splits"]["train"]["shards"])
+    limit = int(split_bytes * 1.5)  # one folder's train split fits, two do not
+    both = [_open_in(f"s3://{BUCKET}/a", cache, limit) for _ in range(2)]  # at once, into one cache
+    outs = [p.communicate() for p in both]
+    assert all(p.returncode == 0 for p in both), outs
+    assert outs[0][0] == outs[1][0]
+    mirrors = [m for m in cache.iterdir() if (m / FETCHED).is_file()]
+    assert len(mirrors) == 1  # fetched once
+    done = _open_in(f"s3://{BUCKET}/b", cache, limit)  # the first folder's processes have ended: it goes
+    assert done.wait() == 0, done.communicate()
+    mirrors = [m for m in cache.iterdir() if (m / FETCHED).is_file()]
+    held = sum(f.stat().st_size for m in mirrors for f in m.iterdir() if f.is_file())
+    assert len(mirrors) == 1 and held <= limit
+    # While this process holds the second folder, the first cannot push it out.
+    open_split(f"s3://{BUCKET}/b", "train", cache_dir=cache, cache_limit=limit)
+    with pytest.raises(ValueError, match="held by folders in use"):
+        open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit)
