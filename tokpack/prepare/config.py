@@ -41,8 +41,8 @@ class PrepareConfig:
     inputs: tuple[str, ...] = option((), "files, folders (recursive), globs or URLs (s3://, gs://, https://, "
                                      "hf://: tokpack[remote]); text, .jsonl, .gz and .zst of both, .parquet "
                                      "(default: the built-in sample corpus, the Python docs topics)")
-    out_dir: str | None = option(None, "output folder (default: data/sample for the sample, else data/<first "
-                                 "input's stem>)")
+    out_dir: str | None = option(None, "output folder, or a URL to publish it to (s3://bucket/prefix: "
+                                 "tokpack[remote]) (default: data/sample for the sample, else data/<first input's stem>)")
     encoding: str = option("gpt2", "tiktoken encoding name, NAME.tiktoken file, spec file (.toml/.json), or a "
                            "Hugging Face tokenizer.json or its folder")
     eot_token: str | None = option(None, "the special token that ends (or, with --eot prepend, starts) each "
@@ -87,6 +87,8 @@ class PrepareConfig:
                                  "longer than a shard runs on); token, at exactly --shard-tokens (default: auto: "
                                  "document with --format llmc, as modded-nanogpt reads them, else token)",
                                  ("auto", "document", "token"))
+    spool_dir: str | None = option(None, "with a URL as --out-dir, the local folder a unit's shards wait in until "
+                                   "they are uploaded (default: the system's temporary folder)")
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
     task: int | None = option(None, "this task's number, 0 to --tasks - 1, of a run shared by independent tasks "
                               "(default: SLURM_ARRAY_TASK_ID less SLURM_ARRAY_TASK_MIN in a Slurm array)")

@@ -211,15 +211,23 @@ def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], 
         for split in SPLITS:
             meta["splits"][split]["idx"] = parts[0]["splits"][split]["idx"]
     else:
-        for split in SPLITS:
-            merged = HashingWriter(out / f"{split}.idx")
-            offset = 0
-            for part in parts:
-                entry = part["splits"][split]
-                merged.write(np.fromfile(out / entry["idx"]["file"], dtype=INDEX_DTYPE) + np.uint64(offset))
-                offset += entry["info"]["tokens"]
-            meta["splits"][split]["idx"] = merged.close()
-            renames += merged.renames()
+        renames += merged_indexes(out, meta, parts)
     publish(out, meta, renames)
     if merge:
         units.clear(out)
+
+
+def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each split's document index from the units' hidden parts (offsets shifted by the tokens of
+    the units before), written to a temporary name and entered in ``meta``; the renames to make."""
+    renames = []
+    for split in SPLITS:
+        merged = HashingWriter(out / f"{split}.idx")
+        offset = 0
+        for part in parts:
+            entry = part["splits"][split]
+            merged.write(np.fromfile(out / entry["idx"]["file"], dtype=INDEX_DTYPE) + np.uint64(offset))
+            offset += entry["info"]["tokens"]
+        meta["splits"][split]["idx"] = merged.close()
+        renames += merged.renames()
+    return renames

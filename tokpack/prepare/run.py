@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import hashlib
 import math
 import os
 import resource
+import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +36,7 @@ from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
+from .remote import RemoteFolder
 from .writers import remove_temporaries
 
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
@@ -113,6 +117,11 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     """
     started = time.perf_counter()
     shared = tasks.place(config)
+    if config.out_dir is not None and is_url(config.out_dir):
+        if shared is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError(f"--out-dir {redact(config.out_dir)} is written by one process; run it without --tasks "
+                             "and torchrun, or prepare into a shared folder")
+        return _prepare_remote(config, started)
     if shared is not None:
         return _prepare_task(config, *shared, started)
     with process_group() as dist:
@@ -136,6 +145,41 @@ def _prepare_task(config: PrepareConfig, task: int, count: int, started: float) 
         return {"stats": {"seconds": time.perf_counter() - started, "out_dir": str(plan.out), "leader": True,
                           "units_done": done, "units": plan.units, "task": task, "tasks": count}}
     return _result(meta, plan, started, True)
+
+
+def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
+    """A run published unit by unit to a remote folder through a local spool (``tokpack.prepare.remote``)."""
+    assert config.out_dir is not None
+    if config.format == "megatron":
+        raise ValueError("--format megatron writes one .bin/.idx pair a split on one disk; publish flat or llmc "
+                         "folders to a URL, or prepare locally and copy")
+    folder = RemoteFolder(config.out_dir, config.storage_options, config.force)
+    try:
+        spool = Path(tempfile.mkdtemp(prefix="tokpack-spool-", dir=config.spool_dir))
+    except OSError as exc:
+        raise ValueError(f"--spool-dir {config.spool_dir} cannot hold a spool ({exc.strerror}); give a writable "
+                         "folder") from None
+    try:
+        plan = make_plan(dataclasses.replace(config, out_dir=str(spool), force=False), 1, started, independent=True)
+        folder.begin()
+        try:
+            with OutputFolder(spool):
+                parts = []
+                for unit in range(plan.units):
+                    part = folder.kept(plan, unit)
+                    if part is None:
+                        part = units.run_unit(plan, unit)
+                        folder.upload(plan, part)
+                    parts.append(part)
+                meta = _meta(plan, parts)
+                folder.publish(plan, meta, parts)
+        finally:
+            folder.release()
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)  # the run's own temporary folder
+    result = _result(meta, plan, started, True)
+    result["stats"]["out_dir"] = redact(config.out_dir)
+    return result
 
 
 def _result(meta: dict[str, Any], plan: Plan, started: float, leader: bool) -> dict[str, Any]:

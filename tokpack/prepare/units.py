@@ -51,7 +51,7 @@ def fingerprint(settings: dict[str, Any]) -> str:
 _UNIT_FILE = re.compile(rf"{SHARD_NAME}|\.(?:train|val)\.idx\.u\d{{5}}")
 
 
-def _files(record: dict[str, Any]) -> list[dict[str, Any]]:
+def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The files a record names, each checked to be a plain name of a unit's pattern."""
     entries = [f for part in record["splits"].values() for f in (*part["info"]["shards"], part["idx"])]
     for entry in entries:
@@ -122,7 +122,7 @@ def _check_files(plan: Plan, record: UnitRecord) -> None:
     below n_vocab, and its index part a strictly increasing list of its documents' starts, so a
     broken unit is redone here rather than failing the whole run when it is published."""
     out = plan.out
-    _files(record)  # every name of a unit's own pattern
+    record_files(record)  # every name of a unit's own pattern
     offset = SHARD_HEADER_BYTES if plan.config.format == "llmc" else 0
     for part in record["splits"].values():
         for entry in part["info"]["shards"]:
@@ -157,7 +157,7 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any] | None, list[str]]]:
             continue
         try:
             record = json.loads(path.read_text("utf-8"))
-            names = [entry["file"] for entry in _files(record)]
+            names = [entry["file"] for entry in record_files(record)]
             if not isinstance(record.get("fingerprint"), str):
                 raise ValueError("no fingerprint")
         except _READ_ERRORS:

@@ -1,0 +1,177 @@
+"""Remote inputs through real servers started here on 127.0.0.1: moto's S3 server (through s3fs,
+with AWS_ENDPOINT_URL) and an HTTP server with Range support and injected faults. A remote
+prepare must be byte-identical to the local prepare of the same files."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pytest
+
+from helpers import RangeServer, free_port, make_docs
+from tokpack.prepare.__main__ import main
+from tokpack.storage import _filesystem, redact
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+BUCKET = "corpus-bucket"
+QUICK = '{"retries": 2, "timeout": 2}'  # failures come fast in tests; retries still bounded
+
+
+def corpus_files() -> dict[str, bytes]:
+    docs = make_docs(90, seed=4, words=120)
+    table = io.BytesIO()
+    pq.write_table(pa.table({"text": docs[60:]}), table, row_group_size=7)
+    return {
+        "web/a.jsonl": "".join(json.dumps({"text": d}) + "\n" for d in docs[:30]).encode(),
+        "web/b.jsonl.gz": gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[30:45]).encode(), mtime=0),
+        "web/c.txt": "\n\n".join(docs[45:60]).encode(),
+        "web/d.parquet": table.getvalue(),
+        "web/.hidden": b"never read",
+    }
+
+
+@pytest.fixture(scope="module")
+def local_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local")
+    for name, data in corpus_files().items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server):
+    """The corpus uploaded to a bucket of moto's S3 server."""
+    s3_server.create_bucket(Bucket=BUCKET)
+    for name, data in corpus_files().items():
+        s3_server.put_object(Bucket=BUCKET, Key=name, Body=data)
+    return s3_server
+
+
+def _prepare(capsys, *argv) -> tuple[int, str]:
+    try:
+        code = main([*map(str, argv), "--quiet"])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err.strip()
+
+
+def _data(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "meta.json" and not p.name.startswith(".")}
+
+
+def test_a_prepare_from_s3_is_the_local_prepare_byte_for_byte(s3, local_corpus, tmp_path, capsys):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert main([str(local_corpus / "web"), "--out-dir", str(local), "--val-inputs",
+                 str(local_corpus / "web" / "d.parquet"), "--quiet"]) == 0
+    assert _prepare(capsys, f"s3://{BUCKET}/web/", "--out-dir", remote, "--val-inputs",
+                    f"s3://{BUCKET}/web/d.parquet")[0] == 0
+    assert _data(remote) == _data(local)
+    meta = json.loads((remote / "meta.json").read_text())
+    assert meta["splits"]["val"]["row_groups"] == json.loads((local / "meta.json").read_text())["splits"]["val"]["row_groups"]
+    assert meta["inputs"]["given"][0]["path"] == f"s3://{BUCKET}/web/" and meta["inputs"]["files"] == 4
+    globbed = tmp_path / "globbed"  # a glob expands remotely, sorted, as a local one does
+    assert _prepare(capsys, f"s3://{BUCKET}/web/*.jsonl*", "--out-dir", globbed)[0] == 0
+    local_glob = tmp_path / "local-glob"
+    assert main([str(local_corpus / "web" / "*.jsonl*"), "--out-dir", str(local_glob), "--quiet"]) == 0
+    assert _data(globbed) == _data(local_glob)
+
+
+def test_s3_errors_are_one_line(s3, tmp_path, capsys):
+    cases = {
+        f"s3://{BUCKET}/web/missing.txt": "it does not exist: check the URL",
+        f"s3://{BUCKET}/web/*.csv": "matches no object",
+        "s3://no-such-bucket/x.txt": "it does not exist: check the URL",
+    }
+    for url, fragment in cases.items():
+        code, err = _prepare(capsys, url, "--out-dir", tmp_path / "o", "--storage-options", QUICK)
+        assert code == 2 and fragment in err and "\n" not in err, err
+    dead = json.dumps({"retries": 2, "timeout": 2, "endpoint_url": f"http://127.0.0.1:{free_port()}",
+                       "config_kwargs": {"retries": {"max_attempts": 1}}})  # botocore's own retries off
+    code, err = _prepare(capsys, f"s3://{BUCKET}/web/a.jsonl", "--out-dir", tmp_path / "o", "--storage-options", dead)
+    assert code == 2 and "failed 2 times" in err and "check the endpoint" in err and "\n" not in err, err
+    code, err = _prepare(capsys, f"s3://{BUCKET}/web/a.jsonl", "--out-dir", tmp_path / "o", "--storage-options", "[1]")
+    assert code == 2 and "is not a JSON object" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def http(local_corpus):
+    with RangeServer({"/" + name: data for name, data in corpus_files().items()}) as server:
+        yield server
+
+
+def test_https_inputs_read_in_ranges_through_transient_faults(http, local_corpus, tmp_path, capsys):
+    names = ["web/a.jsonl", "web/b.jsonl.gz", "web/c.txt", "web/d.parquet"]
+    http.faults = {"/web/a.jsonl": ["503"], "/web/d.parquet": ["reset"], "/web/c.txt": ["reset", "503"]}
+    out = tmp_path / "http"
+    code, err = _prepare(capsys, *[f"{http.url}/{n}?token=secret" for n in names], "--out-dir", out)
+    assert code == 0, err
+    local = tmp_path / "local"
+    assert main([*[str(local_corpus / n) for n in names], "--out-dir", str(local), "--quiet"]) == 0
+    assert _data(out) == _data(local)
+    assert not any(http.faults.values())  # every fault was met, and retried past
+    assert any(rng for method, path, rng in http.requests if path == "/web/d.parquet" and method == "GET")
+    meta = (out / "meta.json").read_text()
+    assert "secret" not in meta and "?" not in meta  # a URL's query (a credential) is never recorded
+
+
+def test_https_permanent_errors_and_a_stalled_server_are_one_line(http, tmp_path, capsys):
+    http.faults = {"/web/a.jsonl": ["403"] * 9, "/web/c.txt": ["stall"] * 9,  # denied, stalled: every time
+                   "/web/b.jsonl.gz": ["gone"] * 9}  # listed, then deleted before it is read
+    cases = {"/web/a.jsonl": "access is denied (HTTP 403)", "/web/gone.txt": "it does not exist",
+             "/web/c.txt": "failed 2 times", "/web/b.jsonl.gz": "it does not exist"}
+    for path, fragment in cases.items():
+        code, err = _prepare(capsys, f"http://user:pw@{http.url[7:]}{path}", "--out-dir", tmp_path / "o",
+                             "--storage-options", QUICK)
+        assert code == 2 and fragment in err and "\n" not in err, err
+        assert "pw" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_fsspec_protocol_takes_the_same_path(tmp_path, capsys):
+    # The hub cannot be reached here: hf:// resolves to huggingface_hub's filesystem like any other.
+    pytest.importorskip("huggingface_hub")
+    fs, path = _filesystem("hf://datasets/org/name/data/train-00000.parquet", {})
+    assert type(fs).__name__ == "HfFileSystem" and path.endswith("train-00000.parquet")
+    assert redact("https://user:secret@host:8/p/x.jsonl?sig=abc#frag") == "https://host:8/p/x.jsonl"
+    code, err = _prepare(capsys, "gs://bucket/x.jsonl", "--out-dir", tmp_path / "o")
+    if code == 2 and "needs" in err:  # gcsfs is not among the test extras: the missing library is named
+        assert 'pip install "tokpack[remote]"' in err and "\n" not in err, err
+
+
+def test_an_object_replaced_between_two_tasks_redoes_its_unit_from_a_config_with_a_storage_table(
+        s3, tmp_path, capsys):
+    config = tmp_path / "remote.toml"
+    endpoint = s3.meta.endpoint_url
+    config.write_text(f'inputs = ["s3://{BUCKET}/tasks/"]\nunit_mb = 0.01\n\n[storage_options]\n'
+                      f'endpoint_url = "{endpoint}"\nretries = 2\n')
+    docs = make_docs(40, seed=8, words=150)
+    for i, doc in enumerate(docs):
+        s3.put_object(Bucket=BUCKET, Key=f"tasks/d{i:03d}.txt", Body=doc.encode())
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--out-dir", str(out), "--tasks", "2", "--quiet"]
+    assert main([*args, "--task", "0"]) == 0
+    first = docs[0].encode()
+    s3.put_object(Bucket=BUCKET, Key="tasks/d000.txt", Body=(b"X" if first[:1] != b"X" else b"Y") + first[1:])
+    capsys.readouterr()
+    assert main([*args, "--task", "1"]) == 0  # unit 0's object has another version now: no meta.json yet
+    assert "the input of unit 0 changed since it was recorded" in capsys.readouterr().err
+    assert not (out / "meta.json").exists()
+    assert main([*args, "--task", "0"]) == 0 and (out / "meta.json").exists()
+    local = tmp_path / "local"
+    for i, doc in enumerate(docs):
+        (local / "c").mkdir(parents=True, exist_ok=True)
+        body = s3.get_object(Bucket=BUCKET, Key=f"tasks/d{i:03d}.txt")["Body"].read()
+        (local / "c" / f"d{i:03d}.txt").write_bytes(body)
+    assert main([str(local / "c"), "--out-dir", str(local / "out"), "--unit-mb", "0.01", "--tasks", "2", "--task", "0",
+                 "--quiet"]) == 0
+    assert main([str(local / "c"), "--out-dir", str(local / "out"), "--unit-mb", "0.01", "--tasks", "2", "--task", "1",
+                 "--quiet"]) == 0
+    assert _data(out) == _data(local / "out")

@@ -1,0 +1,196 @@
+"""A prepared folder published to object storage: ``--out-dir s3://bucket/prefix``.
+
+    python -m tokpack.prepare corpus/ --out-dir s3://bucket/edu --spool-dir /nvme/spool
+
+The run is a sharded one written into a local spool (``--spool-dir``, default the system's
+temporary folder; a fresh folder inside it, removed at the end). As each unit finishes, its
+shards and index part are uploaded, then its record (the unit's commit), and its shards leave the
+spool: the spool holds one unit's shards at a time (about 2 bytes a token of ``--unit-mb`` MB of
+text, 0.6 GB at the default) plus the document index parts. At the end the merged indexes are
+uploaded, then meta.json, the folder's commit: readers refuse the folder until it stands, and a
+run killed before it leaves the uploaded units, which the rerun keeps (each unit's record, input
+and uploaded sizes checked, as a local rerun checks its files).
+
+Before any work: a probe object is written and removed (credentials that can read but not write
+fail here, in one line), the folder is locked with ``.tokpack.lock`` created only if absent
+(``If-None-Match: *`` on S3 and stores that honour it; elsewhere the lock is written, read back
+and must be this run's, which narrows but cannot close the race: the docs say so), and a folder
+holding a published corpus or files tokpack did not write is refused without ``--force``. A lock
+left by a killed run of this host (its pid gone) is taken over; one from elsewhere needs
+``--force``. One process writes a remote folder: torchrun and ``--tasks`` refuse a remote
+``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..format import DATA_FILE, META_NAME, UNIT_RECORD, UnitRecord, every_file, parse_meta
+from ..storage import RETRIES, _filesystem, redact, retried
+from . import units
+from .cluster import share_of
+from .config import Plan
+from .folder import merged_indexes
+
+LOCK = ".tokpack.lock"
+_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)}|\.tokpack-unit-\d{{5}}\.json|"
+                  r"\.(?:train|val)\.idx\.u\d{5}|\.tokpack-probe-[0-9a-f]{32}")
+
+
+def _dead_here(held: bytes | None) -> bool:
+    """Whether a lock was taken by a process of this host that is gone (a killed run)."""
+    who = (held or b"").decode("utf-8", "replace").split(" ")[0]
+    pid, _, host = who.partition("@")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class RemoteFolder:
+    """The remote output folder of one run: its checks, lock, uploads and commit."""
+
+    def __init__(self, url: str, options: dict[str, Any] | None, force: bool):
+        self.fs, root = _filesystem(url, options or {})
+        self.root, self.where, self.force = root.rstrip("/"), redact(url).rstrip("/"), force
+        self.stale: set[str] = set()
+        self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
+        self.locked = False
+
+    def _key(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return retried(fn, f"{self.where}/{what}", RETRIES)
+
+    def begin(self) -> None:
+        """The checks and the lock, before any work."""
+        self.fs.invalidate_cache()
+        probe = f".tokpack-probe-{uuid.uuid4().hex}"
+        try:
+            self._call(probe, lambda: self.fs.pipe_file(self._key(probe), b""))
+            self._call(probe, lambda: self.fs.rm_file(self._key(probe)))
+        except (ValueError, NotImplementedError) as exc:
+            raise ValueError(f"--out-dir {self.where} cannot be written ({exc}); check the credentials' write "
+                             "permission, or publish elsewhere") from None
+        self._lock()
+        try:
+            self._check_contents()
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock(self) -> None:
+        key = self._key(LOCK)
+        try:
+            self.fs.pipe_file(key, self.token.encode(), mode="create")
+        except Exception:  # a store's own types for "it exists"; read it to tell
+            pass
+        held = self._read(LOCK)
+        if held != self.token.encode():
+            if not self.force and not _dead_here(held):
+                holder = (held or b"?")[:80].decode("utf-8", "replace")
+                raise ValueError(f"{self.where} is being written by another tokpack.prepare ({holder}); wait for it, "
+                                 "or if that run is dead, pass --force to take the folder over")
+            self._call(LOCK, lambda: self.fs.pipe_file(key, self.token.encode()))
+        self.locked = True
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return self._call(name, lambda: self.fs.cat_file(self._key(name)))
+        except ValueError as exc:
+            if "does not exist" in str(exc):
+                return None
+            raise
+
+    def _names(self) -> list[str]:
+        found = self._call("", lambda: self.fs.find(self.root))
+        return [name[len(self.root) + 1:] for name in found]
+
+    def _check_contents(self) -> None:
+        names = self._names()
+        theirs = sorted(n for n in names if not _OWN.fullmatch(n))
+        if theirs and not self.force:
+            raise ValueError(f"{self.where} holds files tokpack did not write ({', '.join(theirs[:3])}"
+                             f"{' ...' if len(theirs) > 3 else ''}); pass --force to publish beside them or choose "
+                             "another --out-dir")
+        if META_NAME in names:
+            if not self.force:
+                raise ValueError(f"{self.where} already holds a prepared corpus; pass --force to overwrite it or "
+                                 "choose another --out-dir")
+            old = parse_meta(self._read(META_NAME) or b"{}", f"{self.where}/{META_NAME}")
+            self.stale = {f["file"] for info in old["splits"].values() for f in every_file(info)}
+            self._call(META_NAME, lambda: self.fs.rm_file(self._key(META_NAME)))  # incomplete from here on
+
+    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
+        """The unit's uploaded record if it is this run's, its input unchanged and its files there
+        at their sizes; its index part is fetched into the spool for the merge."""
+        raw = self._read(UNIT_RECORD.format(unit))
+        try:
+            record = json.loads(raw or b"null")
+            if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
+                return None
+            entries = units.record_files(record)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if record["input_sha256"] != units.input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
+            warnings.warn(f"the input of unit {unit} changed since it was uploaded to {self.where}; it is redone",
+                          stacklevel=2)
+            return None
+        for entry in entries:
+            try:
+                size = self._call(entry["file"], lambda: self.fs.info(self._key(entry["file"])))["size"]
+            except ValueError:
+                return None
+            if size != entry["bytes"]:
+                return None
+        for part in record["splits"].values():
+            name = part["idx"]["file"]
+            self._call(name, lambda: self.fs.get_file(self._key(name), str(plan.out / name)))
+        return record  # type: ignore[return-value]
+
+    def upload(self, plan: Plan, record: UnitRecord) -> None:
+        """A finished unit's files, then its record; its shards then leave the spool."""
+        for entry in units.record_files(record):  # type: ignore[arg-type]
+            local = plan.out / entry["file"]
+            self._call(entry["file"], lambda: self.fs.put_file(str(local), self._key(entry["file"])))
+            if not entry["file"].startswith("."):  # a shard; the index parts stay for the merge
+                local.unlink()
+        name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
+        self._call(name, lambda: self.fs.put_file(str(plan.out / name), self._key(name)))
+
+    def publish(self, plan: Plan, meta: dict[str, Any], parts: list[UnitRecord]) -> None:
+        """The merged indexes, then meta.json (the commit); then the units' records and index
+        parts, and an older corpus's files this one does not list, go."""
+        for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
+            os.replace(tmp, final)
+            name = Path(final).name
+            self._call(name, lambda: self.fs.put_file(final, self._key(name)))
+        body = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        self._call(META_NAME, lambda: self.fs.pipe_file(self._key(META_NAME), body))
+        new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
+        leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
+        leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
+        for name in leftovers + sorted(self.stale - new):
+            try:
+                self._call(name, lambda: self.fs.rm_file(self._key(name)))
+            except ValueError:
+                pass  # gone already
+
+    def release(self) -> None:
+        if self.locked and self._read(LOCK) == self.token.encode():
+            self._call(LOCK, lambda: self.fs.rm_file(self._key(LOCK)))
+        self.locked = False
+
