@@ -131,3 +131,30 @@ def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(
     open_split(f"s3://{BUCKET}/b", "train", cache_dir=cache, cache_limit=limit)
     with pytest.raises(ValueError, match="held by folders in use"):
         open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit)
+
+
+def test_a_walk_over_every_window_stays_in_the_limit_and_deleted_objects_no_longer_matter(
+        published, s3_server, tmp_path):
+    for name in sorted(p.name for p in published.iterdir() if not p.name.startswith(".")):
+        s3_server.upload_file(str(published / name), BUCKET, f"walk/{name}")
+    meta = json.loads((published / "meta.json").read_text())
+    limit = sum(e["bytes"] for e in meta["splits"]["train"]["shards"]) + meta["splits"]["train"]["idx"]["bytes"] + 4096
+    cache = tmp_path / "cache"
+    windows = TokenWindows(open_split(f"s3://{BUCKET}/walk", "train", cache_dir=cache, cache_limit=limit), 32,
+                           stride=32)
+    for key in [o["Key"] for o in s3_server.list_objects_v2(Bucket=BUCKET, Prefix="walk/")["Contents"]]:
+        s3_server.delete_object(Bucket=BUCKET, Key=key)  # the folder deleted while the loader runs: it is cached
+    seen = sum(int((b.y != -100).sum()) for b in build_loader(windows, 8))
+    assert seen == windows.scored_tokens
+    assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= limit
+    with pytest.raises(ValueError, match="has no meta.json"):  # deleted: a new open sees it gone
+        open_split(f"s3://{BUCKET}/walk", "train", cache_dir=tmp_path / "other")
+
+
+def test_a_remote_meta_json_naming_files_outside_the_folder_is_refused(published, s3_server, tmp_path):
+    meta = json.loads((published / "meta.json").read_text())
+    meta["splits"]["train"]["shards"][0]["file"] = "../../outside.bin"
+    s3_server.put_object(Bucket=BUCKET, Key="forged/meta.json", Body=json.dumps(meta).encode())
+    with pytest.raises(ValueError, match="not the name of a file tokpack writes"):
+        open_split(f"s3://{BUCKET}/forged", "train", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "outside.bin").exists()

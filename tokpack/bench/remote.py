@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,15 @@ from .prepare import synthetic_corpus
 from .timing import interleaved, ratio, ratio_range
 
 BUCKET = "tokpack-bench"
+UNIT_MB = 8.0  # units of a sharded run: a remote publish spools one at a time
 
 
-def _prepare(source: str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def _prepare(source: str, out: Path | str, env: dict[str, str], spool: Path | None = None) -> dict[str, Any]:
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
-            "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], quiet=True, force=True)); "
-            "print(json.dumps(r['stats']))")
-    done = subprocess.run([sys.executable, "-c", code, source, str(out)], check=True, capture_output=True, text=True,
-                          env=env)
+            "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], quiet=True, force=True, "
+            "unit_mb=float(sys.argv[3]), spool_dir=sys.argv[4] or None)); print(json.dumps(r['stats']))")
+    done = subprocess.run([sys.executable, "-c", code, source, str(out), str(UNIT_MB), str(spool or "")], check=True,
+                          capture_output=True, text=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -75,6 +77,7 @@ def bench_remote(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
         same = all((tmp / "local" / n).read_bytes() == (tmp / "s3" / n).read_bytes()
                    for n in ("train.bin", "val.bin", "train.idx", "val.idx"))
         training = _training(client, tmp, env, rounds)
+        publishing = _publishing(corpus, tmp, env, rounds)
     finally:
         server.stop()
     rows = [{"run": name, "seconds": min(times[name]), "MB/s": megabytes / min(times[name]),
@@ -84,7 +87,38 @@ def bench_remote(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
     print(f"prepare from moto's S3 server: {speed:.2f}x the local speed (rounds {ratio_range(times, 's3', 'local')}); "
           f"outputs byte-identical: {same}")
     return {"remote_vs_local": round(speed, 3), "rounds": ratio_range(times, "s3", "local"), "identical": same,
-            "peak_rss_mb": {name: stats[name]["peak_rss_mb"] for name in runs}, "megabytes": megabytes, **training}
+            "peak_rss_mb": {name: stats[name]["peak_rss_mb"] for name in runs}, "megabytes": megabytes, **training,
+            **publishing}
+
+
+def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:
+    """Prepare into the store against prepare into a local folder (both sharded in units of
+    ``UNIT_MB``), with the spool's peak disk use sampled while the publish runs."""
+    spool, peak = tmp / "spool", [0]
+    spool.mkdir()
+
+    def publish() -> None:
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.005):
+                peak[0] = max(peak[0], sum(f.stat().st_size for f in spool.rglob("*") if f.is_file()))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            _prepare(str(corpus), f"s3://{BUCKET}/out", env, spool)
+        finally:
+            done.set()
+            watcher.join()
+
+    times = interleaved({"local folder": lambda: _prepare(str(corpus), tmp / "folder", env),
+                         "s3": publish}, rounds)
+    speed = ratio(times, "s3", "local folder")
+    print(f"prepare into s3:// against into a local folder: {speed:.2f}x the speed (rounds "
+          f"{ratio_range(times, 's3', 'local folder')}); the spool's peak {peak[0] / 1e6:.1f} MB on disk "
+          f"(units of {UNIT_MB:g} MB of text)")
+    return {"publish_vs_local": round(speed, 3), "spool_peak_mb": round(peak[0] / 1e6, 1)}
 
 
 def _training(client: Any, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:

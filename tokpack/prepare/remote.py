@@ -4,9 +4,10 @@
 
 The run is a sharded one written into a local spool (``--spool-dir``, default the system's
 temporary folder; a fresh folder inside it, removed at the end). As each unit finishes, its
-shards and index part are uploaded, then its record (the unit's commit), and its shards leave the
-spool: the spool holds one unit's shards at a time (about 2 bytes a token of ``--unit-mb`` MB of
-text, 0.6 GB at the default) plus the document index parts. At the end the merged indexes are
+shards and index part are uploaded while the next unit is tokenized, then its record (the unit's
+commit), and its shards leave the spool: the spool holds two units' shards at most (about 2
+bytes a token of ``--unit-mb`` MB of text each, 0.6 GB at the default) plus the document index
+parts. At the end the merged indexes are
 uploaded, then meta.json, the folder's commit: readers refuse the folder until it stands, and a
 run killed before it leaves the uploaded units, which the rerun keeps (each unit's record, input
 and uploaded sizes checked, as a local rerun checks its files).

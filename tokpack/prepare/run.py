@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,20 @@ def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
         plan = make_plan(dataclasses.replace(config, out_dir=str(spool), force=False), 1, started, independent=True)
         folder.begin()
         try:
-            with OutputFolder(spool):
-                parts = []
+            # A unit uploads while the next one is tokenized: at most two units' shards in the spool.
+            with OutputFolder(spool), ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
+                parts: list[UnitRecord] = []
+                uploading: Future[None] | None = None
                 for unit in range(plan.units):
                     part = folder.kept(plan, unit)
                     if part is None:
                         part = units.run_unit(plan, unit)
-                        folder.upload(plan, part)
+                        if uploading is not None:
+                            uploading.result()
+                        uploading = uploader.submit(folder.upload, plan, part)
                     parts.append(part)
+                if uploading is not None:
+                    uploading.result()
                 meta = _meta(plan, parts)
                 folder.publish(plan, meta, parts)
         finally:
