@@ -221,7 +221,7 @@ def _permanent(exc: BaseException) -> str | None:
         return "it does not exist: check the URL"
     if isinstance(exc, PermissionError) or status in (401, 403):
         return "access is denied: check the credentials (environment, profile or --storage-options)"
-    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+    if isinstance(status, int) and (400 <= status < 500 or status == 501) and status not in (408, 429):
         return f"the store answered {status}: check the URL and the options"
     if isinstance(exc, (ValueError, TypeError, NotImplementedError)):
         return f"{exc}; check the URL and --storage-options"
