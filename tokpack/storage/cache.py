@@ -192,6 +192,9 @@ def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str 
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
         missing = [e for e in entries if record.get(e["file"]) != e["sha256"] or not (mirror / e["file"]).is_file()]
         _make_room(cache, mirror, sum(e["bytes"] for e in missing), limit, where)
+        for lease in mirror.glob(LEASE_PREFIX + "*"):
+            if not _alive(lease):
+                lease.unlink()  # a process gone: its lease with it
         (mirror / f"{LEASE_PREFIX}{os.getpid()}").touch()
         for entry in missing:
             _fetch(fs, f"{root}/{entry['file']}", mirror / entry["file"], entry, url)
