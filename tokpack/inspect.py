@@ -4,25 +4,62 @@
     python -m tokpack.inspect data/sample --split val --at 1000 --count 32
     python -m tokpack.inspect data/sample --lengths --block-size 1024          # document lengths as text
     python -m tokpack.inspect data/sample --lengths lengths.png               # and as a figure (tokpack[plot])
+    python -m tokpack.inspect s3://bucket/edu --split val --at 5000           # a remote folder: the peek alone
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from .cli import parser, run_cli
+from .format import META_NAME, SHARD_HEADER_BYTES, Meta, parse_meta, split_files
 from .split import open_splits
+from .storage import is_url
+from .storage.cache import published
 from .tokenizer import folder_encoding
 
 
-def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
-    """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``."""
+Reader = Callable[[int, int], list[int]]  # (first token, count) -> the ids of one file
+
+
+def _local(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
     splits = open_splits(folder)
     if split not in splits:
         raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
     meta = splits[split].meta
     assert meta is not None
+    files = splits[split].open()
+    return meta, [(len(t), lambda lo, n, t=t: t[lo:lo + n].tolist()) for t in files]
+
+
+def _remote(url: str, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
+    """A remote folder's meta.json and range reads of its files: a peek fetches the peek alone."""
+    fs, root, where, raw = published(url)
+    meta = parse_meta(raw, f"{where}/{META_NAME}")
+    if split not in meta["splits"]:
+        raise ValueError(f"split {split!r} is not in {where}; choose one of {', '.join(meta['splits'])}")
+    dtype = np.dtype(meta["dtype"])
+    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+
+    def reader(name: str) -> Reader:
+        def read(lo: int, n: int) -> list[int]:
+            start = offset + lo * dtype.itemsize
+            data = fs.cat_file(f"{root}/{name}", start=start, end=start + n * dtype.itemsize)
+            return np.frombuffer(data, dtype=dtype).tolist()
+        return read
+
+    return meta, [((entry["bytes"] - offset) // dtype.itemsize, reader(entry["file"]))
+                  for entry in split_files(meta["splits"][split])]
+
+
+def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
+    """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``; of a
+    remote folder (its URL), meta.json and the peek's bytes alone are fetched."""
+    remote = isinstance(folder, str) and is_url(folder)
+    meta, files = _remote(folder, split) if remote else _local(folder, split)  # type: ignore[arg-type]
     enc_info = meta["encoding"]
     lines = [
         f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "
@@ -31,19 +68,19 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     for name, info in meta["splits"].items():
         per_doc = info["tokens"] / max(info["documents"], 1)
         lines.append(f"  {name:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents "
-                     f"({per_doc:,.0f} tokens/document)  {len(splits[name].files)} file(s)")
+                     f"({per_doc:,.0f} tokens/document)  {len(split_files(info))} file(s)")
     if count < 1:
         raise ValueError(f"--count {count} must be at least 1")
-    files = splits[split].open()
-    n = sum(map(len, files))
+    n = sum(length for length, _ in files)
     if not 0 <= at < n:
         raise ValueError(f"--at {at} is outside {split} (0..{n - 1}); pick an offset inside it")
-    ids, skip = [], at
-    for tokens in files:  # the split's tokens are its files' tokens, concatenated
-        if skip >= len(tokens):
-            skip -= len(tokens)
+    ids: list[int] = []
+    skip = at
+    for length, read in files:  # the split's tokens are its files' tokens, concatenated
+        if skip >= length:
+            skip -= length
             continue
-        ids += tokens[skip:skip + count - len(ids)].tolist()
+        ids += read(skip, min(count - len(ids), length - skip))
         skip = 0
         if len(ids) == count:
             break

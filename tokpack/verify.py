@@ -13,14 +13,16 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import INDEX_DTYPE, megatron_document_starts, read_meta, remove_leftovers, split_files
-from .storage.cache import local_folder
+from .format import (INDEX_DTYPE, META_NAME, SHARD_HEADER_BYTES, megatron_document_starts, parse_meta, read_meta,
+                     remove_leftovers, split_files)
 from .split import open_splits
 from .storage import is_url
+from .storage.cache import published
 
 CHUNK_BYTES = 1 << 22  # verify streams: memory is this, not the size of a file
 
@@ -37,30 +39,43 @@ def check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: in
     size = path.stat().st_size
     if size != info["bytes"]:
         raise VerifyError(f"{path} is {size} bytes, meta.json says {info['bytes']}")
+    with open(path, "rb") as f:
+        check_stream(f, str(path), info, dtype, offset, n_vocab)
+
+
+def check_stream(f: BinaryIO, where: str, info: dict, dtype: np.dtype | None = None, offset: int = 0,
+                 n_vocab: int = 0) -> None:
+    """``check_file`` of an open stream (a local file, or a remote object read in ranges)."""
     digest = hashlib.sha256()
     done = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-            body = chunk[max(offset - done, 0):]
-            if dtype is not None and body:
-                top = int(np.frombuffer(body, dtype=dtype).max())
-                if top >= n_vocab:
-                    raise VerifyError(f"{path} holds id {top} near byte {done}, n_vocab is {n_vocab}")
-            done += len(chunk)
+    while chunk := f.read(CHUNK_BYTES):
+        digest.update(chunk)
+        body = chunk[max(offset - done, 0):]
+        if dtype is not None and body:
+            top = int(np.frombuffer(body, dtype=dtype).max())
+            if top >= n_vocab:
+                raise VerifyError(f"{where} holds id {top} near byte {done}, n_vocab is {n_vocab}")
+        done += len(chunk)
+    if done != info["bytes"]:
+        raise VerifyError(f"{where} is {done} bytes, meta.json says {info['bytes']}")
     if digest.hexdigest() != info["sha256"]:
-        raise VerifyError(f"{path} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
+        raise VerifyError(f"{where} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
 
 
 def check_index(path: Path, documents: int, tokens: int, where: str) -> None:
     """The document index, streamed: ``documents`` starts, from 0, strictly increasing, below ``tokens``."""
-    count, last = 0, -1
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
-            if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
-                raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
-            count, last = count + len(starts), int(starts[-1])
+        check_index_stream(f, str(path), documents, tokens, where)
+
+
+def check_index_stream(f: BinaryIO, path: str, documents: int, tokens: int, where: str) -> None:
+    """``check_index`` of an open stream."""
+    count, last = 0, -1
+    while chunk := f.read(CHUNK_BYTES):
+        starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
+        if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
+            raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
+        count, last = count + len(starts), int(starts[-1])
     if count != documents:
         raise VerifyError(f"{path} lists {count} documents, meta.json says {documents}")
     if last >= tokens:
@@ -68,9 +83,11 @@ def check_index(path: Path, documents: int, tokens: int, where: str) -> None:
 
 
 def verify_folder(folder: str | Path) -> dict[str, int]:
-    """Raise VerifyError (or FileNotFoundError) unless ``folder`` (or a remote folder's cached
-    mirror, ``tokpack.storage.cache``) is whole; returns tokens per split."""
-    folder = local_folder(folder)
+    """Raise VerifyError (or FileNotFoundError) unless ``folder`` (a local folder, or a remote
+    one's URL: ``verify_remote``) is whole; returns tokens per split."""
+    if isinstance(folder, str) and is_url(folder):
+        return verify_remote(folder)
+    folder = Path(folder)
     meta = read_meta(folder)
     dtype = np.dtype(meta["dtype"])
     n_vocab = meta["encoding"]["n_vocab"]
@@ -101,6 +118,41 @@ def verify_folder(folder: str | Path) -> dict[str, int]:
                 raise VerifyError(str(exc)) from None
             if not np.array_equal(starts, np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)):
                 raise VerifyError(f"{megatron} names other documents than {idx_path}")
+        counts[name] = info["tokens"]
+    return counts
+
+
+def verify_remote(url: str, storage_options: dict | None = None) -> dict[str, int]:
+    """``verify_folder`` of a remote folder, streamed: each listed object read once in ranges
+    (its size, sha256 and ids checked as a local file's), nothing stored. A Megatron index is
+    checked by its hash alone (the local check also compares its documents with tokpack's)."""
+    try:
+        fs, root, where, raw = published(url, storage_options)
+    except ValueError as exc:
+        raise VerifyError(str(exc)) from None
+    key = f"{root}/{{}}"
+    meta = parse_meta(raw, f"{where}/{META_NAME}")
+    dtype, n_vocab = np.dtype(meta["dtype"]), meta["encoding"]["n_vocab"]
+    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+    counts = {}
+    for name, info in meta["splits"].items():
+        files = split_files(info)
+        total = sum((entry["bytes"] - offset) // dtype.itemsize for entry in files)
+        if total != info["tokens"] or any(entry.get("tokens", total) * dtype.itemsize + offset != entry["bytes"]
+                                          for entry in files):
+            raise VerifyError(f"{where}: the {name} files' sizes hold {total} {dtype} tokens, meta.json says "
+                              f"{info['tokens']}")
+        for entry in files:
+            with fs.open(key.format(entry["file"]), "rb", block_size=CHUNK_BYTES) as f:
+                check_stream(f, f"{where}/{entry['file']}", entry, dtype, offset, n_vocab)
+        if "megatron_idx" in info:
+            with fs.open(key.format(info["megatron_idx"]["file"]), "rb") as f:
+                check_stream(f, f"{where}/{info['megatron_idx']['file']}", info["megatron_idx"])
+        idx = info["idx"]
+        with fs.open(key.format(idx["file"]), "rb") as f:
+            check_stream(f, f"{where}/{idx['file']}", idx)
+        with fs.open(key.format(idx["file"]), "rb") as f:
+            check_index_stream(f, f"{where}/{idx['file']}", info["documents"], info["tokens"], f"{where} ({name})")
         counts[name] = info["tokens"]
     return counts
 

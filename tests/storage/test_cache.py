@@ -18,6 +18,7 @@ from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows
 from tokpack.evaluation import main as evaluate_main
+from tokpack.inspect import describe
 from tokpack.split import open_split
 from tokpack.storage.cache import FETCHED
 from tokpack.verify import main as verify_main
@@ -70,10 +71,19 @@ def test_a_remote_folder_gives_the_local_folders_batches_and_resumes_them(publis
         b.x.tolist() for b in build_loader(PackedDocuments(published, 32, split="val", stride=32), 4)]
 
 
-def test_the_commands_read_a_remote_folder(published, tmp_path, monkeypatch, capsys):
+def test_the_commands_read_a_remote_folder(published, s3_server, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path / "cache"))
     assert verify_main([f"s3://{BUCKET}/a"]) == 0
     assert "is whole" in capsys.readouterr().out
+    remote_peek = describe(f"s3://{BUCKET}/a", "train", at=3990, count=20)  # across two shards
+    assert remote_peek.splitlines()[1:] == describe(published, "train", at=3990, count=20).splitlines()[1:]
+    assert not (tmp_path / "cache").exists()  # verify and inspect stream: nothing is stored
+    assert verify_main([f"s3://{BUCKET}/replaced"]) == 1
+    assert "has sha256" in capsys.readouterr().err
+    llmc = prepare_docs(tmp_path / "llmc", make_docs(30, words=100), val_fraction=0.2, format="llmc")
+    for f in sorted(p for p in llmc.iterdir() if not p.name.startswith(".")):
+        s3_server.upload_file(str(f), BUCKET, f"llmc/{f.name}")
+    assert verify_main([f"s3://{BUCKET}/llmc"]) == 0  # llm.c's headers skipped as locally
     assert evaluate_main([f"s3://{BUCKET}/a", "--model", "unigram", "--block-size", "32", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]["tokens"] > 0
     assert verify_main([f"s3://{BUCKET}/unpublished"]) == 1

@@ -148,6 +148,22 @@ def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) 
         tmp.unlink(missing_ok=True)
 
 
+def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str, str, bytes]:
+    """A remote folder's filesystem, its root, its URL as shown, and the bytes of its meta.json,
+    refused in one line when there is none (not published yet, or not tokpack's)."""
+    fs, root = _filesystem(url, storage_options or {})
+    fs.invalidate_cache()
+    where, root = redact(url).rstrip("/"), root.rstrip("/")
+    try:
+        raw = retried(lambda: fs.cat_file(f"{root}/{META_NAME}"), f"{where}/{META_NAME}", RETRIES)
+    except ValueError as exc:
+        if "does not exist" not in str(exc):
+            raise
+        raise ValueError(f"{where} has no meta.json: it is not a published tokpack folder (prepare writes meta.json "
+                         "last, so one being published is refused too); wait for it, or check the URL") from None
+    return fs, root, where, raw
+
+
 def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str | Path | None = None,
                   cache_limit: int | None = None, storage_options: dict[str, Any] | None = None) -> Path:
     """The local mirror of the remote prepared folder ``url``, holding its meta.json and the files
@@ -160,17 +176,7 @@ def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str 
         cache_limit: the most bytes the cache may hold (default ``$TOKPACK_CACHE_LIMIT``, else none).
         storage_options: as for remote inputs (``--storage-options``).
     """
-    fs, root = _filesystem(url, storage_options or {})
-    fs.invalidate_cache()
-    where = redact(url).rstrip("/")
-    root = root.rstrip("/")
-    try:
-        raw = retried(lambda: fs.cat_file(f"{root}/{META_NAME}"), f"{where}/{META_NAME}", RETRIES)
-    except ValueError as exc:
-        if "does not exist" not in str(exc):
-            raise
-        raise ValueError(f"{where} has no meta.json: it is not a published tokpack folder (prepare writes meta.json "
-                         "last, so one being published is refused too); wait for it, or check the URL") from None
+    fs, root, where, raw = published(url, storage_options)
     meta = parse_meta(raw, f"{where}/{META_NAME}")
     names = list(meta["splits"]) if splits is None else list(splits)
     unknown = [s for s in names if s not in meta["splits"]]
