@@ -20,6 +20,7 @@ from tokpack.data.windows import TokenWindows
 from tokpack.evaluation import main as evaluate_main
 from tokpack.inspect import describe
 from tokpack.split import open_split
+from tokpack.storage import cache as cache_module
 from tokpack.storage.cache import FETCHED
 from tokpack.verify import main as verify_main
 
@@ -107,6 +108,18 @@ def test_unpublished_and_replaced_remote_folders_are_refused_in_one_line(publish
         read_only.write_text("")
     with pytest.raises(ValueError, match="is not writable"):
         open_split(f"s3://{BUCKET}/a", "train", cache_dir=read_only / "cache")
+
+
+def test_a_full_cache_disk_is_one_line_and_keeps_nothing(published, tmp_path, monkeypatch):
+    real = cache_module.open_new
+
+    def on_a_full_disk(path):  # the operating system's own ENOSPC: writes to /dev/full fail with it
+        return open("/dev/full", "r+b") if path.name.endswith(".tokpack-tmp") and ".bin." in path.name else real(path)
+
+    monkeypatch.setattr(cache_module, "open_new", on_a_full_disk)
+    with pytest.raises(ValueError, match="the local disk is full: free space"):
+        open_split(f"s3://{BUCKET}/a", "train", cache_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").rglob("*.bin")]
 
 
 OPEN = ("import sys; from tokpack.split import open_split; "

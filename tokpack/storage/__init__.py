@@ -18,6 +18,7 @@ without its user information, query or fragment.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import time
@@ -215,6 +216,8 @@ class RetryingReader(io.RawIOBase):
 def _permanent(exc: BaseException) -> str | None:
     """The fix for an error retrying cannot cure, or None for a transient one."""
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the local disk is full: free space, or give the cache a cache_limit that fits or another cache_dir"
     if type(exc).__name__ == "FileExpired":  # fsspec: another version than the one listed
         return "it was replaced while being read: rerun when it is stable"
     if isinstance(exc, FileNotFoundError) or status == 404:

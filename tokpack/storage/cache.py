@@ -25,7 +25,6 @@ evicted. Cost: O(split bytes) fetched once; then nothing but the local folder's.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -124,8 +123,9 @@ def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) 
     try:
         with open_new(tmp) as out:
             def copy() -> str:
-                out.seek(0)
-                out.truncate()  # a retry starts the file over
+                if out.tell():  # a retry starts the file over
+                    out.seek(0)
+                    out.truncate()
                 digest = hashlib.sha256()
                 with fs.open(remote, "rb", block_size=BLOCK_BYTES) as src:
                     while chunk := src.read(BLOCK_BYTES):
@@ -139,11 +139,6 @@ def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) 
                              f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was published; "
                              "publish the folder again")
         os.replace(tmp, target)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ValueError(f"the cache folder {target.parent.parent} is full while fetching {target.name}; free "
-                             "space, set a cache_limit that fits the disk, or use another cache_dir") from None
-        raise
     finally:
         tmp.unlink(missing_ok=True)
 
