@@ -190,7 +190,12 @@ def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str 
             raise ValueError(f"{mirror} in the cache is not a folder of tokpack's (a link or a file); remove it")
         mirror.mkdir(exist_ok=True)
         record_path = mirror / FETCHED
-        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        try:
+            record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        except (OSError, ValueError):
+            record = {}  # unreadable: every file is fetched again
+        if not isinstance(record, dict):
+            record = {}
         missing = [e for e in entries if record.get(e["file"]) != e["sha256"] or not (mirror / e["file"]).is_file()]
         _make_room(cache, mirror, sum(e["bytes"] for e in missing), limit, where)
         for lease in mirror.glob(LEASE_PREFIX + "*"):
