@@ -323,3 +323,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cli_run(main: Callable[[list[str]], int], capsys, *argv) -> tuple[int, str]:
+    """A CLI's ``main`` run on ``argv`` as the command line gives it: its exit code (0, or the
+    SystemExit's) and what it wrote to stderr."""
+    try:
+        code = main([*map(str, argv)])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err.strip()

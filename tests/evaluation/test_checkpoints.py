@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 import tokpack
-from helpers import make_docs, prepare_docs, write_llmc_model, write_llmc_tokenizer
+from helpers import cli_run, make_docs, prepare_docs, write_llmc_model, write_llmc_tokenizer
 from tokpack.models.checkpoints import load_llmc
 from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
@@ -28,11 +28,7 @@ def _gpt(gelu: str = "tanh") -> GPT:
 
 
 def _cli(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([*map(str, argv), "--quiet"])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip()
+    return cli_run(main, capsys, *argv, "--quiet")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import RangeServer, kill, make_docs, paused_at, prepare_cmd, write_docs
+from helpers import RangeServer, cli_run, kill, make_docs, paused_at, prepare_cmd, write_docs
 from tokpack.prepare import units
 from tokpack.prepare.__main__ import main
 from tokpack.split import open_split
@@ -34,11 +34,7 @@ def _objects(client, prefix: str) -> dict[str, bytes]:
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([*map(str, argv)])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip()
+    return cli_run(main, capsys, *argv)
 
 
 def _local(corpus, folder):

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import kill, make_docs, paused_at, prepare_cmd, write_docs
+from helpers import cli_run, kill, make_docs, paused_at, prepare_cmd, write_docs
 from tokpack.format import LOCK_NAME, read_meta
 from tokpack.prepare import PrepareConfig
 from tokpack.prepare.__main__ import main
@@ -26,11 +26,7 @@ def corpus(tmp_path_factory):
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([*map(str, argv)])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip()
+    return cli_run(main, capsys, *argv)
 
 
 def _files(folder):

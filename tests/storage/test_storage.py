@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from helpers import RangeServer, free_port, make_docs
+from helpers import RangeServer, cli_run, free_port, make_docs
 from tokpack.prepare.__main__ import main
 from tokpack.storage import _filesystem, redact
 
@@ -55,11 +55,7 @@ def s3(s3_server):
 
 
 def _prepare(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([*map(str, argv), "--quiet"])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip()
+    return cli_run(main, capsys, *argv, "--quiet")
 
 
 def _data(folder) -> dict[str, bytes]:

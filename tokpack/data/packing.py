@@ -32,7 +32,6 @@ batch's structure costs O(B * T).
 from __future__ import annotations
 
 import collections
-import copy
 import hashlib
 import json
 import itertools
@@ -50,6 +49,7 @@ from ..split import Split, open_split
 from .documents import DocumentIndex
 from .packers import (RANKS, Order, Packer, PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state,
                       evaluation_rows, in_order)
+from .protocol import compact_copy
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
 from .windows import IGNORE_INDEX, _whole
@@ -495,13 +495,8 @@ class PackedDocuments(Dataset):
         return self.__getitems__([row])
 
     def worker_copy(self) -> PackedDocuments | None:
-        """The copy a loader's workers read: it sends PackedRows. None for a subclass with its own
-        ``__getitems__``, whose batches pass unchanged."""
-        if type(self).__getitems__ is not PackedDocuments.__getitems__:
-            return None
-        read = copy.copy(self)
-        read.compact = True
-        return read
+        """The copy a loader's workers read: it sends PackedRows (``compact_copy``)."""
+        return compact_copy(self, PackedDocuments)
 
     def finish_batch(self, batch: PackedRows, device: torch.device | str | None) -> Any:
         """A worker's rows widened, with their document structure, in the training process."""

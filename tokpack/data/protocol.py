@@ -12,8 +12,9 @@ batch is finished in the training process (``finish_batch``). The loader knows n
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -46,3 +47,16 @@ class LoaderDataset(Protocol):
     def finish_batch(self, batch: Any, device: torch.device | str | None) -> Any:
         """A batch of the worker copy made whole (int64, labels, document structure), on ``device``."""
         ...
+
+
+D = TypeVar("D")
+
+
+def compact_copy(dataset: D, base: type) -> D | None:
+    """``dataset``'s copy with ``compact`` set, the one its workers read to send narrow batches;
+    None for a subclass of ``base`` with its own ``__getitems__``, whose batches pass unchanged."""
+    if type(dataset).__getitems__ is not base.__getitems__:
+        return None
+    read = copy.copy(dataset)
+    read.compact = True  # type: ignore[attr-defined]
+    return read

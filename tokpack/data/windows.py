@@ -17,7 +17,6 @@ own, so a shard boundary is never read across.
 
 from __future__ import annotations
 
-import copy
 import operator
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..split import Split, open_split
+from .protocol import compact_copy
 from .runtime import mix_seed
 from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
 
@@ -235,13 +235,8 @@ class TokenWindows(Dataset):
         return source if isinstance(source, TokenWindows) else cls(source, block_size)
 
     def worker_copy(self) -> TokenWindows | None:
-        """The copy a loader's workers read: it sends CompactWindows. None for a subclass with its
-        own ``__getitems__``, whose batches pass unchanged."""
-        if type(self).__getitems__ is not TokenWindows.__getitems__:
-            return None
-        read = copy.copy(self)
-        read.compact = True
-        return read
+        """The copy a loader's workers read: it sends CompactWindows (``compact_copy``)."""
+        return compact_copy(self, TokenWindows)
 
     def finish_batch(self, batch: CompactWindows, device: torch.device | str | None) -> WindowBatch:
         """A worker's batch widened in the training process, after the copy to ``device``."""
