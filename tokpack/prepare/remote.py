@@ -29,14 +29,12 @@ import os
 import re
 import socket
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
 from ..format import DATA_FILE, META_NAME, UNIT_RECORD, UnitRecord, every_file, parse_meta
 from ..storage import RETRIES, _filesystem, redact, retried
 from . import units
-from .cluster import share_of
 from .config import Plan
 from .folder import merged_indexes
 
@@ -138,18 +136,10 @@ class RemoteFolder:
     def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
         """The unit's uploaded record if it is this run's, its input unchanged and its files there
         at their sizes; its index part is fetched into the spool for the merge."""
-        raw = self._read(UNIT_RECORD.format(unit))
-        try:
-            record = json.loads(raw or b"null")
-            if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
-                return None
-            entries = units.record_files(record)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        record = units.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
+        if record is None:
             return None
-        if record["input_sha256"] != units.input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
-            warnings.warn(f"the input of unit {unit} changed since it was uploaded to {self.where}; it is redone",
-                          stacklevel=2)
-            return None
+        entries = units.record_files(record)  # type: ignore[arg-type]
         for entry in entries:
             try:
                 size = self._call(entry["file"], lambda: self.fs.info(self._key(entry["file"])))["size"]
@@ -160,7 +150,7 @@ class RemoteFolder:
         for part in record["splits"].values():
             name = part["idx"]["file"]
             self._call(name, lambda: self.fs.get_file(self._key(name), str(plan.out / name)))
-        return record  # type: ignore[return-value]
+        return record
 
     def upload(self, plan: Plan, record: UnitRecord) -> None:
         """A finished unit's files, then its record; its shards then leave the spool."""

@@ -101,20 +101,32 @@ def input_sha256(share: list[Entry]) -> str:
 def load(plan: Plan, unit: int) -> UnitRecord | None:
     """The record of ``unit`` if it belongs to this run, its input is unchanged and its files are
     intact, else None."""
-    out = plan.out
-    path = out / UNIT_RECORD.format(unit)
     try:
-        record = json.loads(path.read_text("utf-8"))
-        if record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
-            return None
-        if record.get("input_sha256") != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
-            warnings.warn(f"the input of unit {unit} changed since it was recorded in {out}; it is redone",
-                          stacklevel=2)
-            return None
-        _check_files(plan, record)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, VerifyError):
+        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out))
+        if record is not None:
+            _check_files(plan, record)
+    except (OSError, VerifyError):
         return None
     return record
+
+
+def this_run(plan: Plan, unit: int, raw: bytes | None, where: str) -> UnitRecord | None:
+    """The record ``raw`` of ``unit`` (kept in ``where``) if it is this run's, names only a unit's
+    files and was made from the input as it is now (else None, with a warning if the input
+    changed): what a rerun keeps, once the files it names are found as recorded."""
+    try:
+        record = json.loads(raw or b"null")
+        if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
+            return None
+        record_files(record)
+        recorded = record["input_sha256"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if recorded != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
+        warnings.warn(f"the input of unit {unit} changed since it was recorded in {where}; it is redone",
+                      stacklevel=3)
+        return None
+    return record  # type: ignore[return-value]
 
 
 def _check_files(plan: Plan, record: UnitRecord) -> None:
