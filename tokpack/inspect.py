@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import META_NAME, SHARD_HEADER_BYTES, Meta, parse_meta, split_files
+from .format import SHARD_HEADER_BYTES, Meta, split_files
 from .split import open_splits
 from .storage import is_url
 from .storage.cache import published
@@ -37,17 +37,17 @@ def _local(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader
 
 def _remote(url: str, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
     """A remote folder's meta.json and range reads of its files: a peek fetches the peek alone."""
-    fs, root, where, raw = published(url)
-    meta = parse_meta(raw, f"{where}/{META_NAME}")
+    store, meta, _ = published(url)
     if split not in meta["splits"]:
-        raise ValueError(f"split {split!r} is not in {where}; choose one of {', '.join(meta['splits'])}")
+        raise ValueError(f"split {split!r} is not in {store.where}; choose one of {', '.join(meta['splits'])}")
     dtype = np.dtype(meta["dtype"])
     offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
 
     def reader(name: str) -> Reader:
         def read(lo: int, n: int) -> list[int]:
             start = offset + lo * dtype.itemsize
-            data = fs.cat_file(f"{root}/{name}", start=start, end=start + n * dtype.itemsize)
+            data = store.call(name, lambda: store.fs.cat_file(store.key(name), start=start,
+                                                              end=start + n * dtype.itemsize))
             return np.frombuffer(data, dtype=dtype).tolist()
         return read
 

@@ -18,7 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (INDEX_DTYPE, META_NAME, SHARD_HEADER_BYTES, megatron_document_starts, parse_meta, read_meta,
+from .format import (INDEX_DTYPE, SHARD_HEADER_BYTES, megatron_document_starts, read_meta,
                      remove_leftovers, split_files)
 from .split import open_splits
 from .storage import is_url
@@ -127,11 +127,10 @@ def verify_remote(url: str, storage_options: dict | None = None) -> dict[str, in
     (its size, sha256 and ids checked as a local file's), nothing stored. A Megatron index is
     checked by its hash alone (the local check also compares its documents with tokpack's)."""
     try:
-        fs, root, where, raw = published(url, storage_options)
+        store, meta, _ = published(url, storage_options)
     except ValueError as exc:
         raise VerifyError(str(exc)) from None
-    key = f"{root}/{{}}"
-    meta = parse_meta(raw, f"{where}/{META_NAME}")
+    fs, key, where = store.fs, store.key, store.where
     dtype, n_vocab = np.dtype(meta["dtype"]), meta["encoding"]["n_vocab"]
     offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
     counts = {}
@@ -143,15 +142,15 @@ def verify_remote(url: str, storage_options: dict | None = None) -> dict[str, in
             raise VerifyError(f"{where}: the {name} files' sizes hold {total} {dtype} tokens, meta.json says "
                               f"{info['tokens']}")
         for entry in files:
-            with fs.open(key.format(entry["file"]), "rb", block_size=CHUNK_BYTES) as f:
+            with fs.open(key(entry["file"]), "rb", block_size=CHUNK_BYTES) as f:
                 check_stream(f, f"{where}/{entry['file']}", entry, dtype, offset, n_vocab)
         if "megatron_idx" in info:
-            with fs.open(key.format(info["megatron_idx"]["file"]), "rb") as f:
+            with fs.open(key(info["megatron_idx"]["file"]), "rb") as f:
                 check_stream(f, f"{where}/{info['megatron_idx']['file']}", info["megatron_idx"])
         idx = info["idx"]
-        with fs.open(key.format(idx["file"]), "rb") as f:
+        with fs.open(key(idx["file"]), "rb") as f:
             check_stream(f, f"{where}/{idx['file']}", idx)
-        with fs.open(key.format(idx["file"]), "rb") as f:
+        with fs.open(key(idx["file"]), "rb") as f:
             check_index_stream(f, f"{where}/{idx['file']}", info["documents"], info["tokens"], f"{where} ({name})")
         counts[name] = info["tokens"]
     return counts

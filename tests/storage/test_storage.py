@@ -12,7 +12,7 @@ import pytest
 
 from helpers import RangeServer, cli_run, free_port, make_docs
 from tokpack.prepare.__main__ import main
-from tokpack.storage import _filesystem, redact
+from tokpack.storage import open_store, redact
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -134,8 +134,8 @@ def test_https_permanent_errors_and_a_stalled_server_are_one_line(http, tmp_path
 def test_every_fsspec_protocol_takes_the_same_path(tmp_path, capsys):
     # The hub cannot be reached here: hf:// resolves to huggingface_hub's filesystem like any other.
     pytest.importorskip("huggingface_hub")
-    fs, path = _filesystem("hf://datasets/org/name/data/train-00000.parquet", {})
-    assert type(fs).__name__ == "HfFileSystem" and path.endswith("train-00000.parquet")
+    store = open_store("hf://datasets/org/name/data/train-00000.parquet")
+    assert type(store.fs).__name__ == "HfFileSystem" and store.path.endswith("train-00000.parquet")
     assert redact("https://user:secret@host:8/p/x.jsonl?sig=abc#frag") == "https://host:8/p/x.jsonl"
     code, err = _prepare(capsys, "gs://bucket/x.jsonl", "--out-dir", tmp_path / "o")
     if code == 2 and "needs" in err:  # gcsfs is not among the test extras: the missing library is named

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..format import DATA_FILE, META_NAME, UNIT_RECORD, UnitRecord, every_file, parse_meta
-from ..storage import RETRIES, _filesystem, redact, retried
+from ..storage import open_store
 from . import units
 from .config import Plan
 from .folder import merged_indexes
@@ -62,21 +62,20 @@ class RemoteFolder:
     """The remote output folder of one run: its checks, lock, uploads and commit."""
 
     def __init__(self, url: str, options: dict[str, Any] | None, force: bool):
-        self.fs, root = _filesystem(url, options or {})
-        self.root, self.where, self.force = root.rstrip("/"), redact(url).rstrip("/"), force
+        self.store = open_store(url, options)
+        self.fs, self.root, self.where, self.force = self.store.fs, self.store.path, self.store.where, force
         self.stale: set[str] = set()
         self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
         self.locked = False
 
     def _key(self, name: str) -> str:
-        return f"{self.root}/{name}"
+        return self.store.key(name)
 
     def _call(self, what: str, fn: Any) -> Any:
-        return retried(fn, f"{self.where}/{what}", RETRIES)
+        return self.store.call(what, fn)
 
     def begin(self) -> None:
         """The checks and the lock, before any work."""
-        self.fs.invalidate_cache()
         probe = f".tokpack-probe-{uuid.uuid4().hex}"
         try:
             self._call(probe, lambda: self.fs.pipe_file(self._key(probe), b""))

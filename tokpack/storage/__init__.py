@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 RETRIES = 6  # attempts at one request, the first included (storage option "retries")
 BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
@@ -257,12 +257,12 @@ def _number(options: dict[str, Any], key: str, default: float, kind: Any) -> Any
     return value
 
 
-def _with_timeout(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options with ``timeout`` (seconds a connection or a read may wait; default
-    ``TIMEOUT_S``) as the protocol's library takes it, and without tokpack's own ``retries``."""
+def _library_options(protocol: str, options: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The options as the protocol's library takes them, with ``timeout`` (seconds a connection or
+    a read may wait; default ``TIMEOUT_S``) translated, and tokpack's own ``retries`` apart."""
     options = dict(options)
-    options.pop("retries", None)
-    timeout = _number(options, "timeout", TIMEOUT_S, (int, float))  # type: ignore[arg-type]
+    attempts = _number(options, "retries", RETRIES, int)
+    timeout = _number(options, "timeout", TIMEOUT_S, (int, float))
     if protocol in ("http", "https") and "client_kwargs" not in options:
         import aiohttp
 
@@ -272,22 +272,45 @@ def _with_timeout(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         options["config_kwargs"] = config
-    return options
+    return options, attempts
 
 
-def _filesystem(raw: str, options: dict[str, Any]) -> tuple[Any, str]:
+class Store(NamedTuple):
+    """A URL's store as the options open it, once: fsspec's filesystem, the path the URL names in
+    it (no trailing slash), the attempts a request gets, and the URL as shown."""
+
+    fs: Any
+    path: str
+    attempts: int
+    where: str
+
+    def key(self, name: str) -> str:
+        """The path of ``name`` below the URL's path."""
+        return f"{self.path}/{name}"
+
+    def call(self, what: str, fn: Callable[[], Any], reset: Callable[[], None] = lambda: None) -> Any:
+        """``fn()`` with this store's retries; errors name ``what`` below the URL."""
+        return retried(fn, f"{self.where}/{what}" if what else self.where, self.attempts, reset)
+
+
+def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
+    """The store ``raw`` names, opened with ``options`` (``--storage-options``); its listings are
+    read afresh (fsspec keeps them per filesystem, and a second run must see the store as it is)."""
     try:
         import fsspec
     except ImportError:
         raise ValueError(f'reading {redact(raw)} needs fsspec; pip install "tokpack[remote]"') from None
+    library, attempts = _library_options(raw.partition("://")[0], options or {})
     try:
-        return fsspec.core.url_to_fs(raw, **_with_timeout(raw.partition("://")[0], options))
+        fs, path = fsspec.core.url_to_fs(raw, **library)
     except ImportError as exc:  # the protocol's own library (s3fs, gcsfs, huggingface_hub, aiohttp)
         raise ValueError(f'reading {redact(raw)} needs {exc.name or "its fsspec library"}; pip install '
                          '"tokpack[remote]"') from None
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{redact(raw)} cannot be opened with these storage options ({exc}); fix "
                          "--storage-options") from None
+    fs.invalidate_cache()
+    return Store(fs, path.rstrip("/"), attempts, redact(raw).rstrip("/"))
 
 
 def _version(info: dict[str, Any]) -> str:
@@ -316,19 +339,17 @@ def _web_status(url: str) -> int | None:
 def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     """The objects a URL names, sorted: one object, every object below a prefix (hidden names
     skipped, as in local folders), or a glob's matches."""
-    fs, path = _filesystem(raw, options)
-    fs.invalidate_cache()  # fsspec keeps listings per filesystem: a second run must see the store as it is now
-    where = redact(raw)
-    attempts = _number(dict(options), "retries", RETRIES, int)
+    store = open_store(raw, options)
+    fs, path, where = store.fs, store.path, store.where
     web = raw.partition("://")[0] in ("http", "https")  # a URL, whose "?" starts its query: one object
     if not web and any(ch in path for ch in GLOB_CHARS):
-        found = retried(lambda: fs.glob(path, detail=True), where, attempts)
+        found = store.call("", lambda: fs.glob(path, detail=True))
         infos = [info for info in found.values() if info.get("type") != "directory"]
         if not infos:
             raise FileNotFoundError(f"glob {where!r} matches no object; check the pattern")
     else:
         try:
-            info = retried(lambda: fs.info(path), where, attempts)
+            info = store.call("", lambda: fs.info(path))
         except ValueError:
             status = _web_status(raw) if web else None
             if status in (401, 403):  # fsspec's web filesystem says "not found" for a denied request
@@ -336,7 +357,7 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
                                  "--storage-options client_kwargs)") from None
             raise
         if info.get("type") == "directory" and not web:
-            infos = [i for i in retried(lambda: fs.find(path, detail=True), where, attempts).values()
+            infos = [i for i in store.call("", lambda: fs.find(path, detail=True)).values()
                      if not any(part.startswith(".") for part in i["name"][len(path):].split("/"))]
             if not infos:
                 raise ValueError(f"{where} holds no objects; put .txt/.jsonl/.parquet files under it")
@@ -345,5 +366,5 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     out = []
     for info in sorted(infos, key=lambda i: i["name"]):
         url = raw if len(infos) == 1 and info["name"] == path else fs.unstrip_protocol(info["name"])
-        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info), attempts))
+        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info), store.attempts))
     return out

@@ -34,8 +34,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import META_NAME, every_file, open_new, parse_meta, tmp_path
-from . import BLOCK_BYTES, RETRIES, _filesystem, is_url, redact, retried
+from ..format import META_NAME, Meta, every_file, open_new, parse_meta, tmp_path
+from . import BLOCK_BYTES, Store, is_url, open_store
 
 CACHE_ENV, LIMIT_ENV = "TOKPACK_CACHE_DIR", "TOKPACK_CACHE_LIMIT"
 LOCK_NAME = ".tokpack-cache.lock"
@@ -116,7 +116,7 @@ def _make_room(cache: Path, keep: Path, needed: int, limit: int | None, url: str
                          "another cache_dir")
 
 
-def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) -> None:
+def _fetch(store: Store, target: Path, entry: dict[str, Any]) -> None:
     """One file, streamed to a temporary name, hashed on the way, renamed once it is the one
     meta.json records."""
     tmp = tmp_path(target)
@@ -127,15 +127,15 @@ def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) 
                     out.seek(0)
                     out.truncate()
                 digest = hashlib.sha256()
-                with fs.open(remote, "rb", block_size=BLOCK_BYTES) as src:
+                with store.fs.open(store.key(entry["file"]), "rb", block_size=BLOCK_BYTES) as src:
                     while chunk := src.read(BLOCK_BYTES):
                         digest.update(chunk)
                         out.write(chunk)
                 return digest.hexdigest()
 
-            found = retried(copy, f"{redact(url)}/{entry['file']}", RETRIES)
+            found = store.call(entry["file"], copy)
         if found != entry["sha256"] or tmp.stat().st_size != entry["bytes"]:
-            raise ValueError(f"{redact(url)}/{entry['file']} does not match meta.json (sha256 {found[:12]}..., "
+            raise ValueError(f"{store.where}/{entry['file']} does not match meta.json (sha256 {found[:12]}..., "
                              f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was published; "
                              "publish the folder again")
         os.replace(tmp, target)
@@ -143,20 +143,19 @@ def _fetch(fs: Any, remote: str, target: Path, entry: dict[str, Any], url: str) 
         tmp.unlink(missing_ok=True)
 
 
-def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str, str, bytes]:
-    """A remote folder's filesystem, its root, its URL as shown, and the bytes of its meta.json,
-    refused in one line when there is none (not published yet, or not tokpack's)."""
-    fs, root = _filesystem(url, storage_options or {})
-    fs.invalidate_cache()
-    where, root = redact(url).rstrip("/"), root.rstrip("/")
+def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, Meta, bytes]:
+    """A remote folder's store, its meta.json checked and as bytes, refused in one line when there
+    is none (not published yet, or not tokpack's)."""
+    store = open_store(url, storage_options)
     try:
-        raw = retried(lambda: fs.cat_file(f"{root}/{META_NAME}"), f"{where}/{META_NAME}", RETRIES)
+        raw = store.call(META_NAME, lambda: store.fs.cat_file(store.key(META_NAME)))
     except ValueError as exc:
         if "does not exist" not in str(exc):
             raise
-        raise ValueError(f"{where} has no meta.json: it is not a published tokpack folder (prepare writes meta.json "
-                         "last, so one being published is refused too); wait for it, or check the URL") from None
-    return fs, root, where, raw
+        raise ValueError(f"{store.where} has no meta.json: it is not a published tokpack folder (prepare writes "
+                         "meta.json last, so one being published is refused too); wait for it, or check the URL") \
+            from None
+    return store, parse_meta(raw, f"{store.where}/{META_NAME}"), raw
 
 
 def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str | Path | None = None,
@@ -171,8 +170,8 @@ def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str 
         cache_limit: the most bytes the cache may hold (default ``$TOKPACK_CACHE_LIMIT``, else none).
         storage_options: as for remote inputs (``--storage-options``).
     """
-    fs, root, where, raw = published(url, storage_options)
-    meta = parse_meta(raw, f"{where}/{META_NAME}")
+    store, meta, raw = published(url, storage_options)
+    where = store.where
     names = list(meta["splits"]) if splits is None else list(splits)
     unknown = [s for s in names if s not in meta["splits"]]
     if unknown:
@@ -203,7 +202,7 @@ def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str 
                 lease.unlink()  # a process gone: its lease with it
         (mirror / f"{LEASE_PREFIX}{os.getpid()}").touch()
         for entry in missing:
-            _fetch(fs, f"{root}/{entry['file']}", mirror / entry["file"], entry, url)
+            _fetch(store, mirror / entry["file"], entry)
             record[entry["file"]] = entry["sha256"]
             _write(record_path, json.dumps(record).encode())
         _write(mirror / META_NAME, raw)
