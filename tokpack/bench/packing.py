@@ -153,6 +153,8 @@ def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size
     dataset = PackedDocuments(open_split(folder / "train.bin", dtype="uint16"), block_size, packing="bestfit",
                               buffer_size=buffer_size, bos_id=BOS)
     stream, rows = (0, 0, 1, True), []
+    order = Order()
+    runs = order.ranges(documents, stream)
     replay_rate = None
     for batch in positions:
         row = batch * batch_size
@@ -160,7 +162,7 @@ def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size
         keys = []
         for epoch in np.unique(arrivals // documents).tolist():
             here = arrivals[arrivals // documents == epoch]
-            docs = Order().documents_at(documents, here % documents, stream, epoch, (np.zeros(1), np.array([documents])))
+            docs = order.documents_at(documents, here % documents, stream, epoch, runs)
             keys += [buffer_key(doc, width, arrival, None) for arrival, doc in zip(here.tolist(), docs.tolist())]
         loader = build_loader(dataset, batch_size, seed=0)
         state = {**loader.state_dict(), "batch": batch,

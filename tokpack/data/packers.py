@@ -47,6 +47,21 @@ class PackerState:
 RANKS = ("documents", "rows", "groups")
 
 
+class Runs:
+    """Consecutive runs of stored documents that make one rank's epoch: each run's first document
+    and size, and where each ends in the epoch's positions."""
+
+    def __init__(self, firsts: np.ndarray, counts: np.ndarray):
+        self.firsts, self.counts = firsts, counts.astype(np.int64)
+        self.ends = np.cumsum(self.counts)
+        self.share = int(self.ends[-1]) if len(self.ends) else 0
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The run of each epoch position, and the position within it."""
+        run = np.searchsorted(self.ends, positions, side="right")
+        return run, positions - self.ends[run] + self.counts[run]
+
+
 @dataclass(frozen=True)
 class Order:
     """Which documents one rank's packer takes, in what order, and how many at a time.
@@ -68,48 +83,42 @@ class Order:
     groups: tuple[tuple[int, ...], ...] = ()
     files: np.ndarray | None = field(default=None, compare=False)
 
-    def ranges(self, n: int, stream: tuple[int, int, int, bool]) -> tuple[np.ndarray, np.ndarray]:
-        """The first document and the size of each run of one epoch a rank takes in stored order:
-        its row groups ("groups"), else one run of its whole share, whose documents
-        ``documents_at`` places. O(row groups)."""
+    def ranges(self, n: int, stream: tuple[int, int, int, bool]) -> Runs:
+        """The runs of one epoch a rank takes in stored order: its row groups ("groups"), else one
+        run of its whole share, whose documents ``documents_at`` places. O(row groups)."""
         _, rank, world, _ = stream
         if self.ranks != "groups":
-            return np.zeros(1, dtype=np.int64), np.array([n if self.ranks == "rows" else n // world], dtype=np.int64)
+            return Runs(np.zeros(1, dtype=np.int64), np.array([n if self.ranks == "rows" else n // world]))
         firsts, counts, at = [], [], 0
         for sizes in self.groups:
             offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
             firsts.append(at + offsets[rank:-1:world])
             counts.append(np.asarray(sizes, dtype=np.int64)[rank::world])
             at += int(offsets[-1])
-        return np.concatenate([np.zeros(0, np.int64), *firsts]), np.concatenate([np.zeros(0, np.int64), *counts])
+        return Runs(np.concatenate([np.zeros(0, np.int64), *firsts]), np.concatenate([np.zeros(0, np.int64), *counts]))
 
     def documents_at(self, n: int, positions: np.ndarray, stream: tuple[int, int, int, bool], epoch: int,
-                     runs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+                     runs: Runs) -> np.ndarray:
         """The documents at ``positions`` of a rank's ``epoch``."""
         seed, rank, world, shuffle = stream
         if self.ranks == "groups":
-            firsts, counts = runs
-            ends = np.cumsum(counts)
-            run = np.searchsorted(ends, positions, side="right")
-            return firsts[run] + positions - (ends[run] - counts[run])
+            run, within = runs.locate(positions)
+            return runs.firsts[run] + within
         if self.ranks == "rows":
             rank, world = 0, 1
         places = positions.astype(np.uint64) * np.uint64(world) + np.uint64(rank)
         return Shuffle(n, "packing", seed, epoch)(places) if shuffle else places.astype(np.int64)
 
-    def breaks(self, positions: np.ndarray, runs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def breaks(self, positions: np.ndarray, runs: Runs) -> np.ndarray:
         """Whether each epoch position starts a refill batch: at every run's start, then every ``refill``."""
-        counts = runs[1]
-        ends = np.cumsum(counts)
-        run = np.searchsorted(ends, positions, side="right")
-        return (positions - ends[run] + counts[run]) % self.refill == 0
+        return runs.locate(positions)[1] % self.refill == 0
 
     def _chunks(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
                 start: int) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
         """A rank's endless stream from its ``start``-th document as (positions in the epoch,
         documents, last chunk of an epoch), a chunk at a time."""
         runs = self.ranges(len(lengths), stream)
-        share = int(runs[1].sum())
+        share = runs.share
         first_epoch, skip = divmod(start, share)
         for epoch in itertools.count(first_epoch):
             for lo in range(skip if epoch == first_epoch else 0, share, CHUNK):
@@ -274,7 +283,7 @@ def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int,
     the documents taken must end a refill batch."""
     order, buffer = packer.order, state.buffer
     runs = order.ranges(len(lengths), stream)
-    share = int(runs[1].sum())
+    share = runs.share
     if not 0 <= state.taken <= MAX_TAKEN or not 0 <= state.row <= 2**62:
         raise ValueError(f"a packing state at row {state.row} with {state.taken} documents taken is out of range")
     placed = state.taken - len(buffer)
