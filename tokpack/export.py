@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import open_new, read_meta, tmp_path
+from .format import Meta, open_new, read_meta, tmp_path
 from .split import Split, open_splits, read_index
 
 TARGETS = ("olmo",)
@@ -81,9 +81,9 @@ def file_documents(split: Split) -> list[np.ndarray]:
     return out
 
 
-def export_olmo(folder: str | Path) -> dict[str, list[Path]]:
+def export_olmo(folder: str | Path) -> tuple[Meta, dict[str, list[Path]]]:
     """Write ``FOLDER/olmo/``: each token file as ``.npy`` with its ``.csv.gz`` of document offsets;
-    returns the ``.npy`` paths of each split."""
+    returns the folder's meta.json and the ``.npy`` paths of each split."""
     folder = Path(folder)
     meta = read_meta(folder)
     splits = open_splits(folder, meta)
@@ -98,12 +98,11 @@ def export_olmo(folder: str | Path) -> dict[str, list[Path]]:
             _publish_tokens(file.path, file.offset, target)
             _publish_offsets(bounds, target.with_suffix(".csv.gz"))
             written.setdefault(name, []).append(target)
-    return written
+    return meta, written
 
 
-def olmo_arguments(folder: Path, paths: list[Path]) -> str:
-    """What to give OLMo-core's numpy datasets for ``paths``, exported files of ``folder``."""
-    meta = read_meta(folder)
+def olmo_arguments(meta: Meta, paths: list[Path]) -> str:
+    """What to give OLMo-core's numpy datasets for ``paths``, exported files of the folder of ``meta``."""
     eot = meta["encoding"]["eot_id"]
     return (f"paths={[str(p) for p in paths]}, dtype=numpy.{meta['dtype']}, eos_token_id={eot}, pad_token_id={eot}, "
             f"vocab_size={meta['encoding']['n_vocab']}, use_array_if_local=False  # boundaries from the .csv.gz")
@@ -116,11 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> int:
-        paths = export_olmo(args.folder)
+        meta, paths = export_olmo(args.folder)
         print(f"tokpack.export: wrote {sum(map(len, paths.values()))} token files with their document offsets "
               f"into {Path(args.folder) / OLMO_FOLDER}")
         for name, files in paths.items():
-            print(f"{name}: {olmo_arguments(Path(args.folder), files)}")
+            print(f"{name}: {olmo_arguments(meta, files)}")
         return 0
 
     return run_cli(body)
