@@ -327,12 +327,13 @@ def _models(splits: dict[str, Split], checkpoints: Sequence[str], baselines: Seq
                              f"uses {meta['encoding']['name']} with n_vocab {n_vocab}; evaluate it on data of its "
                              "own encoding")
         yield Path(path).name, model, model.config.block_size
+    ours = folder_encoding(meta) if llmc_models or hf_models else None  # what their tokenizers must be
     for path in llmc_models:
         model = load_llmc(path, device)
-        check_llmc_tokenizer(path, model, folder_encoding(meta))
+        check_llmc_tokenizer(path, model, ours)  # type: ignore[arg-type]
         yield Path(path).name, model, model.config.block_size
     for path in hf_models:
-        hf, block = load_hf(path, folder_encoding(meta), device)
+        hf, block = load_hf(path, ours, device)  # type: ignore[arg-type]
         yield Path(path).name, hf, block or None
     for name in baselines:
         order = {"unigram": 1, "bigram": 2}[name]
