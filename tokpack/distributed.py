@@ -55,6 +55,11 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+def launched_world() -> int:
+    """The world size torchrun's environment announces (1 without it), checked as a whole number."""
+    return _env_int("WORLD_SIZE", 1)
+
+
 def probe() -> tuple[int, int]:
     """(rank, world size) of the running process group, or (0, 1) without one.
 

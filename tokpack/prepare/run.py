@@ -28,7 +28,7 @@ from .. import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
-from ..distributed import process_group
+from ..distributed import launched_world, process_group
 from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
 from ..inputs import resolve_groups
 from ..storage import InputFile, is_url, redact
@@ -119,7 +119,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     started = time.perf_counter()
     shared = tasks.place(config)
     if config.out_dir is not None and is_url(config.out_dir):
-        if shared is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if shared is not None or launched_world() > 1:
             raise ValueError(f"--out-dir {redact(config.out_dir)} is written by one process; run it without --tasks "
                              "and torchrun, or prepare into a shared folder")
         return _prepare_remote(config, started)

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..distributed import launched_world
 from ..format import META_NAME, Meta, UnitRecord, read_meta
 from . import units
 from .config import Plan, PrepareConfig
@@ -47,7 +48,7 @@ def place(config: PrepareConfig, environ: dict[str, str] | None = None) -> tuple
         if config.finalize:
             raise ValueError("--finalize writes meta.json of a run of independent tasks; give its --tasks N too")
         return None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched_world() > 1:
         raise ValueError("--tasks runs without a process group; launch the tasks without torchrun")
     if task is None and not config.finalize:
         raise ValueError(f"--tasks {tasks} needs this task's --task (0..{tasks - 1}), or --finalize")
