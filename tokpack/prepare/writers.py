@@ -225,7 +225,7 @@ class ShardWriter:
         f.close()
 
     def close(self) -> list[dict[str, Any]]:
-        if self.layout.min_shards > 1 and not self.shards and self._held is None and len(self._starts) > 1:
+        if self.layout.min_shards > 1 and not self.shards and self._held is None and any(self._starts[1:]):
             self._hold()  # a lone shard of two documents or more: its second half becomes a shard of its own
             self._open()
             self._balance(at_documents=True)
