@@ -142,7 +142,11 @@ def open_split(path: str | Path | Sequence[str | Path] | Split, split: str | Non
         cache_limit: for a URL, the most bytes the cache holds (default ``$TOKPACK_CACHE_LIMIT``).
         storage_options: for a URL, the store's options, as for remote inputs.
     """
-    if isinstance(path, str) and is_url(path):
+    remote = isinstance(path, str) and is_url(path)
+    if not remote and (cache_dir, cache_limit, storage_options) != (None, None, None):
+        raise ValueError(f"cache_dir, cache_limit and storage_options apply to a folder's URL, and {path} is local: "
+                         "drop them")
+    if remote:
         if split is None:
             raise ValueError(f"{redact(path)} is a folder: pass split= (train, val, ...)")
         path = cached_folder(path, [split], cache_dir, cache_limit, storage_options)

@@ -102,3 +102,9 @@ def test_destinations_that_cannot_be_written_are_one_line(bucket, corpus, tmp_pa
     assert code == 2 and "is written by one process" in err, err
     code, err = _run(capsys, corpus, "--out-dir", f"s3://{BUCKET}/m", "--format", "megatron", *OPTIONS)
     assert code == 2 and "--format megatron" in err, err
+    for option, fragment in (("--spool-dir", "this run writes a local folder: drop --spool-dir"),
+                             ("--storage-options", "no input or --out-dir is a URL: drop --storage-options")):
+        value = str(tmp_path) if option == "--spool-dir" else '{"anon": true}'
+        code, err = _run(capsys, corpus, "--out-dir", tmp_path / "local", option, value, *OPTIONS)
+        assert code == 2 and fragment in err and "\n" not in err, err  # an option that would do nothing
+    assert not (tmp_path / "local").exists()

@@ -98,6 +98,8 @@ def test_unpublished_and_replaced_remote_folders_are_refused_in_one_line(publish
     with pytest.raises(ValueError, match="does not match meta.json .* replaced after the folder was published"):
         open_split(f"s3://{BUCKET}/replaced", "train", cache_dir=cache)
     assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix == ".bin"]  # nothing unverified kept
+    with pytest.raises(ValueError, match="apply to a folder's URL, and .* is local: drop them"):
+        open_split(published, "train", cache_dir=cache)  # they would do nothing
     with pytest.raises(ValueError, match="cache_limit 1,000 bytes is smaller than"):
         open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=1000)
     read_only = tmp_path / "ro"

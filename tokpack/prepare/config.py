@@ -18,6 +18,7 @@ import numpy as np
 
 from ..corpus import ReadOptions
 from ..options import default_of, option
+from ..storage import is_url
 from ..tokenizer import encoding_key
 from ..tokenizer.fast import BACKENDS
 
@@ -112,6 +113,14 @@ class PrepareConfig:
             raise ValueError(f"--val-fraction {self.val_fraction} does nothing beside "
                              f"{'--val-tokens' if self.val_tokens else '--val-inputs'}, which chooses the val split; "
                              "pass one of them")
+        remote_out = self.out_dir is not None and is_url(self.out_dir)
+        if self.spool_dir is not None and not remote_out:
+            raise ValueError(f"--spool-dir {self.spool_dir} holds what waits to be uploaded to a URL --out-dir; "
+                             "this run writes a local folder: drop --spool-dir")
+        if self.storage_options is not None and not remote_out and not any(
+                map(is_url, (*self.inputs, *self.val_inputs))):
+            raise ValueError("--storage-options configures a remote store, and no input or --out-dir is a URL: "
+                             "drop --storage-options")
         if self.backend == "tiktoken" and self.check_fraction != default_of(PrepareConfig, "check_fraction"):
             raise ValueError(f"--check-fraction {self.check_fraction} checks an accelerated backend's ids against "
                              "tiktoken's; with --backend tiktoken there is none: drop --check-fraction")

@@ -161,7 +161,11 @@ def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
         raise ValueError(f"--spool-dir {config.spool_dir} cannot hold a spool ({exc.strerror}); give a writable "
                          "folder") from None
     try:
-        plan = make_plan(dataclasses.replace(config, out_dir=str(spool), force=False), 1, started, independent=True)
+        # The run itself writes the local spool: the options of the remote folder are not its own.
+        remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
+        local = dataclasses.replace(config, out_dir=str(spool), force=False, spool_dir=None,
+                                    storage_options=config.storage_options if remote_inputs else None)
+        plan = make_plan(local, 1, started, independent=True)
         folder.begin()
         try:
             # A unit uploads while the next one is tokenized: at most two units' shards in the spool.
