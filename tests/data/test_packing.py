@@ -404,6 +404,14 @@ def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path)
     ({"bos_id": 70000}, "bos_id 70000 is not a token id"),
     ({"bos_id": 2**40}, "is not a token id"),
     ({"bos_id": 1.5}, "bos_id=1.5 is not an int"),
+    ({"ranks": "nodes"}, "ranks 'nodes' is not one of documents, rows, groups"),
+    ({"shard_end": "skip"}, "shard_end 'skip' is not one of continue, drop"),
+    ({"packing": "bestfit", "refill": 0}, "refill 0 must be at least 1"),
+    ({"packing": "bestfit", "refill": 1.5}, "refill=1.5 is not an int"),
+    ({"refill": 128}, "packing='aligned' has no buffer: drop it"),
+    ({"stride": 8, "ranks": "rows"}, "evaluation rows are read in order: drop them"),
+    ({"packing": "bestfit", "shard_end": "drop"}, "shard_end='drop' is modded-nanogpt's rule"),
+    ({"ranks": "groups", "split_long": True}, "split_long cuts them into pieces"),
 ])
 def test_every_parameter_is_checked_at_construction(prepared, kwargs, fragment):
     kwargs = {"block_size": 16, **kwargs}
