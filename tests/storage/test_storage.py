@@ -20,7 +20,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 BUCKET = "corpus-bucket"
-QUICK = '{"retries": 2, "timeout": 2}'  # failures come fast in tests; retries still bounded
+QUICK = '{"retries": 2, "timeout": 1}'  # failures come fast in tests; retries still bounded
 
 
 def corpus_files() -> dict[str, bytes]:
