@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .storage.cache import cached_folder, local_folder
+from .storage.cache import CachedFolder
 from .storage import is_url, redact
 from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
                      foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
@@ -62,6 +63,8 @@ class Split:
 
     ``folder`` and ``meta`` are set for a prepared folder's split (``name`` is the split's name);
     ``fingerprint`` pins the data (each file's name, size and recorded sha256) for resume states.
+    A remote folder's split has its ``cache`` (``tokpack.storage.cache``), ``fits`` saying whether
+    the whole split fits in it; ``folder`` is then its mirror in the cache.
     """
 
     files: tuple[TokenFile, ...]
@@ -70,6 +73,8 @@ class Split:
     folder: Path | None = None
     meta: Meta | None = field(default=None, repr=False)
     fingerprint: str = ""
+    cache: CachedFolder | None = field(default=None, repr=False)
+    fits: bool = True
 
     @property
     def lengths(self) -> np.ndarray:
@@ -79,10 +84,9 @@ class Split:
     def paths(self) -> list[Path]:
         return [f.path for f in self.files]
 
-    def open(self) -> list[np.ndarray]:
-        """Every file's tokens, memory-mapped, as plain ndarray views (np.memmap's own indexing costs
-        more than a gather)."""
-        return [np.asarray(f.memmap()) for f in self.files]
+    def open(self) -> OpenedFiles:
+        """Every file's tokens, each memory-mapped when first indexed (``OpenedFiles``)."""
+        return OpenedFiles(self)
 
     @property
     def n_vocab(self) -> int | None:
@@ -109,6 +113,54 @@ class Split:
 
     def __repr__(self) -> str:
         return f"Split({self.describe()}, {self.dtype}, {int(self.lengths.sum()):,} tokens)"
+
+
+class OpenedFiles(Sequence[np.ndarray]):
+    """A split's files as plain ndarray views (np.memmap's own indexing costs more than a gather),
+    each mapped when first indexed, and so fetched then from a remote folder's cache. A split
+    larger than its cache keeps one file open: indexing another releases the last (views already
+    taken stay readable), and ``version`` counts the releases, so a reader that keeps views derived
+    from the arrays knows to drop them. Behind each file opened, the cache fetches the ones after
+    it: all the rest where the split fits, else the next."""
+
+    def __init__(self, split: Split):
+        self.split, self.version = split, 0
+        self._arrays: list[np.ndarray | None] = [None] * len(split.files)
+        self._names = [f.path.name for f in split.files]
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        array = self._arrays[i]
+        return array if array is not None else self._open(i)
+
+    def _open(self, i: int) -> np.ndarray:
+        f, cache = self.split.files[i], self.split.cache
+        if cache is None:
+            array = np.asarray(f.memmap())
+        else:
+            if not self.split.fits:
+                self.close()
+            local = cache.path(f.path.name)
+            array = np.asarray(np.memmap(local, dtype=f.dtype, mode="r", offset=f.offset, shape=(f.tokens,)))
+            after = self._names[i + 1:] + self._names[:i]
+            cache.prefetch(after if self.split.fits else after[:1])
+        self._arrays[i] = array
+        return array
+
+    def close(self) -> None:
+        """Let go of every file opened (a cache may evict them)."""
+        for i, array in enumerate(self._arrays):
+            if array is not None:
+                self._arrays[i] = None
+                self.version += 1
+                if self.split.cache is not None:
+                    self.split.cache.release(self._names[i])
+
+    def __del__(self) -> None:
+        if self.split.cache is not None and not sys.is_finalizing():  # at exit the lease goes with the pid
+            self.close()
 
 
 class _Folder:
@@ -149,7 +201,7 @@ def open_split(path: str | Path | Sequence[str | Path] | Split, split: str | Non
     if remote:
         if split is None:
             raise ValueError(f"{redact(path)} is a folder: pass split= (train, val, ...)")
-        path = cached_folder(path, [split], cache_dir, cache_limit, storage_options)
+        return _cached(CachedFolder(path, cache_dir, cache_limit, storage_options), split)
     if isinstance(path, Split):
         if split not in (None, path.name) or (dtype is not None and np.dtype(dtype) != path.dtype):
             raise ValueError(f"{path} is already opened as split {path.name!r} of {path.dtype}; "
@@ -178,8 +230,7 @@ def _opened(paths: list[Path], facts: dict[Path, _Folder], dtype: str | np.dtype
         listed = {n: [folder / f["file"] for f in split_files(i)] for n, i in facts[folder].meta["splits"].items()}
         name = next((n for n, files in listed.items() if files == paths), name)
     meta = facts[folder].meta if folder is not None else None
-    digest = hashlib.sha256(json.dumps([[f.path.name, f.identity[0], f.sha256] for f in files]).encode())
-    return Split(tuple(files), files[0].dtype, name, folder, meta, digest.hexdigest())
+    return Split(tuple(files), files[0].dtype, name, folder, meta, _fingerprint(files))
 
 
 def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split]:
@@ -189,11 +240,31 @@ def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split
         folder: a folder written by ``python -m tokpack.prepare``, or its URL (``tokpack.storage.cache``).
         meta: its meta.json, if the caller has read it already.
     """
-    folder = local_folder(folder)
+    if isinstance(folder, str) and is_url(folder):
+        cached = CachedFolder(folder)
+        return {name: _cached(cached, name) for name in cached.meta["splits"]}
+    folder = Path(folder)
     facts = _Folder(folder, meta if meta is not None else read_meta(folder))
     assert facts.meta is not None
     return {name: _opened([folder / f["file"] for f in split_files(info)], {folder: facts}, None, name, folder)
             for name, info in facts.meta["splits"].items()}
+
+
+def _cached(cached: CachedFolder, name: str) -> Split:
+    """A remote folder's split, its files listed from meta.json (each is checked against its sha256
+    when fetched); its index is fetched now and held by this process."""
+    fits = cached.check_split(name)
+    meta, info = cached.meta, cached.meta["splits"][name]
+    dtype = np.dtype(meta["dtype"])
+    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+    files = tuple(TokenFile(cached.mirror / e["file"], dtype, offset, e.get("tokens", info["tokens"]), e["sha256"],
+                            (e["bytes"], 0, 0)) for e in split_files(info))
+    cached.path(info["idx"]["file"])
+    return Split(files, dtype, name, cached.mirror, meta, _fingerprint(files), cached, fits)
+
+
+def _fingerprint(files: Sequence[TokenFile]) -> str:
+    return hashlib.sha256(json.dumps([[f.path.name, f.identity[0], f.sha256] for f in files]).encode()).hexdigest()
 
 
 def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:

@@ -21,7 +21,6 @@ from tokpack.evaluation import main as evaluate_main
 from tokpack.inspect import describe
 from tokpack.split import open_split
 from tokpack.storage import cache as cache_module
-from tokpack.storage.cache import FETCHED
 from tokpack.verify import main as verify_main
 
 BUCKET = "published-folders"
@@ -91,16 +90,23 @@ def test_the_commands_read_a_remote_folder(published, s3_server, tmp_path, monke
     assert "has no meta.json: it is not a published tokpack folder" in capsys.readouterr().err
 
 
+def _read_all(split):
+    files = split.open()
+    return sum(int(files[i].size) for i in range(len(files)))
+
+
 def test_unpublished_and_replaced_remote_folders_are_refused_in_one_line(published, tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(ValueError, match="has no meta.json"):
         open_split(f"s3://{BUCKET}/unpublished", "train", cache_dir=cache)
+    replaced = open_split(f"s3://{BUCKET}/replaced", "train", cache_dir=cache)
     with pytest.raises(ValueError, match="does not match meta.json .* replaced after the folder was published"):
-        open_split(f"s3://{BUCKET}/replaced", "train", cache_dir=cache)
+        _read_all(replaced)
     assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix == ".bin"]  # nothing unverified kept
     with pytest.raises(ValueError, match="apply to a folder's URL, and .* is local: drop them"):
         open_split(published, "train", cache_dir=cache)  # they would do nothing
-    with pytest.raises(ValueError, match="cache_limit 1,000 bytes is smaller than"):
+    with pytest.raises(ValueError, match=r"cache_limit 1,000 bytes is smaller than .*train_.*\.bin .* the least the "
+                                         "cache must hold"):
         open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=1000)
     read_only = tmp_path / "ro"
     read_only.mkdir()
@@ -119,14 +125,15 @@ def test_a_full_cache_disk_is_one_line_and_keeps_nothing(published, tmp_path, mo
         return open("/dev/full", "r+b") if path.name.endswith(".tokpack-tmp") and ".bin." in path.name else real(path)
 
     monkeypatch.setattr(cache_module, "open_new", on_a_full_disk)
+    split = open_split(f"s3://{BUCKET}/a", "train", cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="the local disk is full: free space"):
-        open_split(f"s3://{BUCKET}/a", "train", cache_dir=tmp_path / "cache")
+        _read_all(split)
     assert not [p for p in (tmp_path / "cache").rglob("*.bin")]
 
 
 OPEN = ("import sys; from tokpack.split import open_split; "
         "s = open_split(sys.argv[1], 'train', cache_dir=sys.argv[2], cache_limit=int(sys.argv[3])); "
-        "print(int(s.lengths.sum()))")
+        "f = s.open(); print(sum(int(f[i].sum()) for i in range(len(f))))")
 
 
 def _open_in(url: str, cache: Path, limit: int) -> subprocess.Popen:
@@ -135,45 +142,81 @@ def _open_in(url: str, cache: Path, limit: int) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _cached_bins(cache: Path) -> list[Path]:
+    return [f for f in cache.rglob("*.bin") if not f.name.startswith(".")]
+
+
+def _disk(cache: Path) -> int:
+    return sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+
+
+def _upload(s3_server, folder: Path, prefix: str) -> None:
+    for name in sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")):
+        s3_server.upload_file(str(folder / name), BUCKET, f"{prefix}/{name}")
+
+
 def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(published, s3_server, tmp_path):
     cache = tmp_path / "cache"
-    for name in sorted(p.name for p in published.iterdir() if not p.name.startswith(".")):
-        s3_server.upload_file(str(published / name), BUCKET, f"b/{name}")
-    split_bytes = sum(e["bytes"] for e in json.loads((published / "meta.json").read_text())["splits"]["train"]["shards"])
+    _upload(s3_server, published, "b")
+    meta = json.loads((published / "meta.json").read_text())
+    split_bytes = sum(e["bytes"] for e in meta["splits"]["train"]["shards"])
     limit = int(split_bytes * 1.5)  # one folder's train split fits, two do not
     both = [_open_in(f"s3://{BUCKET}/a", cache, limit) for _ in range(2)]  # at once, into one cache
     outs = [p.communicate() for p in both]
     assert all(p.returncode == 0 for p in both), outs
     assert outs[0][0] == outs[1][0]
-    mirrors = [m for m in cache.iterdir() if (m / FETCHED).is_file()]
-    assert len(mirrors) == 1  # fetched once
+    assert len(_cached_bins(cache)) == len(meta["splits"]["train"]["shards"])  # each fetched into one place
+    assert not [f for f in cache.rglob("*.tokpack-tmp")]
     done = _open_in(f"s3://{BUCKET}/b", cache, limit)  # the first folder's processes have ended: it goes
     assert done.wait() == 0, done.communicate()
-    mirrors = [m for m in cache.iterdir() if (m / FETCHED).is_file()]
-    held = sum(f.stat().st_size for m in mirrors for f in m.iterdir() if f.is_file())
-    assert len(mirrors) == 1 and held <= limit
-    # While this process holds the second folder, the first cannot push it out.
-    open_split(f"s3://{BUCKET}/b", "train", cache_dir=cache, cache_limit=limit)
-    with pytest.raises(ValueError, match="held by folders in use"):
-        open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit)
+    assert len(_cached_bins(cache)) == len(meta["splits"]["train"]["shards"]) and _disk(cache) <= limit
+    # While this process holds the second folder's files, reading the first cannot push them out.
+    held = open_split(f"s3://{BUCKET}/b", "train", cache_dir=cache, cache_limit=limit).open()
+    assert [held[i].tolist() for i in range(len(held))] == [t.tolist() for t in open_split(published, "train").open()]
+    with pytest.raises(ValueError, match="held by files in use"):
+        _read_all(open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit))
 
 
-def test_a_walk_over_every_window_stays_in_the_limit_and_deleted_objects_no_longer_matter(
-        published, s3_server, tmp_path):
-    for name in sorted(p.name for p in published.iterdir() if not p.name.startswith(".")):
-        s3_server.upload_file(str(published / name), BUCKET, f"walk/{name}")
+def test_a_training_loop_walks_a_split_larger_than_the_limit_within_it(s3_server, tmp_path):
+    published = prepare_docs(tmp_path / "walk", make_docs(200, words=120), val_fraction=0.2, shard_tokens=1000)
+    _upload(s3_server, published, "walk")
     meta = json.loads((published / "meta.json").read_text())
-    limit = sum(e["bytes"] for e in meta["splits"]["train"]["shards"]) + meta["splits"]["train"]["idx"]["bytes"] + 4096
+    shards = meta["splits"]["train"]["shards"]
+    # Three shards with the index and meta.json (a file open in each worker, one fetched ahead): less than the split.
+    limit = 3 * max(e["bytes"] for e in shards) + meta["splits"]["train"]["idx"]["bytes"] + 8192
+    assert limit < sum(e["bytes"] for e in shards)
     cache = tmp_path / "cache"
-    windows = TokenWindows(open_split(f"s3://{BUCKET}/walk", "train", cache_dir=cache, cache_limit=limit), 32,
-                           stride=32)
-    for key in [o["Key"] for o in s3_server.list_objects_v2(Bucket=BUCKET, Prefix="walk/")["Contents"]]:
-        s3_server.delete_object(Bucket=BUCKET, Key=key)  # the folder deleted while the loader runs: it is cached
-    seen = sum(int((b.y != -100).sum()) for b in build_loader(windows, 8))
-    assert seen == windows.scored_tokens
-    assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= limit
+    split = open_split(f"s3://{BUCKET}/walk", "train", cache_dir=cache, cache_limit=limit)
+    assert not split.fits
+    remote, local = TokenWindows(split, 32, stride=32), TokenWindows(published, 32, split="train", stride=32)
+    for workers in (0, 2):
+        batches = []
+        for batch in build_loader(remote, 8, num_workers=workers):
+            assert _disk(cache) <= limit  # checked after every batch, while the workers fetch ahead
+            batches.append(batch.x.tolist())
+        assert batches == [b.x.tolist() for b in build_loader(local, 8)]
+
+
+def test_objects_deleted_while_a_loader_runs(published, s3_server, tmp_path):
+    _upload(s3_server, published, "gone")
+    _upload(s3_server, published, "kept")
+    meta = json.loads((published / "meta.json").read_text())
+    limit = 2 * max(e["bytes"] for e in meta["splits"]["train"]["shards"]) + \
+        meta["splits"]["train"]["idx"]["bytes"] + 8192
+    fits = TokenWindows(open_split(f"s3://{BUCKET}/kept", "train", cache_dir=tmp_path / "a"), 32, stride=32)
+    small = TokenWindows(open_split(f"s3://{BUCKET}/gone", "train", cache_dir=tmp_path / "b", cache_limit=limit), 32,
+                         stride=32)
+    fits.tokens()[0]  # the first file read: the rest follow in the background
+    fits.split.cache.wait()
+    for prefix in ("gone", "kept"):
+        for key in [o["Key"] for o in s3_server.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/")["Contents"]]:
+            s3_server.delete_object(Bucket=BUCKET, Key=key)
+    seen = sum(int((b.y != -100).sum()) for b in build_loader(fits, 8))
+    assert seen == fits.scored_tokens  # fetched ahead: the deletion no longer matters
+    with pytest.raises(ValueError, match=rf"s3://{BUCKET}/gone/train_\d+\.bin"):
+        list(build_loader(small, 8))
     with pytest.raises(ValueError, match="has no meta.json"):  # deleted: a new open sees it gone
-        open_split(f"s3://{BUCKET}/walk", "train", cache_dir=tmp_path / "other")
+        open_split(f"s3://{BUCKET}/kept", "train", cache_dir=tmp_path / "other")
 
 
 def test_a_remote_meta_json_naming_files_outside_the_folder_is_refused(published, s3_server, tmp_path):

@@ -8,9 +8,9 @@ moto's S3 server is started on 127.0.0.1 (its own thread, sharing this machine's
 synthetic corpus uploaded, and the two prepares take turns; each runs in a fresh process, whose
 peak RSS is read. The remote run reads every object once, in ranges: O(corpus) bytes over the
 network, two ranges of memory per open input. Then the prepared folder is published to the store
-and read back through the cache (``tokpack.storage.cache``): the cold open fetches the split (its
-time and rate, and the cache's disk use), and the loader's batches/s from the cached mirror are
-timed against the local folder's, 0 and 2 workers.
+and read back through the cache (``tokpack.storage.cache``): the split's fetch (its time, rate and
+disk use), and a loader's batches/s from a cold cache, a warm one, and in order through a cache
+limited to half the split (its peak disk use), against the local folder's, 0 and 2 workers.
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ from .timing import interleaved, ratio, ratio_range
 
 BUCKET = "tokpack-bench"
 UNIT_MB = 8.0  # units of a sharded run: a remote publish spools one at a time
+SHARD_TOKENS = 1 << 20  # the published folder's shards (2 MB): a limit of half the split holds a few
 
 
-def _prepare(source: str, out: Path | str, env: dict[str, str], spool: Path | None = None) -> dict[str, Any]:
+def _prepare(source: str, out: Path | str, env: dict[str, str], spool: Path | None = None,
+             shard_tokens: int = 0) -> dict[str, Any]:
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], quiet=True, force=True, "
-            "unit_mb=float(sys.argv[3]), spool_dir=sys.argv[4] or None)); print(json.dumps(r['stats']))")
-    done = subprocess.run([sys.executable, "-c", code, source, str(out), str(UNIT_MB), str(spool or "")], check=True,
-                          capture_output=True, text=True, env=env)
+            "unit_mb=float(sys.argv[3]), spool_dir=sys.argv[4] or None, shard_tokens=int(sys.argv[5]))); "
+            "print(json.dumps(r['stats']))")
+    done = subprocess.run([sys.executable, "-c", code, source, str(out), str(UNIT_MB), str(spool or ""),
+                           str(shard_tokens)], check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -76,7 +79,7 @@ def bench_remote(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
         times = interleaved(runs, rounds)
         same = all((tmp / "local" / n).read_bytes() == (tmp / "s3" / n).read_bytes()
                    for n in ("train.bin", "val.bin", "train.idx", "val.idx"))
-        training = _training(client, tmp, env, rounds)
+        training = _training(client, corpus, tmp, env, rounds)
         publishing = _publishing(corpus, tmp, env, rounds)
     finally:
         server.stop()
@@ -136,39 +139,70 @@ def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> di
     return {"publish_vs_local": round(speed, 3), "spool_peak_mb": round(peak[0] / 1e6, 1)}
 
 
-def _training(client: Any, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:
-    """The prepared folder published to the store, read back through a cold and then warm cache."""
-    from ..data.loader import build_loader
-    from ..data.windows import TokenWindows
-    from ..split import open_split
-
-    folder = tmp / "local"
+def _published(client: Any, corpus: Path, folder: Path, env: dict[str, str]) -> str:
+    """``corpus`` prepared into ``folder`` in shards and uploaded as a publish does, meta.json last."""
+    _prepare(str(corpus), folder, env, shard_tokens=SHARD_TOKENS)
     for f in sorted(folder.iterdir()):
         if f.name != "meta.json" and not f.name.startswith("."):
             client.upload_file(str(f), BUCKET, f"published/{f.name}")
     client.upload_file(str(folder / "meta.json"), BUCKET, "published/meta.json")  # the commit, last
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-    cache = tmp / "cache"
+    return f"s3://{BUCKET}/published"
+
+
+def _training(client: Any, corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:
+    """The prepared folder published to the store, read back through the cache: a loader's
+    batches/s from a cold cache (a fresh folder each round: the fetch included), a warm one, and
+    in order through a cache limited to half the split, each against the local folder's."""
+    from ..data.loader import build_loader
+    from ..data.windows import TokenWindows
+    from ..split import open_split
+
+    folder = tmp / "sharded"
+    url, caches = _published(client, corpus, folder, env), itertools.count()
     started = time.perf_counter()
-    remote = open_split(f"s3://{BUCKET}/published", "train", cache_dir=cache)
+    warm = open_split(url, "train", cache_dir=tmp / "cache")
+    warm.open()[0]
+    warm.cache.wait()  # the first file read, the rest fetched behind it
     cold = time.perf_counter() - started
-    disk = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    disk = sum(f.stat().st_size for f in (tmp / "cache").rglob("*") if f.is_file())
     local = open_split(folder, "train")
-    rows, figures = [], {"cold_open_s": round(cold, 3), "cold_mb_per_s": round(disk / 1e6 / cold, 1),
-                         "cache_disk_mb": round(disk / 1e6, 1)}
+    half = disk // 2
+    figures = {"cold_fetch_s": round(cold, 3), "cold_mb_per_s": round(disk / 1e6 / cold, 1),
+               "cache_disk_mb": round(disk / 1e6, 1)}
+    rows, peak = [], [0]
+
+    def batches(split: Any, workers: int, stride: int | None = None, n: int = 200) -> Any:
+        return lambda: list(itertools.islice(build_loader(TokenWindows(split, 1024, stride=stride), 8, seed=0,
+                                                          num_workers=workers), n))
+
+    def fresh(workers: int) -> Any:
+        return lambda: batches(open_split(url, "train", cache_dir=tmp / f"cold-{next(caches)}"), workers)()
+
+    def limited(workers: int) -> Any:
+        def walk() -> None:
+            cache = tmp / f"limited-{next(caches)}"
+            split = open_split(url, "train", cache_dir=cache, cache_limit=half)
+            for _ in build_loader(TokenWindows(split, 1024, stride=1024), 8, num_workers=workers):
+                peak[0] = max(peak[0], sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()))
+        return walk
+
     for workers in (0, 2):
-        def batches(split: Any) -> Any:
-            return lambda: list(itertools.islice(build_loader(TokenWindows(split, 1024), 8, seed=0,
-                                                              num_workers=workers), 200))
-
-        times = interleaved({"local": batches(local), "cached": batches(remote)}, rounds)
-        figures[f"cached_vs_local_{workers}_workers"] = round(ratio(times, "cached", "local"), 3)
+        times = interleaved({"local": batches(local, workers), "warm": batches(warm, workers),
+                             "cold": fresh(workers)}, rounds)
+        walks = interleaved({"local": lambda: list(build_loader(TokenWindows(local, 1024, stride=1024), 8,
+                                                                num_workers=workers)),
+                             "limited": limited(workers)}, rounds)
+        for name, runs in (("warm", times), ("cold", times), ("limited", walks)):
+            figures[f"{name}_vs_local_{workers}_workers"] = round(ratio(runs, name, "local"), 3)
         rows.append({"workers": workers, "local batches/s": 200 / min(times["local"]),
-                     "cached batches/s": 200 / min(times["cached"]), "ratio": ratio(times, "cached", "local")})
-    figures["range_read_windows_per_s"] = round(_range_reads(folder, remote), 1)
-    print(f"a folder in the store: cold open (fetching the train split) {cold:.2f} s, "
-          f"{disk / 1e6 / cold:.0f} MB/s, cache {disk / 1e6:.1f} MB on disk; the alternative, a range read a "
-          f"window: {figures['range_read_windows_per_s']:,.0f} windows/s")
-    print(table(rows, ["workers", "local batches/s", "cached batches/s", "ratio"]))
+                     "warm": ratio(times, "warm", "local"), "cold": ratio(times, "cold", "local"),
+                     "in order, half the split": ratio(walks, "limited", "local")})
+    figures["limited_peak_disk_mb"] = round(peak[0] / 1e6, 1)
+    figures["range_read_windows_per_s"] = round(_range_reads(folder, local), 1)
+    print(f"a folder in the store: its train split fetched cold in {cold:.2f} s ({disk / 1e6 / cold:.0f} MB/s, "
+          f"{disk / 1e6:.1f} MB in the cache); through a limit of half of it, the cache peaked at "
+          f"{peak[0] / 1e6:.1f} MB; the alternative, a range read a window: "
+          f"{figures['range_read_windows_per_s']:,.0f} windows/s")
+    print(table(rows, ["workers", "local batches/s", "warm", "cold", "in order, half the split"]))
     return figures
-

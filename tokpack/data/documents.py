@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..split import Split, open_split, read_index
+from ..split import OpenedFiles, Split, open_split, read_index
 from .windows import IGNORE_INDEX
 
 
@@ -60,7 +60,7 @@ class DocumentIndex:
         self.offsets = np.concatenate([[0], np.cumsum(split.lengths)])  # of each file in the split
         self.starts = read_index(split)
         self.ends = np.append(self.starts[1:], int(self.offsets[-1]))
-        self._tokens: list[np.ndarray] | None = None
+        self._tokens: OpenedFiles | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tokens": None}  # workers reopen the memmaps, never copy them
@@ -68,7 +68,7 @@ class DocumentIndex:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def tokens(self) -> list[np.ndarray]:
+    def tokens(self) -> OpenedFiles:
         if self._tokens is None:
             self._tokens = self.split.open()
         return self._tokens

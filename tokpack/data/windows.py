@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from ..split import Split, open_split
+from ..split import OpenedFiles, Split, open_split
 from .protocol import compact_copy
 from .runtime import mix_seed
 from .samplers import RandomStartSampler, ResumableBatchSampler, index_sampler
@@ -139,8 +139,9 @@ class TokenWindows(Dataset):
         self.compact = False
         self._rng_seed = 0
         self._rng: np.random.Generator | None = None
-        self._tokens: list[np.ndarray] | None = None
-        self._windows: list[np.ndarray | None] = []
+        self._tokens: OpenedFiles | None = None
+        self._windows: list[tuple[np.ndarray, np.ndarray | None] | None] | None = None
+        self._windows_version = 0
         self._max_id: int | None = None
 
     @property
@@ -186,14 +187,25 @@ class TokenWindows(Dataset):
         # Pickling an open memmap copies the corpus into the pickle; workers reopen it instead.
         return {**self.__dict__, "_tokens": None, "_windows": None}
 
-    def tokens(self) -> list[np.ndarray]:
+    def tokens(self) -> OpenedFiles:
         """The memory-mapped files, opened on first use in this process."""
         if self._tokens is None:
             self._tokens = self.split.open()
-            width = self.block_size + 1
-            self._windows = [np.lib.stride_tricks.sliding_window_view(t, width) if len(t) >= width else None
-                             for t in self._tokens]
         return self._tokens
+
+    def _view(self, f: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """File ``f``'s tokens and their sliding windows of T + 1 (None if shorter), made once
+        while the file stays open."""
+        tokens = self.tokens()
+        if self._windows is None or self._windows_version != tokens.version:
+            self._windows, self._windows_version = [None] * len(tokens), tokens.version
+        view = self._windows[f]
+        if view is None:
+            width = self.block_size + 1
+            array = tokens[f]
+            view = self._windows[f] = (array, np.lib.stride_tricks.sliding_window_view(array, width)
+                                       if len(array) >= width else None)
+        return view
 
     def _read(self, f: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Windows of T + 1 tokens from file ``f``; in evaluation mode also each row's real tokens.
@@ -202,7 +214,7 @@ class TokenWindows(Dataset):
         array; only evaluation windows that run past the file's end are gathered position by
         position (clamped, the overhang later masked).
         """
-        tokens, windows = self.tokens()[f], self._windows[f]
+        tokens, windows = self._view(f)
         if self.stride is None:
             return windows[starts], None
         n, width = len(tokens), self.block_size + 1

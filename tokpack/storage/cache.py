@@ -1,4 +1,4 @@
-"""Prepared folders in object storage, read through a bounded local cache.
+"""Prepared folders in object storage, read through a bounded local cache, a file at a time.
 
     from tokpack import TokenWindows, open_split
     train = TokenWindows("s3://bucket/edu", 1024, split="train")            # cache: $TOKPACK_CACHE_DIR
@@ -6,20 +6,27 @@
     python -m tokpack.evaluate s3://bucket/edu --checkpoint out/ckpt.pt     # verify, inspect too
 
 A remote folder (any URL ``tokpack[remote]`` reaches) is read only once its meta.json is there:
-prepare writes it last, so a folder still being published is refused, as a local one is. The
-files of the splits asked for are then fetched whole into a mirror of the folder in the cache
-(each checked against meta.json's sha256, so an object replaced after publishing is refused),
-and the readers open the mirror as a local folder: batches, resume states and fingerprints are
-the local folder's. Why whole splits: tokpack's samplers draw windows and documents from the
-whole split every few batches, so a cache smaller than a split would fetch continually; fetched
-once, the training loop never waits on the network again.
+prepare writes it last, so a folder still being published is refused, as a local one is. A split
+opened from it lists its files from meta.json alone; each token file is fetched whole into the
+cache when a reader (the training process, or each loader worker) first touches it, checked
+against meta.json's sha256 on the way (an object replaced after publishing is refused), renamed
+into place, and memory-mapped as a local file would be: batches, resume states and fingerprints
+are the local folder's. Behind the first touch, a thread of the reading process fetches the files
+that come next, so a loop over a split that fits the cache waits on the network for its first
+file only, and one that walks a larger split in order finds the next file fetched.
 
 The cache (``cache_dir``, default ``$TOKPACK_CACHE_DIR`` or ``~/.cache/tokpack``) holds at most
-``cache_limit`` bytes (default ``$TOKPACK_CACHE_LIMIT``, else no limit): to make room, the least
-recently used mirrors go whole, except those a running process holds (a lease file with its
-pid). A split larger than the limit is refused. Processes share a cache folder safely: fetching
-and evicting happen under a file lock, files arrive by rename, and a mirror in use is never
-evicted. Cost: O(split bytes) fetched once; then nothing but the local folder's.
+``cache_limit`` bytes (default ``$TOKPACK_CACHE_LIMIT``, else no limit), which must fit a split's
+largest file with its index. Where the split fits, every file is fetched once and kept; where it
+does not, a reader keeps one file of the split open and the least recently used files go to make
+room, never one a live process holds (its lease file names them). Random windows over a split
+larger than the limit fetch a file each time they land in another one: give such a loop a limit
+that fits the split, or read it in order (stride windows, evaluation, ``ranks="rows"`` packing).
+Processes share a cache folder safely: bookkeeping happens under one file lock, a file being
+fetched under a lock of its own (so it is fetched once), and files arrive by rename.
+
+Cost: O(split bytes) fetched once where the split fits (then nothing but the local folder's); in
+order through a smaller limit, O(split bytes) per pass.
 """
 
 from __future__ import annotations
@@ -29,18 +36,20 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import META_NAME, Meta, every_file, open_new, parse_meta, tmp_path
-from . import BLOCK_BYTES, Store, is_url, open_store
+from ..format import META_NAME, TMP_SUFFIX, Meta, every_file, open_new, parse_meta, split_files, tmp_path
+from . import BLOCK_BYTES, Store, open_store
 
 CACHE_ENV, LIMIT_ENV = "TOKPACK_CACHE_DIR", "TOKPACK_CACHE_LIMIT"
 LOCK_NAME = ".tokpack-cache.lock"
-FETCHED = ".tokpack-fetched.json"  # a mirror's record: each fetched file's sha256, and when it was last used
-LEASE_PREFIX = ".tokpack-lease-"
+FETCHED = ".tokpack-fetched.json"  # a mirror's record: the sha256 of each file fetched into it
+LEASE_PREFIX = ".tokpack-lease-"  # + pid: the files that process holds open
+FETCHING_SUFFIX = ".tokpack-fetching"  # "." + name + this: held while one process fetches the file
 
 
 def default_cache_dir() -> Path:
@@ -60,87 +69,344 @@ def _limit(cache_limit: int | None) -> int | None:
 
 
 @contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
-    """The cache folder, created if need be, locked against other processes for the block."""
+def _flocked(path: Path, what: str) -> Iterator[None]:
+    """``path`` (created if need be, never through a link) locked against other processes and
+    threads for the block. Unlocked explicitly: a worker forked meanwhile shares the descriptor,
+    and closing alone would leave the lock with it."""
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd = os.open(cache / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise ValueError(f"the cache folder {cache} is not writable ({exc.strerror}); give cache_dir= or "
+        raise ValueError(f"the cache folder {what} is not writable ({exc.strerror}); give cache_dir= or "
                          f"{CACHE_ENV} a writable folder") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
-def _alive(lease: Path) -> bool:
+class _CacheLock:
+    """One process's hold on a cache folder's lock file: re-entered by the thread that holds it (a
+    reader let go by the garbage collector while its own thread is in the cache), waited for by
+    the others."""
+
+    def __init__(self) -> None:
+        self.thread_lock, self.depth = threading.RLock(), 0
+        self.hold: contextlib.ExitStack | None = None
+
+
+_LOCKS: dict[Path, _CacheLock] = {}
+os.register_at_fork(after_in_child=_LOCKS.clear)  # a lock held by another thread is not the child's
+
+
+@contextlib.contextmanager
+def _cache_locked(cache: Path) -> Iterator[None]:
+    lock = _LOCKS.setdefault(cache, _CacheLock())
+    with lock.thread_lock:
+        if lock.depth == 0:
+            hold = contextlib.ExitStack()
+            hold.enter_context(_flocked(cache / LOCK_NAME, str(cache)))
+            lock.hold = hold
+        lock.depth += 1
+        try:
+            yield
+        finally:
+            lock.depth -= 1
+            if lock.depth == 0 and lock.hold is not None:
+                lock.hold.close()
+                lock.hold = None
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.kill(int(lease.name[len(LEASE_PREFIX):]), 0)
-    except (ValueError, ProcessLookupError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's process
     return True
 
 
-def _mirrors(cache: Path) -> list[tuple[float, Path, int, bool]]:
-    """Every mirror in the cache: (last use, folder, bytes, in use by a live process)."""
-    out = []
-    for mirror in cache.iterdir():
-        record = mirror / FETCHED
-        if mirror.is_symlink() or not mirror.is_dir() or not record.is_file():
-            continue
-        size = sum(f.stat().st_size for f in mirror.iterdir() if f.is_file() and not f.is_symlink())
-        out.append((record.stat().st_mtime, mirror, size, any(_alive(p) for p in mirror.glob(LEASE_PREFIX + "*"))))
-    return sorted(out, key=lambda m: m[0])
-
-
-def _make_room(cache: Path, keep: Path, needed: int, limit: int | None, url: str) -> None:
-    """Evict the least recently used mirrors (not ``keep``, none in use) until ``needed`` more
-    bytes fit under ``limit``."""
-    if limit is None:
-        return
-    mirrors = _mirrors(cache)
-    total = sum(size for _, _, size, _ in mirrors)
-    for _, mirror, size, in_use in mirrors:
-        if total + needed <= limit:
-            return
-        if mirror != keep and not in_use:
-            shutil.rmtree(mirror)  # tokpack's own: a cache folder with its record
-            total -= size
-    if total + needed > limit:
-        raise ValueError(f"the cache {cache} cannot make room for {url} ({needed:,} bytes more): its limit is "
-                         f"{limit:,} bytes and {total:,} are held by folders in use; raise cache_limit or use "
-                         "another cache_dir")
-
-
-def _fetch(store: Store, target: Path, entry: dict[str, Any]) -> None:
-    """One file, streamed to a temporary name, hashed on the way, renamed once it is the one
-    meta.json records."""
-    tmp = tmp_path(target)
+def _read_bytes(path: Path) -> bytes | None:
     try:
-        with open_new(tmp) as out:
-            def copy() -> str:
-                if out.tell():  # a retry starts the file over
-                    out.seek(0)
-                    out.truncate()
-                digest = hashlib.sha256()
-                with store.fs.open(store.key(entry["file"]), "rb", block_size=BLOCK_BYTES) as src:
-                    while chunk := src.read(BLOCK_BYTES):
-                        digest.update(chunk)
-                        out.write(chunk)
-                return digest.hexdigest()
+        return path.read_bytes() if path.is_file() and not path.is_symlink() else None
+    except OSError:
+        return None
 
-            found = store.call(entry["file"], copy)
-        if found != entry["sha256"] or tmp.stat().st_size != entry["bytes"]:
-            raise ValueError(f"{store.where}/{entry['file']} does not match meta.json (sha256 {found[:12]}..., "
-                             f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was published; "
-                             "publish the folder again")
-        os.replace(tmp, target)
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read_bytes(path) or b"null")
+    except ValueError:
+        return None  # unreadable: as if absent (a record's files are fetched again, a lease is void)
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = tmp_path(path)
+    try:
+        with open_new(tmp) as f:
+            f.write(data)
+        os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _Mirror:
+    """What one mirror folder in the cache holds, read under the cache's lock: its files (sizes
+    and last use), the files live processes lease, and fetches in progress at their final size."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        record = _read_json(folder / FETCHED)
+        self.record: dict[str, str] = record if isinstance(record, dict) else {}
+        meta = _read_json(folder / META_NAME)
+        self.sizes = {e["file"]: e["bytes"] for info in (meta or {}).get("splits", {}).values()
+                      for e in every_file(info)} if isinstance(meta, dict) else {}
+        self.leased: set[str] = set()
+        self.files: dict[str, os.stat_result] = {}
+        self.held = 0  # bytes on disk, with fetches in progress at their final size
+        for path in folder.iterdir():
+            info = path.lstat()
+            if not path.is_file() or path.is_symlink():
+                continue
+            if path.name.startswith(LEASE_PREFIX):
+                pid = path.name[len(LEASE_PREFIX):]
+                names = _read_json(path)
+                if pid.isdigit() and _alive(int(pid)) and isinstance(names, list):
+                    self.leased.update(n for n in names if isinstance(n, str))
+                else:
+                    path.unlink(missing_ok=True)  # its process is gone
+                continue
+            if path.name.endswith(TMP_SUFFIX):
+                name, _, pid = path.name[1:-len(TMP_SUFFIX)].rpartition(".")
+                if not (pid.isdigit() and _alive(int(pid))):
+                    path.unlink(missing_ok=True)  # a fetch whose process died
+                    continue
+                self.held += max(info.st_size, self.sizes.get(name, 0))
+                continue
+            self.held += info.st_size
+            if path.name in self.record:
+                self.files[path.name] = info
+
+    def evictable(self) -> list[tuple[float, str, int]]:
+        """(last use, name, bytes) of the files no live process holds, least recently used first."""
+        return sorted((info.st_mtime, name, info.st_size) for name, info in self.files.items()
+                      if name not in self.leased)
+
+
+class CachedFolder:
+    """A published folder seen through the cache: its meta.json fetched and checked, its files
+    fetched one at a time (``path``), leased to the processes that read them.
+
+    Args:
+        url: the folder's URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``).
+        cache_dir: the cache folder (default ``$TOKPACK_CACHE_DIR`` or ``~/.cache/tokpack``).
+        cache_limit: the most bytes the cache may hold (default ``$TOKPACK_CACHE_LIMIT``, else none).
+        storage_options: as for remote inputs (``--storage-options``).
+    """
+
+    def __init__(self, url: str, cache_dir: str | Path | None = None, cache_limit: int | None = None,
+                 storage_options: dict[str, Any] | None = None):
+        store, self.meta, raw = published(url, storage_options)
+        self.meta_bytes = len(raw)
+        self.url, self.storage_options, self.where = url, storage_options, store.where
+        self.limit = _limit(cache_limit)
+        self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:24]
+        self.entries = {e["file"]: e for info in self.meta["splits"].values() for e in every_file(info)}
+        self._reset(store)
+        with self._locked():
+            if self.mirror.is_symlink() or (self.mirror.exists() and not self.mirror.is_dir()):
+                raise ValueError(f"{self.mirror} in the cache is not a folder of tokpack's (a link or a file); "
+                                 "remove it")
+            self.mirror.mkdir(exist_ok=True)
+            if _read_bytes(self.mirror / META_NAME) != raw:  # a folder published again: its files are too
+                _write(self.mirror / META_NAME, raw)
+
+    def _reset(self, store: Store | None = None) -> None:
+        """This process's own state: a forked or unpickled copy starts afresh."""
+        self._pid, self._store = os.getpid(), store
+        self._held: dict[str, int] = {}  # name: how many readers of this process hold it
+        self._guard = threading.Lock()
+        self._wanted: queue.Queue[str | None] = queue.Queue()
+        self._fetcher: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_store", "_held", "_guard", "_wanted", "_fetcher"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def _own(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+
+    @property
+    def store(self) -> Store:
+        self._own()
+        if self._store is None:
+            self._store = open_store(self.url, self.storage_options)
+        return self._store
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return _cache_locked(self.cache)
+
+    def check_split(self, split: str) -> bool:
+        """Refuse a limit that cannot hold ``split``'s largest file with its index and meta.json;
+        say whether the whole split fits (then its files are fetched ahead and kept)."""
+        if split not in self.meta["splits"]:
+            raise ValueError(f"{self.where} has splits {', '.join(self.meta['splits'])}; pass split= one of them "
+                             f"(got {split!r})")
+        info = self.meta["splits"][split]
+        fixed = info["idx"]["bytes"] + self.meta_bytes + 4096  # the index, meta.json, the records
+        largest = max(split_files(info), key=lambda e: e["bytes"])
+        if self.limit is not None and self.limit < largest["bytes"] + fixed:
+            raise ValueError(f"cache_limit {self.limit:,} bytes is smaller than {self.where}/{largest['file']} "
+                             f"({largest['bytes']:,} bytes) with the split's index, the least the cache must hold; "
+                             "raise cache_limit")
+        return self.limit is None or self.limit >= sum(e["bytes"] for e in split_files(info)) + fixed
+
+    def path(self, name: str) -> Path:
+        """``name``'s local copy, fetched if need be, held for this process until ``release``."""
+        self._own()
+        with self._guard:
+            self._held[name] = self._held.get(name, 0) + 1
+        try:
+            return self._obtain(name, lease=True)
+        except BaseException:
+            self.release(name)
+            raise
+
+    def release(self, name: str) -> None:
+        """One reader of this process is done with ``name``: once none holds it, it may be evicted."""
+        self._own()
+        with self._guard:
+            left = self._held.get(name, 0) - 1
+            if left > 0:
+                self._held[name] = left
+                return
+            self._held.pop(name, None)
+        with self._locked():
+            self._write_lease()
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Fetch ``names`` in this order in a background thread of this process (replacing what it
+        had still to fetch), as far as room allows; a failure is left for the reader to meet."""
+        self._own()
+        with self._guard:
+            while not self._wanted.empty():
+                self._wanted.get_nowait()
+            for name in names:
+                self._wanted.put(name)
+            if self._fetcher is None:
+                self._fetcher = threading.Thread(target=self._fetch_ahead, name="tokpack-cache-fetch", daemon=True)
+                self._fetcher.start()
+
+    def wait(self) -> None:
+        """Until the background thread has fetched what it was given (the cold-cache bench, tests)."""
+        self._own()
+        self._wanted.join()
+
+    def _fetch_ahead(self) -> None:
+        while True:
+            name = self._wanted.get()
+            try:
+                self._obtain(name, lease=False)
+            except (ValueError, OSError):
+                pass  # no room, or the store failed: the reader that needs the file says so
+            finally:
+                self._wanted.task_done()
+
+    def _write_lease(self) -> None:
+        """Under the lock: this process's lease, naming the files it holds."""
+        lease = self.mirror / f"{LEASE_PREFIX}{os.getpid()}"
+        with self._guard:
+            held = sorted(self._held)
+        if held:
+            _write(lease, json.dumps(held).encode())
+        else:
+            lease.unlink(missing_ok=True)
+
+    def _present(self, name: str, lease: bool) -> Path | None:
+        """Under the lock: the fetched file, marked as just used (and leased), or None."""
+        target = self.mirror / name
+        if (not target.is_file() or target.is_symlink()
+                or _Mirror(self.mirror).record.get(name) != self.entries[name]["sha256"]):
+            return None
+        os.utime(target)  # its last use: eviction goes least recently used first
+        if lease:
+            self._write_lease()
+        return target
+
+    def _obtain(self, name: str, lease: bool) -> Path:
+        entry = self.entries[name]
+        with self._locked():
+            found = self._present(name, lease)
+        if found is not None:
+            return found
+        # One process fetches a file; another that wants it waits here, then finds it fetched.
+        with _flocked(self.mirror / f".{name}{FETCHING_SUFFIX}", str(self.cache)):
+            with self._locked():
+                found = self._present(name, lease)
+                if found is not None:
+                    return found
+                self._make_room(name, entry["bytes"])
+                tmp = tmp_path(self.mirror / name)
+                out = open_new(tmp)  # under the lock: other processes count it at its final size
+            try:
+                with out:
+                    digest = self.store.call(name, lambda: self._copy(name, out))
+                if digest != entry["sha256"] or tmp.stat().st_size != entry["bytes"]:
+                    raise ValueError(f"{self.where}/{name} does not match meta.json (sha256 {digest[:12]}..., "
+                                     f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was "
+                                     "published; publish the folder again")
+                with self._locked():
+                    record = {n: sha for n, sha in _Mirror(self.mirror).record.items() if (self.mirror / n).is_file()}
+                    record[name] = entry["sha256"]
+                    os.replace(tmp, self.mirror / name)
+                    _write(self.mirror / FETCHED, json.dumps(record).encode())
+                    if lease:
+                        self._write_lease()
+                return self.mirror / name
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    def _copy(self, name: str, out: Any) -> str:
+        """The object streamed into ``out`` (from its start on a retry), hashed on the way."""
+        if out.tell():  # a retry starts the file over
+            out.seek(0)
+            out.truncate()
+        digest = hashlib.sha256()
+        with self.store.fs.open(self.store.key(name), "rb", block_size=BLOCK_BYTES) as src:
+            while chunk := src.read(BLOCK_BYTES):
+                digest.update(chunk)
+                out.write(chunk)
+        return digest.hexdigest()
+
+    def _make_room(self, name: str, needed: int) -> None:
+        """Under the lock: evict the least recently used files no live process holds, in any
+        mirror of the cache, until ``needed`` more bytes fit under the limit."""
+        if self.limit is None:
+            return
+        mirrors = [_Mirror(m) for m in self.cache.iterdir() if m.is_dir() and not m.is_symlink()]
+        total = sum(m.held for m in mirrors)
+        candidates = sorted((used, m, n, size) for m in mirrors for used, n, size in m.evictable()
+                            if (m.folder, n) != (self.mirror, name))
+        for _, mirror, evicted, size in candidates:
+            if total + needed <= self.limit:
+                break
+            (mirror.folder / evicted).unlink(missing_ok=True)  # recorded in tokpack's own mirror: ours
+            total -= size
+        if total + needed > self.limit:
+            raise ValueError(f"the cache {self.cache} cannot make room for {self.where}/{name} ({needed:,} bytes): "
+                             f"its limit is {self.limit:,} bytes and {total:,} are held by files in use; raise "
+                             "cache_limit, or use another cache_dir")
 
 
 def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, Meta, bytes]:
@@ -156,72 +422,3 @@ def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[
                          "meta.json last, so one being published is refused too); wait for it, or check the URL") \
             from None
     return store, parse_meta(raw, f"{store.where}/{META_NAME}"), raw
-
-
-def cached_folder(url: str, splits: Sequence[str] | None = None, cache_dir: str | Path | None = None,
-                  cache_limit: int | None = None, storage_options: dict[str, Any] | None = None) -> Path:
-    """The local mirror of the remote prepared folder ``url``, holding its meta.json and the files
-    of ``splits`` (None: every split), fetched if need be; leased to this process.
-
-    Args:
-        url: the folder's URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``).
-        splits: the splits to fetch.
-        cache_dir: the cache folder (default ``$TOKPACK_CACHE_DIR`` or ``~/.cache/tokpack``).
-        cache_limit: the most bytes the cache may hold (default ``$TOKPACK_CACHE_LIMIT``, else none).
-        storage_options: as for remote inputs (``--storage-options``).
-    """
-    store, meta, raw = published(url, storage_options)
-    where = store.where
-    names = list(meta["splits"]) if splits is None else list(splits)
-    unknown = [s for s in names if s not in meta["splits"]]
-    if unknown:
-        raise ValueError(f"{where} has splits {', '.join(meta['splits'])}; pass split= one of them (got {unknown[0]!r})")
-    entries = [e for s in names for e in every_file(meta["splits"][s])]
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    mirror = cache / hashlib.sha256(where.encode()).hexdigest()[:24]
-    limit = _limit(cache_limit)
-    needed = sum(e["bytes"] for e in entries)
-    if limit is not None and needed > limit:
-        raise ValueError(f"cache_limit {limit:,} bytes is smaller than {where}'s {', '.join(names)} ({needed:,} bytes), "
-                         "which are fetched whole; raise cache_limit")
-    with _locked(cache):
-        if mirror.is_symlink() or (mirror.exists() and not mirror.is_dir()):
-            raise ValueError(f"{mirror} in the cache is not a folder of tokpack's (a link or a file); remove it")
-        mirror.mkdir(exist_ok=True)
-        record_path = mirror / FETCHED
-        try:
-            record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-        except (OSError, ValueError):
-            record = {}  # unreadable: every file is fetched again
-        if not isinstance(record, dict):
-            record = {}
-        missing = [e for e in entries if record.get(e["file"]) != e["sha256"] or not (mirror / e["file"]).is_file()]
-        _make_room(cache, mirror, sum(e["bytes"] for e in missing), limit, where)
-        for lease in mirror.glob(LEASE_PREFIX + "*"):
-            if not _alive(lease):
-                lease.unlink()  # a process gone: its lease with it
-        (mirror / f"{LEASE_PREFIX}{os.getpid()}").touch()
-        for entry in missing:
-            _fetch(store, mirror / entry["file"], entry)
-            record[entry["file"]] = entry["sha256"]
-            _write(record_path, json.dumps(record).encode())
-        _write(mirror / META_NAME, raw)
-        _write(record_path, json.dumps(record).encode())  # its time is the mirror's last use
-    return mirror
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = tmp_path(path)
-    try:
-        with open_new(tmp) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def local_folder(folder: str | Path, splits: Sequence[str] | None = None, **cache: Any) -> Path:
-    """``folder`` itself, or the cached mirror of a remote one (``cached_folder``)."""
-    if isinstance(folder, str) and is_url(folder):
-        return cached_folder(folder, splits, **cache)
-    return Path(folder)

@@ -246,9 +246,10 @@ def token_dtype(enc: Encoder, requested: str = "auto") -> np.dtype:
 
 
 def encode_in_order(stream: Iterator[P], encode: Callable[[list[str]], list[np.ndarray]], workers: int,
-                    batch_chars: int) -> Iterator[tuple[P, np.ndarray]]:
+                    batch_chars: int, in_flight: int) -> Iterator[tuple[P, np.ndarray]]:
     """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
-    ``workers`` threads; ``encode`` takes a batch of texts and gives their tokens."""
+    ``workers`` threads; ``encode`` takes a batch of texts and gives their tokens. At most
+    ``in_flight`` batches wait or encode while the caller takes the results of another."""
 
     def run(batch: list[P]) -> list[np.ndarray]:
         return encode([piece.text for piece in batch])
@@ -265,7 +266,7 @@ def encode_in_order(stream: Iterator[P], encode: Callable[[list[str]], list[np.n
             if size >= batch_chars:
                 pending.append((batch, pool.submit(run, batch)))
                 batch, size = [], 0
-                if len(pending) > 2 * workers:
+                if len(pending) > in_flight:
                     done, future = pending.pop(0)
                     yield from zip(done, future.result())
         if batch:
