@@ -127,6 +127,7 @@ class OpenedFiles(Sequence[np.ndarray]):
         self.split, self.version = split, 0
         self._arrays: list[np.ndarray | None] = [None] * len(split.files)
         self._names = [f.path.name for f in split.files]
+        self._held: list[str] = []  # the files leased from the split's cache
 
     def __len__(self) -> int:
         return len(self._arrays)
@@ -142,21 +143,26 @@ class OpenedFiles(Sequence[np.ndarray]):
         else:
             if not self.split.fits:
                 self.close()
+            first = not self._held
+            if first:  # a split that fits is held whole from its first file on, and fetched behind it
+                self._held = self._names if self.split.fits else [self._names[i]]
+                cache.hold(self._held)
             local = cache.path(f.path.name)
             array = np.asarray(np.memmap(local, dtype=f.dtype, mode="r", offset=f.offset, shape=(f.tokens,)))
-            after = self._names[i + 1:] + self._names[:i]
-            cache.prefetch(after if self.split.fits else after[:1])
+            if first or not self.split.fits:
+                after = self._names[i + 1:] + self._names[:i]
+                cache.prefetch(after if self.split.fits else after[:1])
         self._arrays[i] = array
         return array
 
     def close(self) -> None:
         """Let go of every file opened (a cache may evict them)."""
-        for i, array in enumerate(self._arrays):
-            if array is not None:
-                self._arrays[i] = None
-                self.version += 1
-                if self.split.cache is not None:
-                    self.split.cache.release(self._names[i])
+        if any(array is not None for array in self._arrays):
+            self._arrays = [None] * len(self._arrays)
+            self.version += 1
+        if self._held and self.split.cache is not None:
+            held, self._held = self._held, []
+            self.split.cache.release(held)
 
     def __del__(self) -> None:
         if self.split.cache is not None and not sys.is_finalizing():  # at exit the lease goes with the pid
@@ -259,6 +265,7 @@ def _cached(cached: CachedFolder, name: str) -> Split:
     offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
     files = tuple(TokenFile(cached.mirror / e["file"], dtype, offset, e.get("tokens", info["tokens"]), e["sha256"],
                             (e["bytes"], 0, 0)) for e in split_files(info))
+    cached.hold([info["idx"]["file"]])
     cached.path(info["idx"]["file"])
     return Split(files, dtype, name, cached.mirror, meta, _fingerprint(files), cached, fits)
 

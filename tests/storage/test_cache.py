@@ -226,3 +226,26 @@ def test_a_remote_meta_json_naming_files_outside_the_folder_is_refused(published
     with pytest.raises(ValueError, match="not the name of a file tokpack writes"):
         open_split(f"s3://{BUCKET}/forged", "train", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "outside.bin").exists()
+
+
+def test_the_cache_touches_only_its_own_files(published, s3_server, tmp_path):
+    """A folder of someone else's in the cache folder, even one dressed as tokpack's, is never
+    evicted; a link planted where a fetched file goes is replaced, not written through."""
+    cache, outside = tmp_path / "cache", tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    theirs = cache / "theirs"
+    theirs.mkdir(parents=True)
+    (theirs / "x.bin").write_bytes(b"\0" * 50_000)
+    (theirs / ".tokpack-fetched.json").write_text(json.dumps({"x.bin": "0" * 64}))
+    split = open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache)
+    first = split.files[0].path
+    first.symlink_to(outside)  # where the first shard is fetched to
+    meta = json.loads((published / "meta.json").read_text())
+    limit = sum(e["bytes"] for e in meta["splits"]["train"]["shards"]) + meta["splits"]["train"]["idx"]["bytes"] + \
+        len((published / "meta.json").read_bytes()) + 8192
+    squeezed = open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit)
+    local = open_split(published, "train").open()
+    files = squeezed.open()
+    assert [files[i].tolist() for i in range(len(files))] == [local[i].tolist() for i in range(len(local))]
+    assert outside.read_bytes() == b"not yours" and not first.is_symlink()
+    assert (theirs / "x.bin").stat().st_size == 50_000

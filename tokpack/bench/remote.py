@@ -15,6 +15,7 @@ limited to half the split (its peak disk use), against the local folder's, 0 and
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -33,12 +34,14 @@ from .timing import interleaved, ratio, ratio_range
 
 BUCKET = "tokpack-bench"
 UNIT_MB = 8.0  # units of a sharded run: a remote publish spools one at a time
-SHARD_TOKENS = 1 << 20  # the published folder's shards (2 MB): a limit of half the split holds a few
+SHARD_TOKENS = 1 << 18  # the published folder's shards (512 KB): half the split holds one a worker and more
 
 
 def _prepare(source: str, out: Path | str, env: dict[str, str], spool: Path | None = None,
              shard_tokens: int = 0) -> dict[str, Any]:
+    # Run as the command runs it: fix_mmap_threshold, as python -m tokpack.prepare calls it.
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
+            "from tokpack.prepare.run import fix_mmap_threshold; fix_mmap_threshold(); "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], quiet=True, force=True, "
             "unit_mb=float(sys.argv[3]), spool_dir=sys.argv[4] or None, shard_tokens=int(sys.argv[5]))); "
             "print(json.dumps(r['stats']))")
@@ -120,7 +123,7 @@ def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> di
 
         def watch() -> None:
             while not done.wait(0.005):
-                peak[0] = max(peak[0], sum(f.stat().st_size for f in spool.rglob("*") if f.is_file()))
+                peak[0] = max(peak[0], _disk(spool))
 
         watcher = threading.Thread(target=watch)
         watcher.start()
@@ -137,6 +140,15 @@ def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> di
           f"{ratio_range(times, 's3', 'local folder')}); the spool's peak {peak[0] / 1e6:.1f} MB on disk "
           f"(units of {UNIT_MB:g} MB of text)")
     return {"publish_vs_local": round(speed, 3), "spool_peak_mb": round(peak[0] / 1e6, 1)}
+
+
+def _disk(folder: Path) -> int:
+    """Bytes in the files under ``folder`` now (one that goes while it is summed counts nothing)."""
+    total = 0
+    for f in folder.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 def _published(client: Any, corpus: Path, folder: Path, env: dict[str, str]) -> str:
@@ -165,7 +177,7 @@ def _training(client: Any, corpus: Path, tmp: Path, env: dict[str, str], rounds:
     warm.open()[0]
     warm.cache.wait()  # the first file read, the rest fetched behind it
     cold = time.perf_counter() - started
-    disk = sum(f.stat().st_size for f in (tmp / "cache").rglob("*") if f.is_file())
+    disk = _disk(tmp / "cache")
     local = open_split(folder, "train")
     half = disk // 2
     figures = {"cold_fetch_s": round(cold, 3), "cold_mb_per_s": round(disk / 1e6 / cold, 1),
@@ -184,7 +196,7 @@ def _training(client: Any, corpus: Path, tmp: Path, env: dict[str, str], rounds:
             cache = tmp / f"limited-{next(caches)}"
             split = open_split(url, "train", cache_dir=cache, cache_limit=half)
             for _ in build_loader(TokenWindows(split, 1024, stride=1024), 8, num_workers=workers):
-                peak[0] = max(peak[0], sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()))
+                peak[0] = max(peak[0], _disk(cache))
         return walk
 
     for workers in (0, 2):

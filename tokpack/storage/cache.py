@@ -37,6 +37,8 @@ import hashlib
 import json
 import os
 import queue
+import re
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,6 +52,8 @@ LOCK_NAME = ".tokpack-cache.lock"
 FETCHED = ".tokpack-fetched.json"  # a mirror's record: the sha256 of each file fetched into it
 LEASE_PREFIX = ".tokpack-lease-"  # + pid: the files that process holds open
 FETCHING_SUFFIX = ".tokpack-fetching"  # "." + name + this: held while one process fetches the file
+MIRROR_HEX = 24  # a folder's mirror is named by this many hex digits of its URL's sha256
+MIRROR_NAME = re.compile(f"[0-9a-f]{{{MIRROR_HEX}}}")  # nothing else in the cache folder is tokpack's to evict
 
 
 def default_cache_dir() -> Path:
@@ -168,8 +172,11 @@ class _Mirror:
         self.files: dict[str, os.stat_result] = {}
         self.held = 0  # bytes on disk, with fetches in progress at their final size
         for path in folder.iterdir():
-            info = path.lstat()
-            if not path.is_file() or path.is_symlink():
+            try:
+                info = path.lstat()
+            except FileNotFoundError:  # a fetch's temporary file, gone since the listing
+                continue
+            if not stat.S_ISREG(info.st_mode):
                 continue
             if path.name.startswith(LEASE_PREFIX):
                 pid = path.name[len(LEASE_PREFIX):]
@@ -198,7 +205,8 @@ class _Mirror:
 
 class CachedFolder:
     """A published folder seen through the cache: its meta.json fetched and checked, its files
-    fetched one at a time (``path``), leased to the processes that read them.
+    leased to the processes that read them (``hold``, ``release``) and fetched one at a time
+    (``path``, and ``prefetch`` in the background).
 
     Args:
         url: the folder's URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``).
@@ -214,7 +222,7 @@ class CachedFolder:
         self.url, self.storage_options, self.where = url, storage_options, store.where
         self.limit = _limit(cache_limit)
         self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:24]
+        self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:MIRROR_HEX]
         self.entries = {e["file"]: e for info in self.meta["splits"].values() for e in every_file(info)}
         self._reset(store)
         with self._locked():
@@ -229,13 +237,14 @@ class CachedFolder:
         """This process's own state: a forked or unpickled copy starts afresh."""
         self._pid, self._store = os.getpid(), store
         self._held: dict[str, int] = {}  # name: how many readers of this process hold it
+        self._here: set[str] = set()  # held files found fetched: read with no lock
         self._guard = threading.Lock()
         self._wanted: queue.Queue[str | None] = queue.Queue()
         self._fetcher: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_store", "_held", "_guard", "_wanted", "_fetcher"):
+        for key in ("_store", "_held", "_here", "_guard", "_wanted", "_fetcher"):
             state.pop(key)
         return state
 
@@ -272,28 +281,48 @@ class CachedFolder:
                              "raise cache_limit")
         return self.limit is None or self.limit >= sum(e["bytes"] for e in split_files(info)) + fixed
 
-    def path(self, name: str) -> Path:
-        """``name``'s local copy, fetched if need be, held for this process until ``release``."""
+    def hold(self, names: Sequence[str]) -> None:
+        """Lease ``names`` to this process (one reader more for each), so that no process evicts
+        them until ``release``; they are fetched by ``path``."""
         self._own()
         with self._guard:
-            self._held[name] = self._held.get(name, 0) + 1
-        try:
-            return self._obtain(name, lease=True)
-        except BaseException:
-            self.release(name)
-            raise
-
-    def release(self, name: str) -> None:
-        """One reader of this process is done with ``name``: once none holds it, it may be evicted."""
-        self._own()
-        with self._guard:
-            left = self._held.get(name, 0) - 1
-            if left > 0:
-                self._held[name] = left
-                return
-            self._held.pop(name, None)
+            for name in names:
+                self._held[name] = self._held.get(name, 0) + 1
         with self._locked():
             self._write_lease()
+            record = _read_json(self.mirror / FETCHED)
+            here = {n for n in names if self._present(n, record)}
+        with self._guard:
+            self._here.update(n for n in here if n in self._held)
+
+    def release(self, names: Sequence[str]) -> None:
+        """One reader of this process is done with ``names``: once none holds one, it may be evicted,
+        least recently released first."""
+        self._own()
+        with self._guard:
+            for name in names:
+                left = self._held.get(name, 0) - 1
+                if left > 0:
+                    self._held[name] = left
+                else:
+                    self._held.pop(name, None)
+                    self._here.discard(name)
+        with self._locked():
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(self.mirror / name)  # its last use
+            self._write_lease()
+
+    def path(self, name: str) -> Path:
+        """The local copy of ``name``, which this process holds (``hold``), fetched if need be."""
+        self._own()
+        if name in self._here:  # held since it was found here: no process can have evicted it
+            return self.mirror / name
+        found = self._obtain(name)
+        with self._guard:
+            if name in self._held:
+                self._here.add(name)
+        return found
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Fetch ``names`` in this order in a background thread of this process (replacing what it
@@ -302,8 +331,10 @@ class CachedFolder:
         with self._guard:
             while not self._wanted.empty():
                 self._wanted.get_nowait()
+                self._wanted.task_done()
             for name in names:
-                self._wanted.put(name)
+                if name not in self._here:
+                    self._wanted.put(name)
             if self._fetcher is None:
                 self._fetcher = threading.Thread(target=self._fetch_ahead, name="tokpack-cache-fetch", daemon=True)
                 self._fetcher.start()
@@ -317,7 +348,7 @@ class CachedFolder:
         while True:
             name = self._wanted.get()
             try:
-                self._obtain(name, lease=False)
+                self._obtain(name)
             except (ValueError, OSError):
                 pass  # no room, or the store failed: the reader that needs the file says so
             finally:
@@ -333,31 +364,26 @@ class CachedFolder:
         else:
             lease.unlink(missing_ok=True)
 
-    def _present(self, name: str, lease: bool) -> Path | None:
-        """Under the lock: the fetched file, marked as just used (and leased), or None."""
+    def _present(self, name: str, record: Any = None) -> bool:
+        """Under the lock: whether ``name`` is fetched, the file meta.json records (``record``: the
+        mirror's record, read once for many names)."""
         target = self.mirror / name
-        if (not target.is_file() or target.is_symlink()
-                or _Mirror(self.mirror).record.get(name) != self.entries[name]["sha256"]):
-            return None
-        os.utime(target)  # its last use: eviction goes least recently used first
-        if lease:
-            self._write_lease()
-        return target
+        record = _read_json(self.mirror / FETCHED) if record is None else record
+        return (isinstance(record, dict) and record.get(name) == self.entries[name]["sha256"]
+                and target.is_file() and not target.is_symlink())
 
-    def _obtain(self, name: str, lease: bool) -> Path:
-        entry = self.entries[name]
+    def _obtain(self, name: str) -> Path:
+        entry, target = self.entries[name], self.mirror / name
         with self._locked():
-            found = self._present(name, lease)
-        if found is not None:
-            return found
+            if self._present(name):
+                return target
         # One process fetches a file; another that wants it waits here, then finds it fetched.
         with _flocked(self.mirror / f".{name}{FETCHING_SUFFIX}", str(self.cache)):
             with self._locked():
-                found = self._present(name, lease)
-                if found is not None:
-                    return found
+                if self._present(name):
+                    return target
                 self._make_room(name, entry["bytes"])
-                tmp = tmp_path(self.mirror / name)
+                tmp = tmp_path(target)
                 out = open_new(tmp)  # under the lock: other processes count it at its final size
             try:
                 with out:
@@ -369,11 +395,9 @@ class CachedFolder:
                 with self._locked():
                     record = {n: sha for n, sha in _Mirror(self.mirror).record.items() if (self.mirror / n).is_file()}
                     record[name] = entry["sha256"]
-                    os.replace(tmp, self.mirror / name)
+                    os.replace(tmp, target)
                     _write(self.mirror / FETCHED, json.dumps(record).encode())
-                    if lease:
-                        self._write_lease()
-                return self.mirror / name
+                return target
             finally:
                 tmp.unlink(missing_ok=True)
 
@@ -394,7 +418,8 @@ class CachedFolder:
         mirror of the cache, until ``needed`` more bytes fit under the limit."""
         if self.limit is None:
             return
-        mirrors = [_Mirror(m) for m in self.cache.iterdir() if m.is_dir() and not m.is_symlink()]
+        mirrors = [_Mirror(m) for m in self.cache.iterdir()
+                   if MIRROR_NAME.fullmatch(m.name) and m.is_dir() and not m.is_symlink()]
         total = sum(m.held for m in mirrors)
         candidates = sorted((used, m, n, size) for m in mirrors for used, n, size in m.evictable()
                             if (m.folder, n) != (self.mirror, name))
@@ -406,7 +431,8 @@ class CachedFolder:
         if total + needed > self.limit:
             raise ValueError(f"the cache {self.cache} cannot make room for {self.where}/{name} ({needed:,} bytes): "
                              f"its limit is {self.limit:,} bytes and {total:,} are held by files in use; raise "
-                             "cache_limit, or use another cache_dir")
+                             "cache_limit (below the split, each loader worker holds a file), or use another "
+                             "cache_dir")
 
 
 def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, Meta, bytes]:

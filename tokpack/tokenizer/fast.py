@@ -31,6 +31,8 @@ _PROBE = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
 
 def _without_surrogates(text: str) -> str:
     """tiktoken's handling of lone surrogates: replaced by U+FFFD before encoding."""
+    if text.isascii():  # known without a look at the characters: no surrogate, no copy
+        return text
     try:
         text.encode("utf-8")
         return text
