@@ -116,6 +116,7 @@ def test_fallbacks_are_tiktoken_with_one_warning_or_one_line_when_asked(tmp_path
         raise RuntimeError("no vocabulary")
 
     monkeypatch.setattr(fast.SplintrBackend, "__init__", broken)
+    fast._built.cache_clear()  # built once a process: this one builds afresh, and fails
     assert main([str(corpus), "--out-dir", str(tmp_path / "o2"), "--quiet"]) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if "splintr" in line]
     assert len(warning) == 1 and "failed to build gpt2 (RuntimeError: no vocabulary); encoding with tiktoken" in \

@@ -14,6 +14,7 @@ tiktoken too, and any difference stops the run.
 from __future__ import annotations
 
 import base64
+import functools
 import warnings
 import zlib
 from typing import Any
@@ -83,8 +84,7 @@ def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
             raise ValueError('--backend splintr needs splintr-rs; pip install "tokpack[fast]"') from None
         return None
     try:
-        backend = SplintrBackend(enc)
-        agrees = backend.encode_batch([_PROBE])[0].tolist() == enc.encode_ordinary(_PROBE)
+        backend, agrees = _built(enc)
     except Exception as exc:  # any failure to build: tiktoken is always there
         problem = f"it failed to build {enc.name} ({type(exc).__name__}: {exc})"
     else:
@@ -95,6 +95,14 @@ def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
         raise ValueError(f"--backend splintr: {problem}; use --backend tiktoken")
     warnings.warn(f"the splintr backend is not used: {problem}; encoding with tiktoken", stacklevel=3)
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def _built(enc: Any) -> tuple[SplintrBackend, bool]:
+    """splintr built over ``enc`` (a cached ``tiktoken.Encoding``) and whether it agrees with it on
+    the probe: once a process, as tiktoken builds an encoding once (a build is ~50 ms and 17 MB)."""
+    backend = SplintrBackend(enc)
+    return backend, backend.encode_batch([_PROBE])[0].tolist() == enc.encode_ordinary(_PROBE)
 
 
 def _tiktoken_pattern(name: str) -> str:
