@@ -81,7 +81,7 @@ def _add_others(sub: Any) -> None:
     kp.add_argument("--mean-length", type=float, default=600.0, help="mean document length (default: 600)")
     kp.add_argument("--block-size", type=int, default=1024, help="T (default: 1024)")
     kp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
-    kp.add_argument("--batches", type=int, default=20, help="batches per run (default: 20)")
+    kp.add_argument("--batches", type=int, default=1000, help="batches per run (default: 1000)")
     kp.add_argument("--buffer-size", type=int, default=1000, help="best fit's documents (default: 1000, nanochat's)")
     kp.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count (default: 5)")
     ev = sub.add_parser("evaluate", help="tokpack.evaluate against nanoGPT's estimate_loss on the same model")

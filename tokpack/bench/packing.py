@@ -109,7 +109,7 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
         "tokpack PackedDocuments bestfit, 2 workers": lambda: [next(ours2) for _ in range(batches)],
         "tokpack TokenWindows, 2 workers": lambda: [next(windows2) for _ in range(batches)],
     }
-    times = interleaved(runs, rounds)
+    times = interleaved(runs, rounds, warmup=True)
     names = list(times)
     rows = [{"run": name, "rows/s": batches * B / statistics.median(t), "packed / this": ratio(times, names[0], name),
              "rounds' range": ratio_range(times, names[0], name),

@@ -30,9 +30,13 @@ def per_second(fn: Callable[[], Any], count: int, repeat: int = 1) -> float:
     return count / timed(fn, repeat)[1]
 
 
-def interleaved(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Each run's wall times over ``rounds`` rounds, the runs taking turns within a round."""
+def interleaved(runs: dict[str, Callable[[], Any]], rounds: int, warmup: bool = False) -> dict[str, list[float]]:
+    """Each run's wall times over ``rounds`` rounds, the runs taking turns within a round; with
+    ``warmup``, after one untimed round (runs of milliseconds, whose first round pays for caches
+    and allocations the others find ready)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn in runs.values() if warmup else ():
+        fn()
     for _ in range(rounds):
         for name, fn in runs.items():
             times[name].append(timed(fn)[1])
