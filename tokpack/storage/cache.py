@@ -238,13 +238,14 @@ class CachedFolder:
         self._pid, self._store = os.getpid(), store
         self._held: dict[str, int] = {}  # name: how many readers of this process hold it
         self._here: set[str] = set()  # held files found fetched: read with no lock
+        self._parsed: tuple[Any, dict[str, str]] = (None, {})  # the record as last read: (its stat, it)
         self._guard = threading.Lock()
         self._wanted: queue.Queue[str | None] = queue.Queue()
         self._fetcher: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_store", "_held", "_here", "_guard", "_wanted", "_fetcher"):
+        for key in ("_store", "_held", "_here", "_parsed", "_guard", "_wanted", "_fetcher"):
             state.pop(key)
         return state
 
@@ -290,7 +291,7 @@ class CachedFolder:
                 self._held[name] = self._held.get(name, 0) + 1
         with self._locked():
             self._write_lease()
-            record = _read_json(self.mirror / FETCHED)
+            record = self._record()
             here = {n for n in names if self._present(n, record)}
         with self._guard:
             self._here.update(n for n in here if n in self._held)
@@ -364,11 +365,25 @@ class CachedFolder:
         else:
             lease.unlink(missing_ok=True)
 
+    def _record(self) -> dict[str, str]:
+        """Under the lock: the mirror's record (not to be changed in place), parsed again only when
+        the file changed: it lists every file fetched, and is asked about each one."""
+        path = self.mirror / FETCHED
+        try:
+            info = path.lstat()
+            key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            return {}
+        if self._parsed[0] != key:
+            record = _read_json(path)
+            self._parsed = (key, record if isinstance(record, dict) else {})
+        return self._parsed[1]
+
     def _present(self, name: str, record: Any = None) -> bool:
         """Under the lock: whether ``name`` is fetched, the file meta.json records (``record``: the
         mirror's record, read once for many names)."""
         target = self.mirror / name
-        record = _read_json(self.mirror / FETCHED) if record is None else record
+        record = self._record() if record is None else record
         return (isinstance(record, dict) and record.get(name) == self.entries[name]["sha256"]
                 and target.is_file() and not target.is_symlink())
 
@@ -393,7 +408,7 @@ class CachedFolder:
                                      f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was "
                                      "published; publish the folder again")
                 with self._locked():
-                    record = {n: sha for n, sha in _Mirror(self.mirror).record.items() if (self.mirror / n).is_file()}
+                    record = {n: sha for n, sha in self._record().items() if (self.mirror / n).is_file()}
                     record[name] = entry["sha256"]
                     os.replace(tmp, target)
                     _write(self.mirror / FETCHED, json.dumps(record).encode())
