@@ -18,7 +18,6 @@ import hashlib
 import json
 import re
 import stat
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,8 +164,8 @@ class OpenedFiles(Sequence[np.ndarray]):
             self.split.cache.release(held)
 
     def __del__(self) -> None:
-        if self.split.cache is not None and not sys.is_finalizing():  # at exit the lease goes with the pid
-            self.close()
+        if self._held and self.split.cache is not None:
+            self.split.cache.release_later(self._held)
 
 
 class _Folder:

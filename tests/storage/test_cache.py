@@ -4,6 +4,7 @@ processes sharing one cache folder."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -175,6 +176,10 @@ def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(
     assert [held[i].tolist() for i in range(len(held))] == [t.tolist() for t in open_split(published, "train").open()]
     with pytest.raises(ValueError, match="held by files in use"):
         _read_all(open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit))
+    del held  # a reader let go: its files may go now
+    gc.collect()
+    assert _read_all(open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit)) > 0
+    assert _disk(cache) <= limit
 
 
 def test_a_training_loop_walks_a_split_larger_than_the_limit_within_it(s3_server, tmp_path):

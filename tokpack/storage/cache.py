@@ -91,36 +91,9 @@ def _flocked(path: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
-class _CacheLock:
-    """One process's hold on a cache folder's lock file: re-entered by the thread that holds it (a
-    reader let go by the garbage collector while its own thread is in the cache), waited for by
-    the others."""
-
-    def __init__(self) -> None:
-        self.thread_lock, self.depth = threading.RLock(), 0
-        self.hold: contextlib.ExitStack | None = None
-
-
-_LOCKS: dict[Path, _CacheLock] = {}
-os.register_at_fork(after_in_child=_LOCKS.clear)  # a lock held by another thread is not the child's
-
-
-@contextlib.contextmanager
-def _cache_locked(cache: Path) -> Iterator[None]:
-    lock = _LOCKS.setdefault(cache, _CacheLock())
-    with lock.thread_lock:
-        if lock.depth == 0:
-            hold = contextlib.ExitStack()
-            hold.enter_context(_flocked(cache / LOCK_NAME, str(cache)))
-            lock.hold = hold
-        lock.depth += 1
-        try:
-            yield
-        finally:
-            lock.depth -= 1
-            if lock.depth == 0 and lock.hold is not None:
-                lock.hold.close()
-                lock.hold = None
+# Files held by readers the garbage collector let go, released at the next hold (release_later).
+_DROPPED: list[tuple[CachedFolder, Sequence[str]]] = []
+os.register_at_fork(after_in_child=_DROPPED.clear)  # the parent's to release, not a worker's
 
 
 def _alive(pid: int) -> bool:
@@ -265,7 +238,7 @@ class CachedFolder:
         return self._store
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return _cache_locked(self.cache)
+        return _flocked(self.cache / LOCK_NAME, str(self.cache))
 
     def check_split(self, split: str) -> bool:
         """Refuse a limit that cannot hold ``split``'s largest file with its index and meta.json;
@@ -286,6 +259,9 @@ class CachedFolder:
         """Lease ``names`` to this process (one reader more for each), so that no process evicts
         them until ``release``; they are fetched by ``path``."""
         self._own()
+        while _DROPPED:
+            folder, dropped = _DROPPED.pop()
+            folder.release(dropped)
         with self._guard:
             for name in names:
                 self._held[name] = self._held.get(name, 0) + 1
@@ -313,6 +289,12 @@ class CachedFolder:
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(self.mirror / name)  # its last use
             self._write_lease()
+
+    def release_later(self, names: Sequence[str]) -> None:
+        """``release`` at this process's next ``hold`` of any folder: for a reader let go by the
+        garbage collector, which may run in any thread at any point, even one holding a lock."""
+        if self._pid == os.getpid():
+            _DROPPED.append((self, names))
 
     def path(self, name: str) -> Path:
         """The local copy of ``name``, which this process holds (``hold``), fetched if need be."""
