@@ -333,3 +333,27 @@ def cli_run(main: Callable[[list[str]], int], capsys, *argv) -> tuple[int, str]:
     except SystemExit as exc:
         code = exc.code
     return code, capsys.readouterr().err.strip()
+
+
+def write_web_jsonl(path: Path, megabytes: int = 10) -> Path:
+    """``megabytes`` lines of 1 MB, about 200 documents of random words each."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(50_000)] + [".\n\n"])
+    with open(path, "w") as f:
+        for _ in range(megabytes):
+            words = vocab[rng.integers(0, len(vocab), 160_000)]
+            for doc in np.array_split(words, 200):
+                f.write(json.dumps({"text": " ".join(doc.tolist())}) + "\n")
+    return path
+
+
+def peak_rss_mb_of_prepare(source: str, out: Path) -> float:
+    """Peak RSS of ``python -m tokpack.prepare SOURCE`` in a fresh process, as the kernel counts
+    it (VmHWM)."""
+    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.run import peak_rss_mb; "
+            "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
+    done = subprocess.run([sys.executable, "-c", code, source, "--out-dir", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1])

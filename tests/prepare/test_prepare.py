@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (kill, make_docs, megatron_indexed, paused_at, prepare_cmd, run_module,
-                     write_docs, write_spec, write_tiktoken_file)
+from helpers import (kill, make_docs, megatron_indexed, paused_at, peak_rss_mb_of_prepare, prepare_cmd,
+                     run_module, write_docs, write_spec, write_tiktoken_file, write_web_jsonl)
 from tokpack import storage as storage_module
 from tokpack.prepare import run as prepare_run
 from tokpack.prepare import writers
@@ -464,32 +464,15 @@ def test_more_workers_than_cores_are_capped_with_one_warning(tmp_path, capsys, m
     assert stats["workers"] == 2
 
 
-def _peak_rss_mb(corpus, out):
-    """Peak RSS of a prepare run in a fresh process, as the kernel counts it (VmHWM)."""
-    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.run import peak_rss_mb; "
-            "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
-    done = subprocess.run([sys.executable, "-c", code, str(corpus), "--out-dir", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return float(done.stdout.strip().splitlines()[-1])
-
-
 def test_peak_memory_is_the_same_ceiling_at_10_and_50_mb(tmp_path):
-    rng = np.random.default_rng(0)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(50_000)] + [".\n\n"])
     corpus = tmp_path / "c10"
     corpus.mkdir()
-    with open(corpus / "web.jsonl", "w") as f:
-        for _ in range(10):  # 1 MB lines of ~200 documents each
-            words = vocab[rng.integers(0, len(vocab), 160_000)]
-            for doc in np.array_split(words, 200):
-                f.write(json.dumps({"text": " ".join(doc.tolist())}) + "\n")
-    peaks = {10: _peak_rss_mb(corpus, tmp_path / "o10")}
+    write_web_jsonl(corpus / "web.jsonl")
+    peaks = {10: peak_rss_mb_of_prepare(str(corpus), tmp_path / "o10")}
     (tmp_path / "c50").mkdir()
     for k in range(5):
         shutil.copy(corpus / "web.jsonl", tmp_path / "c50" / f"web{k}.jsonl")
-    peaks[50] = _peak_rss_mb(tmp_path / "c50", tmp_path / "o50")
+    peaks[50] = peak_rss_mb_of_prepare(str(tmp_path / "c50"), tmp_path / "o50")
     # A reader that kept the tokens (the verify's memory map did: +1 MB per 4 MB of input) or a heap
     # that grew with the input would pass 150 MB, or differ by far more than the allocator's noise.
     assert peaks[10] < 150 and peaks[50] < 150, peaks

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from helpers import RangeServer, cli_run, free_port, make_docs
+from helpers import RangeServer, cli_run, free_port, make_docs, peak_rss_mb_of_prepare, write_web_jsonl
 from tokpack.prepare.__main__ import main
 from tokpack.storage import open_store, redact
 
@@ -171,3 +171,12 @@ def test_an_object_replaced_between_two_tasks_redoes_its_unit_from_a_config_with
     assert main([str(local / "c"), "--out-dir", str(local / "out"), "--unit-mb", "0.01", "--tasks", "2", "--task", "1",
                  "--quiet"]) == 0
     assert _data(out) == _data(local / "out")
+
+
+def test_a_remote_prepare_keeps_the_memory_ceiling(s3, tmp_path):
+    """30 MB of jsonl from the store: the S3 client's libraries and two ranges in flight on top of
+    a local run's memory stay under the same 150 MB ceiling (a reader that downloaded the object
+    whole, or kept every range, would pass it)."""
+    corpus = write_web_jsonl(tmp_path / "web.jsonl", megabytes=30)
+    s3.upload_file(str(corpus), BUCKET, "big/web.jsonl")
+    assert peak_rss_mb_of_prepare(f"s3://{BUCKET}/big/web.jsonl", tmp_path / "out") < 150
