@@ -4,6 +4,7 @@ processes sharing one cache folder."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -148,7 +149,13 @@ def _cached_bins(cache: Path) -> list[Path]:
 
 
 def _disk(cache: Path) -> int:
-    return sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    """Bytes in the cache now; a file that goes while they are summed (a lease rewritten, a
+    temporary renamed by a worker) counts nothing."""
+    total = 0
+    for f in cache.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 def _upload(s3_server, folder: Path, prefix: str) -> None:
@@ -182,10 +189,10 @@ def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(
     assert _disk(cache) <= limit
 
 
-def test_a_training_loop_walks_a_split_larger_than_the_limit_within_it(s3_server, tmp_path):
-    published = prepare_docs(tmp_path / "walk", make_docs(200, words=120), val_fraction=0.2, shard_tokens=1000)
-    _upload(s3_server, published, "walk")
-    meta = json.loads((published / "meta.json").read_text())
+def test_a_training_loop_walks_a_split_larger_than_the_limit_within_it(published, s3_server, tmp_path):
+    folder = prepare_docs(tmp_path / "walk", make_docs(200, words=120), val_fraction=0.2, shard_tokens=1000)
+    _upload(s3_server, folder, "walk")  # into the bucket the published folders are in
+    meta = json.loads((folder / "meta.json").read_text())
     shards = meta["splits"]["train"]["shards"]
     # Three shards with the index and meta.json (a file open in each worker, one fetched ahead): less than the split.
     limit = 3 * max(e["bytes"] for e in shards) + meta["splits"]["train"]["idx"]["bytes"] + 8192
@@ -193,7 +200,7 @@ def test_a_training_loop_walks_a_split_larger_than_the_limit_within_it(s3_server
     cache = tmp_path / "cache"
     split = open_split(f"s3://{BUCKET}/walk", "train", cache_dir=cache, cache_limit=limit)
     assert not split.fits
-    remote, local = TokenWindows(split, 32, stride=32), TokenWindows(published, 32, split="train", stride=32)
+    remote, local = TokenWindows(split, 32, stride=32), TokenWindows(folder, 32, split="train", stride=32)
     for workers in (0, 2):
         batches = []
         for batch in build_loader(remote, 8, num_workers=workers):
