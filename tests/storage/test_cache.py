@@ -181,6 +181,8 @@ def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(
     # While this process holds the second folder's files, reading the first cannot push them out.
     held = open_split(f"s3://{BUCKET}/b", "train", cache_dir=cache, cache_limit=limit).open()
     assert [held[i].tolist() for i in range(len(held))] == [t.tolist() for t in open_split(published, "train").open()]
+    # The leases of the processes that ended are swept; this one's names the files it holds.
+    assert [p.name for p in cache.rglob(".tokpack-lease-*")] == [f".tokpack-lease-{os.getpid()}"]
     with pytest.raises(ValueError, match="held by files in use"):
         _read_all(open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache, cache_limit=limit))
     del held  # a reader let go: its files may go now

@@ -266,6 +266,7 @@ class CachedFolder:
             for name in names:
                 self._held[name] = self._held.get(name, 0) + 1
         with self._locked():
+            _Mirror(self.mirror)  # which sweeps the leases and fetches of processes gone
             self._write_lease()
             record = self._record()
             here = {n for n in names if self._present(n, record)}
