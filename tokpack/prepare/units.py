@@ -319,11 +319,11 @@ def _documents(plan: Plan, entries: list[Entry]) -> Iterator[Iterator[str]]:
 
 def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarray]]:
     """Every piece of ``entries`` with its tokens, in order. An encoder that threads itself gets
-    batches of a piece per core from one thread, one encoding while the last is written: more
-    held more text at no gain in speed. Any other runs in ``plan.workers`` threads, two batches
-    in flight each."""
+    batches of one piece's size from one thread, one encoding while the last is written: larger
+    or more held more text at no gain in speed. Any other runs in ``plan.workers`` threads, two
+    batches in flight each."""
     enc, piece_chars = plan.enc, plan.config.piece_chars
-    workers, batch_chars, in_flight = ((1, piece_chars * plan.workers, 1) if enc.parallel
+    workers, batch_chars, in_flight = ((1, piece_chars, 1) if enc.parallel
                                        else (plan.workers, piece_chars, 2 * plan.workers))
 
     def encode(texts: list[str]) -> list[np.ndarray]:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, NamedTuple, Protocol
 RETRIES = 6  # attempts at one request, the first included (storage option "retries")
 BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
-BLOCK_BYTES = 4 << 20  # a remote stream's range: two in memory per open input (in use, fetched ahead)
+BLOCK_BYTES = 3 << 20  # a remote stream's range: two in memory per open input (in use, fetched ahead)
 GLOB_CHARS = "*?["
 TIMEOUT_S = 60.0  # a connection or a read that waits longer is retried
 
