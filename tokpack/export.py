@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import Meta, open_new, read_meta, tmp_path
+from .format import Meta, open_new, read_meta, replacing, tmp_path
 from .split import Split, open_splits, read_index
 
 TARGETS = ("olmo",)
@@ -56,16 +56,11 @@ def _publish_tokens(source: Path, offset: int, target: Path) -> None:
 def _publish_offsets(bounds: np.ndarray, target: Path) -> None:
     """``bounds`` (starts, then the file's end) as OLMo-core's ``start,end`` lines, gzip'd without a
     timestamp or name, so the same folder always exports the same bytes."""
-    tmp = tmp_path(target)
-    try:
-        with open_new(tmp) as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
-            for lo in range(0, len(bounds) - 1, LINES):
-                hi = min(lo + LINES, len(bounds) - 1)
-                out.write("".join(f"{s},{e}\n" for s, e in zip(bounds[lo:hi].tolist(),
-                                                                bounds[lo + 1:hi + 1].tolist())).encode())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(target) as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+        for lo in range(0, len(bounds) - 1, LINES):
+            hi = min(lo + LINES, len(bounds) - 1)
+            out.write("".join(f"{s},{e}\n" for s, e in zip(bounds[lo:hi].tolist(),
+                                                            bounds[lo + 1:hi + 1].tolist())).encode())
 
 
 def file_documents(split: Split) -> list[np.ndarray]:

@@ -10,13 +10,14 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, NotRequired, TypedDict
 
@@ -305,6 +306,19 @@ def open_new(path: Path) -> BinaryIO:
         raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
                          "if no other run is writing into this folder, remove it and rerun") from None
     return os.fdopen(fd, "w+b")
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A new file (``open_new``) under ``path``'s temporary name, put in its place by rename when
+    the block ends; if the block fails, the temporary file goes and ``path`` is as it was."""
+    tmp = tmp_path(path)
+    try:
+        with open_new(tmp) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def megatron_document_starts(index: Path, tokens: int, itemsize: int) -> np.ndarray:

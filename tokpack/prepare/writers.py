@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
-                      remove_own, tmp_path)
+                      remove_own, replacing, tmp_path)
 from .holdout import document_hash
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
@@ -366,9 +366,7 @@ class DocumentBuffer:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = tmp_path(path)
-    with open_new(tmp) as f:
+    with replacing(path) as f:
         f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)

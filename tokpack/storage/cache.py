@@ -44,7 +44,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import META_NAME, TMP_SUFFIX, Meta, every_file, open_new, parse_meta, split_files, tmp_path
+from ..format import (META_NAME, TMP_SUFFIX, Meta, every_file, open_new, parse_meta, replacing, split_files,
+                      tmp_path)
 from . import BLOCK_BYTES, Store, open_store
 
 CACHE_ENV, LIMIT_ENV = "TOKPACK_CACHE_DIR", "TOKPACK_CACHE_LIMIT"
@@ -121,13 +122,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = tmp_path(path)
-    try:
-        with open_new(tmp) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(path) as f:
+        f.write(data)
 
 
 class _Mirror:
