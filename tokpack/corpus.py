@@ -241,9 +241,9 @@ def _jsonl_text(path: InputFile, number: int, cut: bool, line: bytes, start: int
     if not isinstance(value, str):
         raise ValueError(f"{where()} has {key!r} of type {type(value).__name__}, not a string; "
                          "fix the record or pass --jsonl-key with the text field's name")
-    # UTF-8 cannot carry a surrogate, so a lone one comes from a \uD800-\uDFFF escape: only a line
-    # with "\ud" in it is searched (the search is a tenth of a jsonl run's time otherwise).
-    surrogate = (b"\\ud" in line or b"\\uD" in line) and _SURROGATE.search(value)
+    # UTF-8 cannot carry a surrogate, so a lone one comes from a \uD800-\uDFFF escape: only a
+    # text that is not ASCII (a flag Python keeps) from a line with "\ud" in it is searched.
+    surrogate = not value.isascii() and (b"\\ud" in line or b"\\uD" in line) and _SURROGATE.search(value)
     if surrogate:
         if errors != "replace":
             raise ValueError(f"{where()} holds a lone surrogate ({surrogate.group()!a}) in {key!r}, which is "
@@ -265,7 +265,7 @@ def _jsonl_documents(path: InputFile, errors: str, key: str, lo: int = 0, hi: in
             start, offset = offset, offset + len(line)
             if hi is not None and start >= hi:
                 return
-            if line.strip():
+            if not line.isspace():  # the whitespace strip() would remove, without copying the line
                 yield iter((_jsonl_text(path, number, bool(lo), line, start, errors, key),))
 
 

@@ -9,7 +9,6 @@ both are ``InputFile``s, which is all a run asks of an input.
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,19 +17,12 @@ from typing import Any
 from .storage import InputFile, LocalFile, expand, is_url
 
 
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False
-
-
-def _walk(folder: Path) -> list[Path]:
+def _walk(folder: Path) -> list[LocalFile]:
     """Files below ``folder``, sorted, hidden ones skipped; directory links are never followed."""
     found = []
     for root, dirs, names in os.walk(folder):  # os.walk does not descend into linked directories
         dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders: .git and kin
-        found += [Path(root, n) for n in names if not n.startswith(".")]
+        found += [LocalFile(root, n) for n in names if not n.startswith(".")]
     return sorted(found, key=lambda p: p.parts)
 
 
@@ -75,22 +67,22 @@ def resolve_groups(paths: Sequence[str | Path],
             if not found:
                 raise ValueError(f"folder {raw} holds no readable files; put .txt/.jsonl files in it")
         elif path.exists():
-            if not _regular(path):
+            found = [LocalFile(path)]
+            if not found[0].is_regular():
                 raise ValueError(f"corpus path {raw} is not a regular file (a pipe, socket or device); "
                                  "pass files, folders or globs of regular files")
-            found = [path]
         elif any(ch in raw for ch in "*?["):
-            found = _glob(raw)
+            found = [LocalFile(p) for p in _glob(raw)]
             if not found:
                 raise FileNotFoundError(f"glob {raw!r} matches no file; check the pattern and quote it")
         else:
             raise FileNotFoundError(f"corpus path {raw} does not exist; pass a file, a folder or a glob")
-        regular = []
+        regular: list[InputFile] = []
         for f in found:
-            if not _regular(f):
+            if not f.is_regular():
                 warnings.warn(f"skipping {f}: not a regular file", stacklevel=2)
                 continue
-            regular.append(LocalFile(f))
+            regular.append(f)
         groups.append((raw, _once(regular, seen)))
     if not any(files for _, files in groups):
         raise ValueError(f"the inputs ({', '.join(map(str, paths))}) hold no regular files; pass text files")
@@ -101,10 +93,11 @@ def _once(found: list[InputFile], seen: set[tuple[Any, ...]]) -> list[InputFile]
     """``found`` without the files already ``seen`` (by identity), each skipped with a warning."""
     files = []
     for f in found:
-        if f.identity() in seen:
+        key = f.identity()
+        if key in seen:
             warnings.warn(f"{f} is reached twice; it is read once", stacklevel=3)
             continue
-        seen.add(f.identity())
+        seen.add(key)
         files.append(f)
     return files
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -164,6 +165,19 @@ def test_a_units_input_hash_covers_exactly_the_bytes_its_documents_come_from(tmp
         assert changed == owner, (line, changed, owner)
     path.write_bytes(data)
     assert [input_sha256(share) for share in shares] == before
+
+
+def test_an_input_hash_gives_up_once_its_unit_has_failed(tmp_path):
+    # A unit's input is hashed in a thread beside its tokenizing; a unit that fails sets ``stop``,
+    # so the failure is not held up until the rest of a large input is read and hashed.
+    path = LocalFile(tmp_path / "big.txt")
+    path.write_bytes(b"x" * (2 * units._BLOCK + 5))
+    share = [(path, 0, None)]
+    stop = threading.Event()
+    whole = input_sha256(share, stop)
+    assert whole == input_sha256(share) and len(whole) == 64
+    stop.set()
+    assert input_sha256(share, stop) == ""
 
 
 def _stopped_after_three_units(tmp_path, corpus, monkeypatch):
