@@ -240,6 +240,24 @@ def test_models_returning_objects_with_logits_are_scored(prepared):
     assert tokpack.evaluate(hf, loader)["loss"] == pytest.approx(tokpack.evaluate(hf.inner, loader)["loss"], rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_scored_a_slice_at_a_time_give_the_whole_batchs_sums(prepared, monkeypatch, dtype):
+    # The cross-entropy runs over a slice of positions at a time to reuse its scratch memory:
+    # every position's loss, and so every sum, must be the one of a single pass over the batch.
+    gpt = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), seed=5).to(dtype)
+    loader = build_loader(TokenWindows(prepared / "val.bin", 16, stride=12), 4)
+    calls = []
+    real = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+    monkeypatch.setattr("tokpack.evaluation.CE_ELEMENTS", 4 * 16 * gpt.config.vocab_size)
+    whole = tokpack.evaluate(gpt, loader)
+    assert max(calls) == 4 * 16
+    calls.clear()
+    monkeypatch.setattr("tokpack.evaluation.CE_ELEMENTS", 5 * gpt.config.vocab_size)
+    assert tokpack.evaluate(gpt, loader) == whole
+    assert max(calls) == 5 and len(calls) > 2 * len(loader)
+
+
 def test_evaluate_stays_a_function_after_its_command_is_imported_and_prepare_is_the_write_wing():
     import tokpack.evaluate  # noqa: F401 - the `python -m tokpack.evaluate` package
     import tokpack.prepare
@@ -372,12 +390,14 @@ def test_a_models_own_loss_is_used_only_when_it_is_the_plain_cross_entropy(prepa
     expected = _direct_model_loss(model, val, 16)
     calls = []
     real = F.cross_entropy
-    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     loader = build_loader(TokenWindows(prepared, 16, stride=16, split="val"), 4)
     result = tokpack.evaluate(model, loader)
     assert result["loss"] == pytest.approx(expected, rel=1e-6) and len(loader) > 3
-    full = [n for n in calls if n == 4 * 16]  # a cross-entropy over a whole batch's positions
-    assert len(full) == len(loader) + 1  # the model's own each batch, and one check of it on the first
+    # Positions put through a float32 cross-entropy (the few end-of-text targets go in float64):
+    # the model's own each batch, and one check of it on the first, in slices or whole.
+    scored = sum(logits.shape[0] for logits in calls if logits.dtype == torch.float32)
+    assert scored == (len(loader) + 1) * 4 * 16
 
     class WithAuxLoss(torch.nn.Module):  # a loss that is not the plain mean: never taken as the sum
         def __init__(self):
