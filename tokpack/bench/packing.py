@@ -113,12 +113,14 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
     names = list(times)
     rows = [{"run": name, "rows/s": batches * B / statistics.median(t), "packed / this": ratio(times, names[0], name),
              "rounds' range": ratio_range(times, names[0], name),
-             "packed, 2 workers / this": ratio(times, names[3], name)}
+             "packed, 2 workers / this": ratio(times, names[3], name),
+             "2 workers range": ratio_range(times, names[3], name)}
             for name, t in times.items()]
     print(f"B={B}, T={T}, {len(docs):,} documents of {len(flat):,} tokens (mean {len(flat) / len(docs):.0f}), "
           f"buffer {buffer_size}, {batches} batches a run, medians of {rounds} interleaved rounds; "
           f"first batch identical to nanochat's: {'yes' if same else 'NO'}")
-    print(table(rows, ["run", "rows/s", "packed / this", "rounds' range", "packed, 2 workers / this"]))
+    print(table(rows, ["run", "rows/s", "packed / this", "rounds' range", "packed, 2 workers / this",
+                       "2 workers range"]))
     packings = []
     for name, options in (("aligned", {"packing": "aligned"}), ("bestfit", {"packing": "bestfit"}),
                           ("bestfit, split_long", {"packing": "bestfit", "split_long": True}),

@@ -102,17 +102,23 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             hf_config = replace(config, encoding=tokenizer, backend="auto", out_dir=str(Path(tmp) / "hf"))
             runs["tokenizers encode_batch (raw)"] = count(
                 "hf_raw", lambda: sum(len(e.ids) for e in hf.encode_batch(docs, add_special_tokens=False)))
+            if hasattr(hf, "encode_batch_fast"):  # the same ids without the offsets (tokenizers >= 0.21)
+                runs["tokenizers encode_batch_fast (raw)"] = count("hf_fast_raw", lambda: sum(
+                    len(e.ids) for e in hf.encode_batch_fast(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
-        runs.update(_small_file_runs(docs, config, enc, workers, Path(tmp), count))
+        runs.update(_small_file_runs(docs, config, enc, workers, Path(tmp), count, not fast_skip))
         runs.update(_command_runs(corpus, Path(tmp), workers, torchrun))
         if peers:
             runs.update(_peer_runs(files, Path(tmp), workers))
         times = interleaved(runs, repeat)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
-        assert counts.get("hf_raw") == counts.get("hf") and counts.get("fast", counts["one"]) == counts["one"], counts
+        assert counts.get("hf_raw") == counts.get("hf") == counts.get("hf_fast_raw", counts.get("hf")), counts
+        assert counts.get("fast", counts["one"]) == counts["one"], counts
         assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
-        assert counts["files_raw"] == counts["files_tokpack"], counts
+        assert counts["files_raw"] == counts["files_tokpack"] == counts.get("files_fast", counts["files_raw"]), counts
+        assert counts.get("files_fast_raw", counts["files_raw"]) == counts["files_raw"], counts
         assert counts.get("fast_raw", counts["one"]) == counts["one"], counts
+        assert counts.get("one_splintr_raw", counts.get("one_raw")) == counts.get("one_raw"), counts
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
@@ -123,23 +129,40 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
     return _report(times, counts, docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip)
 
 
+_SAME_LIBRARY = (("tokpack.prepare --backend splintr", "splintr encode_batch (raw)"),
+                 ("one document: tokpack.prepare --backend splintr", "one document: splintr encode_rayon (raw)"),
+                 ("500 files: tokpack.prepare --backend splintr", "500 files: read + splintr encode_batch (raw)"),
+                 ("500 files: tokpack.prepare", "500 files: read + encode_ordinary_batch"),
+                 ("tokpack.prepare --tokenizer", "tokenizers encode_batch (raw)"),
+                 ("tokpack.prepare --tokenizer", "tokenizers encode_batch_fast (raw)"))
+
+
 def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, workers: int, tmp: Path,
-                     count: Count) -> dict[str, Any]:
+                     count: Count, fast: bool) -> dict[str, Any]:
     """A folder of 500 small text files (the first documents, about 15 KB each), where the cost a
     file carries (opening, hashing, bookkeeping) shows: prepare against reading them and raw
-    ``encode_ordinary_batch``."""
+    ``encode_ordinary_batch``; with ``fast``, prepare with splintr against reading them and raw
+    splintr's ``encode_batch``."""
     folder = tmp / "small-files"
     folder.mkdir()
     for i, doc in enumerate(docs[:500]):
         (folder / f"{i:04d}.txt").write_text(doc, "utf-8")
     files = sorted(folder.iterdir())
     small = replace(config, inputs=(str(folder),), out_dir=str(tmp / "small-out"))
-    return {
+    runs = {
         "500 files: read + encode_ordinary_batch": count(
             "files_raw", lambda: sum(map(len, enc.encode_ordinary_batch([f.read_text("utf-8") for f in files],
                                                                         num_threads=workers)))),
         "500 files: tokpack.prepare": count("files_tokpack", lambda: _prepared_tokens(prepare(small))),
     }
+    if fast:
+        raw = SplintrBackend(enc).tokenizer
+        fast_small = replace(small, backend="splintr", out_dir=str(tmp / "small-fast"))
+        runs["500 files: read + splintr encode_batch (raw)"] = count(
+            "files_fast_raw", lambda: sum(len(ids) for ids in raw.encode_batch([f.read_text("utf-8") for f in files])))
+        runs["500 files: tokpack.prepare --backend splintr"] = count(
+            "files_fast", lambda: _prepared_tokens(prepare(fast_small)))
+    return runs
 
 
 def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, count: Count) -> dict[str, Any]:
@@ -163,6 +186,9 @@ def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, coun
             "one_tiktoken", lambda: _prepared_tokens(prepare(single))),
         "one document: tokpack.prepare --backend splintr": count(
             "one_fast", lambda: _prepared_tokens(prepare(replace(single, backend="splintr")))),
+        # splintr's own way with one large string: its threads within the text.
+        "one document: splintr encode_rayon (raw)": count(
+            "one_splintr_raw", lambda: len(raw.encode_rayon(text[:cut])) + len(raw.encode_rayon(text[cut:]))),
     }
 
 
@@ -204,7 +230,8 @@ def _report(times: dict[str, list[float]], counts: dict[str, int], docs: list[st
     def row(name: str, t: list[float]) -> dict[str, Any]:
         # The 500 small files are their own corpus, set against tokpack's run on them.
         files = name.startswith("500 files")
-        mine = "500 files: tokpack.prepare" if files else ours
+        mine = (f"500 files: tokpack.prepare{' --backend splintr' if 'splintr' in name else ''}" if files
+                else ours)
         return {"run": name, "seconds": statistics.median(t),
                 "tokens/s": (counts["files_raw"] if files else tokens) / statistics.median(t),
                 "tokpack time / this": 1 / ratio(times, mine, name), "rounds' range": ratio_range(times, mine, name, True)}
@@ -214,6 +241,10 @@ def _report(times: dict[str, list[float]], counts: dict[str, int], docs: list[st
     print(f"corpus: {corpus_mb:.1f} MB, {len(docs):,} documents, {tokens:,} tokens; "
           f"medians of {repeat} interleaved rounds")
     print(table(rows, ["run", "seconds", "tokens/s", "tokpack time / this", "rounds' range"]))
+    for mine, library in _SAME_LIBRARY:  # each backend against its own library, on the same input
+        if mine in times and library in times:
+            print(f"{mine}: {1 / ratio(times, mine, library):.2f}x the time of {library} "
+                  f"(rounds {ratio_range(times, mine, library, True)})")
     print(f"tokpack.prepare peak RSS on a {rss_megabytes or corpus_mb:.0f} MB corpus (own process): {rss:.0f} MB"
           + (f"; with --tokenizer {hf_rss:.0f} MB" if hf_rss else ""))
     names = list(times)
@@ -230,6 +261,10 @@ def _report(times: dict[str, list[float]], counts: dict[str, int], docs: list[st
             "splintr_prepare_vs_best_raw": min(ratio(times, splintr, n) for n in names[:2]),
             "splintr_prepare_time_over_raw_splintr": 1 / ratio(times, splintr, "splintr encode_batch (raw)"),
             "splintr_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend splintr", one),
+            "splintr_one_document_time_over_raw_splintr": 1 / ratio(
+                times, "one document: tokpack.prepare --backend splintr", "one document: splintr encode_rayon (raw)"),
+            "splintr_small_files_time_over_raw_splintr": 1 / ratio(
+                times, "500 files: tokpack.prepare --backend splintr", "500 files: read + splintr encode_batch (raw)"),
             "tiktoken_one_document_vs_raw": ratio(times, "one document: tokpack.prepare --backend tiktoken", one)}),
         "small_files_time_over_raw": 1 / ratio(times, "500 files: tokpack.prepare",
                                                "500 files: read + encode_ordinary_batch"),

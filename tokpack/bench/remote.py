@@ -219,9 +219,10 @@ def _training(client: Any, corpus: Path, tmp: Path, env: dict[str, str], rounds:
                              "limited": limited(workers)}, rounds)
         for name, runs in (("warm", times), ("cold", times), ("limited", walks)):
             figures[f"{name}_vs_local_{workers}_workers"] = round(ratio(runs, name, "local"), 3)
-        rows.append({"workers": workers, "local batches/s": 200 / min(times["local"]),
-                     "warm": ratio(times, "warm", "local"), "cold": ratio(times, "cold", "local"),
-                     "in order, half the split": ratio(walks, "limited", "local")})
+        rows.append({"workers": workers, "local batches/s": 200 / statistics.median(times["local"]),
+                     **{column: f"{ratio(runs, name, 'local'):.3g} ({ratio_range(runs, name, 'local')})"
+                        for column, name, runs in (("warm", "warm", times), ("cold", "cold", times),
+                                                   ("in order, half the split", "limited", walks))}})
     figures["limited_peak_disk_mb"] = round(peak[0] / 1e6, 1)
     figures["range_read_windows_per_s"] = round(_range_reads(folder, local), 1)
     print(f"a folder in the store: its train split fetched cold in {cold:.2f} s ({disk / 1e6 / cold:.0f} MB/s, "

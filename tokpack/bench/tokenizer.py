@@ -77,11 +77,12 @@ def bench_tokenizer(folder: Path, megabytes: float, vocab_size: int, rounds: int
     rows = [{"run": name, "seconds": statistics.median(t for t, _ in values),
              "peak MB": max(m for _, m in values)} for name, values in runs.items()]
     ours, raw = (list(values) for values in runs.values())
-    speed = statistics.median(r[0] / o[0] for o, r in zip(ours, raw))
+    speeds = [r[0] / o[0] for o, r in zip(ours, raw)]
+    speed = statistics.median(speeds)
     print(f"{megabytes:g} MB, {documents:,} documents, vocabulary {vocab_size:,}; medians of {rounds} interleaved "
           "rounds, each run in its own process")
     print(table(rows, ["run", "seconds", "peak MB"]))
-    print(f"tokpack's speed / rustbpe's: {speed:.2f}x")
+    print(f"tokpack's speed / rustbpe's: {speed:.2f}x (rounds {min(speeds):.2f}-{max(speeds):.2f})")
     compression = _compression(folder, compression_vocab)
     return {"bench": "tokenizer", "megabytes": megabytes, "vocab_size": vocab_size, "rounds": rounds,
             "speed_vs_rustbpe": speed, "runs": rows, "compression": compression}
