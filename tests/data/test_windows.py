@@ -23,8 +23,9 @@ def test_training_windows_are_shifted_reads_of_the_file(tmp_path):
     assert isinstance(batch, WindowBatch) and batch.x.shape == (3, 16)
     assert torch.equal(batch.x[:, 1:], batch.y[:, :-1])
     assert torch.equal(batch.x[1], ds[900][0]) and batch.x.is_contiguous() and batch.y.is_contiguous()
-    with pytest.raises(IndexError):
-        ds.__getitems__([len(ds)])
+    for bad in ([len(ds)], [3, -1], [2**63], np.array([-2])):  # refused by the view's bounds, never wrapped
+        with pytest.raises(IndexError, match="out of range"):
+            ds.__getitems__(bad)
 
 
 @pytest.mark.parametrize("n,T,S", [(1000, 16, 16), (1000, 16, 5), (1001, 16, 1), (17, 16, 16), (20, 16, 4), (300, 32, 31)])

@@ -265,17 +265,15 @@ class TokenWindows(Dataset):
 
     def gather(self, indices: Sequence[int]) -> CompactWindows:
         """The windows' T + 1 tokens as stored, one (B, T + 1) array, with what widening needs."""
-        if self.stride is None and len(self.split.files) == 1:  # the usual case: the rows of one sliding view
-            try:
-                # Unsigned, so that a negative index fails (numpy 2) or wraps past the end (numpy 1),
-                # where the view's own bounds refuse it: no separate check a batch.
-                rows = self._view(0)[1][np.asarray(indices, dtype=np.uint64)]  # type: ignore[index]
-            except (OverflowError, IndexError):
-                raise IndexError(f"window index out of range 0..{len(self) - 1}") from None
-            return CompactWindows(self.split.check_ids(rows), None, None, 0)
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.view(np.uint64) >= np.uint64(self.first[-1])).any():  # a negative one wraps past
+        try:  # as unsigned, a negative index wraps past the end: one comparison checks both bounds
+            idx = np.asarray(indices, dtype=np.int64)
+            inside = not idx.size or (idx.view(np.uint64) < np.uint64(self.first[-1])).all()
+        except OverflowError:  # beyond int64
+            inside = False
+        if not inside:
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
+        if self.stride is None and len(self.split.files) == 1:  # the usual case: the rows of one sliding view
+            return CompactWindows(self.split.check_ids(self._view(0)[1][idx]), None, None, 0)  # type: ignore[index]
         if len(self.split.files) == 1:  # one file, one gather, no per-file copy
             local = idx
             gathered, valid = self._read(0, idx * (self.stride or 1))
