@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, NamedTuple, Protocol
 RETRIES = 6  # attempts at one request, the first included (storage option "retries")
 BACKOFF_S = 0.2  # doubled after each failed attempt, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
-LOCAL_BUFFER_BYTES = 1 << 20
+READ_BUFFER_BYTES = 1 << 20  # an input stream's buffer at most (see read_buffer_bytes)
 BLOCK_BYTES = 3 << 20  # a remote stream's range: two in memory per open input (in use, fetched ahead)
 GLOB_CHARS = "*?["
 TIMEOUT_S = 60.0  # a connection or a read that waits longer is retried
@@ -54,6 +54,13 @@ class InputFile(Protocol):
     def local_path(self) -> Path | None: ...
 
     def open_stream(self) -> BinaryIO: ...
+
+
+def read_buffer_bytes(size: int) -> int:
+    """The read buffer of an input of ``size`` bytes: larger than io's 8 KB, since a jsonl line
+    longer than the buffer is read in pieces and joined (a tenth of a fast backend's run), but no
+    larger than the file, since a folder of small files would allocate one a file for nothing."""
+    return max(io.DEFAULT_BUFFER_SIZE, min(size, READ_BUFFER_BYTES))
 
 
 class LocalFile(type(Path())):  # type: ignore[misc]
@@ -86,10 +93,7 @@ class LocalFile(type(Path())):  # type: ignore[misc]
         return self
 
     def open_stream(self) -> BinaryIO:
-        # A buffer of up to a block, not io's 8 KB: a jsonl line longer than the buffer is read
-        # in pieces and joined, which was a tenth of a fast backend's run. No larger than the
-        # file: a folder of small files would allocate a block a file for nothing.
-        return open(self, "rb", buffering=max(io.DEFAULT_BUFFER_SIZE, min(self.size(), LOCAL_BUFFER_BYTES)))
+        return open(self, "rb", buffering=read_buffer_bytes(self.size()))
 
 
 def as_input(f: InputFile | str | os.PathLike) -> InputFile:
@@ -133,7 +137,7 @@ class RemoteFile:
         return None
 
     def open_stream(self) -> BinaryIO:
-        return io.BufferedReader(RetryingReader(self))  # type: ignore[return-value]
+        return io.BufferedReader(RetryingReader(self), read_buffer_bytes(self._size))  # type: ignore[return-value]
 
     def __str__(self) -> str:
         return redact(self.url)
