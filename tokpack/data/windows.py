@@ -272,12 +272,9 @@ class TokenWindows(Dataset):
             inside = False
         if not inside:
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
-        if self.stride is None and len(self.split.files) == 1:  # the usual case: the rows of one sliding view
-            return CompactWindows(self.split.check_ids(self._view(0)[1][idx]), None, None, 0)  # type: ignore[index]
-        if len(self.split.files) == 1:  # one file, one gather, no per-file copy
-            local = idx
-            gathered, valid = self._read(0, idx * (self.stride or 1))
-            return self._compact(gathered, valid, local)
+        if len(self.split.files) == 1:  # the usual case: one file, one gather, no per-file copy
+            gathered, valid = self._read(0, idx if self.stride is None else idx * self.stride)
+            return self._compact(gathered, valid, idx)
         file_of = np.searchsorted(self.first, idx, side="right") - 1
         local = idx - self.first[file_of]
         starts = local * (self.stride or 1)
