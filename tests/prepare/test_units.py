@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -16,9 +15,6 @@ from helpers import kill, make_docs, paused_at, write_docs
 from tokpack.format import read_meta
 from tokpack.prepare import units
 from tokpack.prepare.__main__ import main
-from tokpack.prepare.cluster import share_of
-from tokpack.prepare.units import input_sha256
-from tokpack.storage import LocalFile
 from tokpack.verify import verify_folder
 
 OPTIONS = ["--shard-tokens", "3000", "--unit-mb", "0.15", "--quiet", "--workers", "1"]
@@ -145,39 +141,6 @@ def test_an_input_edited_in_place_is_redone_even_with_its_old_mtime(tmp_path, co
     hashes = read_meta(out)["inputs"]["units_sha256"]
     assert hashes == read_meta(tmp_path / "fresh")["inputs"]["units_sha256"]
     assert hashes[0] != recorded[0] and hashes[1] == recorded[1]  # unit 0 redone, unit 1 kept
-
-
-def test_a_units_input_hash_covers_exactly_the_bytes_its_documents_come_from(tmp_path):
-    lines = [json.dumps({"text": f"doc {i} " * (i % 7 + 1)}) + "\n" for i in range(200)]
-    path = LocalFile(tmp_path / "web.jsonl")
-    path.write_text("".join(lines))
-    data = path.read_bytes()
-    sizes = {path: len(data)}
-    count = 5
-    shares = [share_of([path], sizes, unit, count) for unit in range(count)]
-    before = [input_sha256(share) for share in shares]
-    starts = np.cumsum([0] + [len(line) for line in lines])
-    for line in (0, 37, 38, 99, 199):  # each document's bytes belong to the unit that reads it
-        offset = int(starts[line]) + 2  # inside the line's text: the same length
-        path.write_bytes(data[:offset] + (b"X" if data[offset:offset + 1] != b"X" else b"Y") + data[offset + 1:])
-        owner = [u for u, share in enumerate(shares) if share[0][1] <= starts[line] < share[0][2]]
-        changed = [u for u in range(count) if input_sha256(shares[u]) != before[u]]
-        assert changed == owner, (line, changed, owner)
-    path.write_bytes(data)
-    assert [input_sha256(share) for share in shares] == before
-
-
-def test_an_input_hash_gives_up_once_its_unit_has_failed(tmp_path):
-    # A unit's input is hashed in a thread beside its tokenizing; a unit that fails sets ``stop``,
-    # so the failure is not held up until the rest of a large input is read and hashed.
-    path = LocalFile(tmp_path / "big.txt")
-    path.write_bytes(b"x" * (2 * units._BLOCK + 5))
-    share = [(path, 0, None)]
-    stop = threading.Event()
-    whole = input_sha256(share, stop)
-    assert whole == input_sha256(share) and len(whole) == 64
-    stop.set()
-    assert input_sha256(share, stop) == ""
 
 
 def _stopped_after_three_units(tmp_path, corpus, monkeypatch):

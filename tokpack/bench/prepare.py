@@ -24,7 +24,7 @@ from typing import Any
 
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
-from ..prepare.units import input_sha256
+from ..prepare.input_hash import input_sha256
 from ..storage import LocalFile
 from ..tokenizer import load_encoding
 from ..tokenizer.fast import SplintrBackend

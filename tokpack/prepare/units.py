@@ -41,6 +41,7 @@ from ..tokenizer import encode_in_order
 from ..verify import VerifyError, check_file, check_index
 from .cluster import Entry, share_of
 from .config import LLMC_SHARD_TOKENS, Plan
+from .input_hash import InputTap, input_sha256
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
 
 
@@ -61,46 +62,6 @@ def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(name, str) or not _UNIT_FILE.fullmatch(name):
             raise ValueError(f"a unit record names {name!r}, which is not a file a unit writes")
     return entries
-
-
-_BLOCK = 1 << 20
-
-
-def input_sha256(share: list[Entry], stop: threading.Event | None = None) -> str:
-    """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
-    the byte before ``lo`` (which decides where the first line starts) to the end of the last line
-    starting before ``hi``. A read, not a tokenization: a rerun re-reads it to prove a kept unit's
-    input unchanged, even by an edit of the same length under the old mtime. A remote object is
-    pinned by its size and version instead (``InputFile.pin``), which its store changes with its
-    bytes: reading it again would cost a second download. Once ``stop`` is set, it gives up (and
-    returns no hash) at the next block."""
-    digest = hashlib.sha256()
-    for path, lo, hi in share:
-        digest.update(f"{path}\t{lo}\t{hi}\n".encode("utf-8", "surrogateescape"))
-        pin = path.pin()
-        if pin is not None:
-            digest.update(f"pinned\t{pin}\n".encode())
-            continue
-        with path.open_stream() as f:
-            f.seek(max(lo - 1, 0))
-            left = None if hi is None else hi - max(lo - 1, 0)
-            last = b""
-            while left is None or left > 0:
-                if stop is not None and stop.is_set():
-                    return ""
-                block = f.read(_BLOCK if left is None else min(_BLOCK, left))
-                if not block:
-                    break
-                digest.update(block)
-                last = block[-1:]
-                left = None if left is None else left - len(block)
-            while hi is not None and last not in (b"\n", b""):  # on to the end of the line running past hi
-                block = f.read(_BLOCK)
-                end = block.find(b"\n")
-                digest.update(block if end < 0 else block[:end + 1])
-                last = b"\n" if end >= 0 else block[-1:]
-    return digest.hexdigest()
-
 
 
 def load(plan: Plan, unit: int) -> UnitRecord | None:
@@ -267,19 +228,23 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
     published at once, its index kept as a hidden part; else its files stay temporary for the
     leader to rename."""
     share = share_of(plan.files, plan.sizes, unit, plan.units)
-    # Hashed in a thread of its own while the unit is tokenized: the read and the hash, a few
-    # percent of the work, then fill the pipeline's idle start and end instead of coming before it.
+    passes = _passes(plan, share)
+    # Where the unit reads its input once, in order, and all of it whole files, the reader hashes
+    # what it reads. Anything else is hashed in a thread of its own while the unit is tokenized,
+    # where it fills the pipeline's idle start and end instead of coming before it.
+    tap = InputTap(share) if len(passes) == 1 and not plan.single and InputTap.fits(share) else None
     stop = threading.Event()  # a failed unit does not wait for its input to be hashed
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-input-hash") as hashing:
-        digest = hashing.submit(input_sha256, share, stop)
+        digest = tap.hexdigest if tap else hashing.submit(input_sha256, share, stop).result
         writers: dict[str, SplitWriter] = {}
         try:
             writers = open_writers(plan, unit)
-            for only, entries in _passes(plan, share):
-                tokenize(_encoded(plan, entries), writers, DocumentBuffer(plan.out, plan.config.seed), plan,
-                         sum(plan.sizes[f] for f, _, _ in entries), only)
+            for only, entries in passes:
+                tokenize(_encoded(plan, tap.share if tap else entries), writers,
+                         DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
+                         only)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
-            return finish(plan, unit, digest.result(), writers)
+            return finish(plan, unit, digest(), writers)
         except BaseException:
             stop.set()
             for writer in writers.values():
