@@ -26,6 +26,9 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
             "hf_prepare_vs_encode_batch", "hf_prepare_peak_rss_mb", "splintr_prepare_vs_best_raw",
             "splintr_one_document_vs_raw"} <= set(figures)
     assert figures["tokens"] > 100_000 and "tokpack time / this" in done.stdout
+    floor = figures["splintr_floor"]  # what a prepare computes beyond the encoder, each stage timed
+    assert floor["encoder_cpu_s"] > 0 and all(v > 0 for k, v in floor.items() if k.endswith("(for a resume)"))
+    assert floor["time_over_raw_at_least"] > 0 and "beyond the encoder" in done.stdout
 
 
 def test_bench_loader_runs_on_tiny_sizes(capsys):
@@ -56,7 +59,9 @@ def test_bench_packing_runs_and_matches_nanochats_rows(capsys):
     figures = _figures(capsys, ["packing", "--tokens", "60000", "--mean-length", "80", "--block-size", "64",
                                 "--batch-size", "4", "--batches", "3", "--buffer-size", "16", "--rounds", "1"])
     assert figures["identical_to_nanochat"] is True
-    assert {"packed_vs_nanochat", "packed_vs_windows", "packed_vs_windows_2_workers"} <= set(figures)
+    assert {"packed_vs_nanochat", "packed_vs_windows", "packed_vs_windows_2_workers",
+            "int64_from_workers_vs_rows"} <= set(figures)
+    assert set(figures["stages_us"]) == {"best fit", "gather", "widen"} and min(figures["stages_us"].values()) > 0
     assert [p["packing"] for p in figures["packings"]][:2] == ["aligned", "bestfit"]
     assert all(p["utilisation"] == 1.0 for p in figures["packings"][:3])
 

@@ -99,7 +99,9 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
     # With workers the packing and the reads happen there; the training process widens the batch.
     ours2 = iter(build_loader(packed, B, seed=0, num_workers=2, persistent_workers=True))
     windows2 = iter(build_loader(plain, B, seed=0, num_workers=2, persistent_workers=True))
-    next(ours2), next(windows2)  # the workers start outside the timing
+    finished = PackedInt64(split, T, packing="bestfit", buffer_size=buffer_size, bos_id=BOS)
+    ours2_int64 = iter(build_loader(finished, B, seed=0, num_workers=2, persistent_workers=True))
+    next(ours2), next(windows2), next(ours2_int64)  # the workers start outside the timing
     first, reference = next(ours), next(theirs)
     same = torch.equal(first.x, reference[0]) and torch.equal(first.y, reference[1])
     runs = {
@@ -108,6 +110,8 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
         "tokpack TokenWindows (no document structure)": lambda: [next(windows) for _ in range(batches)],
         "tokpack PackedDocuments bestfit, 2 workers": lambda: [next(ours2) for _ in range(batches)],
         "tokpack TokenWindows, 2 workers": lambda: [next(windows2) for _ in range(batches)],
+        "tokpack PackedDocuments bestfit, 2 workers sending int64 tensors": lambda: [next(ours2_int64)
+                                                                                 for _ in range(batches)],
     }
     times = interleaved(runs, rounds, warmup=True)
     names = list(times)
@@ -121,6 +125,7 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
           f"first batch identical to nanochat's: {'yes' if same else 'NO'}")
     print(table(rows, ["run", "rows/s", "packed / this", "rounds' range", "packed, 2 workers / this",
                        "2 workers range"]))
+    stages = _stages(packed, B, batches, rounds)
     packings = []
     for name, options in (("aligned", {"packing": "aligned"}), ("bestfit", {"packing": "bestfit"}),
                           ("bestfit, split_long", {"packing": "bestfit", "split_long": True}),
@@ -132,7 +137,34 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
     return {"bench": "packing", "B": B, "T": T, "tokens": len(flat), "documents": len(docs),
             "identical_to_nanochat": same, "packed_vs_nanochat": ratio(times, names[0], names[1]),
             "packed_vs_windows": ratio(times, names[0], names[2]),
-            "packed_vs_windows_2_workers": ratio(times, names[3], names[4]), "packings": packings}
+            "packed_vs_windows_2_workers": ratio(times, names[3], names[4]),
+            "int64_from_workers_vs_rows": ratio(times, names[3], names[5]), "stages_us": stages, "packings": packings}
+
+
+class PackedInt64(PackedDocuments):
+    """Packed rows whose loader workers send the finished int64 batch (torch's shared-memory
+    tensors) instead of the rows as stored, which the training process widens."""
+
+    def worker_copy(self) -> None:
+        return None
+
+
+def _stages(packed: PackedDocuments, B: int, batches: int, rounds: int) -> dict[str, float]:
+    """Microseconds a batch of the 0-worker loader's three stages: best fit's choices, the gather
+    of the rows' tokens and structure, the widening to int64."""
+    rows = list(itertools.islice(packed.rows(0, 0, 1, False), B * batches))
+    chunks = [rows[i:i + B] for i in range(0, len(rows), B)]
+    gathered = [packed.gather(chunk, checked=True) for chunk in chunks]
+    runs = {"best fit": lambda: sum(1 for _ in itertools.islice(packed.rows(0, 0, 1, False), B * batches)),
+            "gather": lambda: [packed.gather(chunk, checked=True) for chunk in chunks],
+            "widen": lambda: [g.widen() for g in gathered]}
+    times = interleaved(runs, rounds, warmup=True)
+    stages = {name: 1e6 * statistics.median(t) / batches for name, t in times.items()}
+    segments = sum(len(row) for row in rows) / len(rows)
+    print(f"0 workers, a batch of {B} rows ({B * segments:.0f} document segments): " +
+          ", ".join(f"{name} {us:.0f} us" for name, us in stages.items()) +
+          f" (medians of {rounds} interleaved rounds; best fit includes filling its buffer once)")
+    return stages
 
 
 def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size: int, buffer_size: int,

@@ -304,7 +304,7 @@ def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarr
                                        else (plan.workers, piece_chars, 2 * plan.workers))
 
     def encode(texts: list[str]) -> list[np.ndarray]:
-        return [ids.astype(plan.dtype) for ids in enc.encode_batch(texts)]
+        return [ids.astype(plan.dtype, copy=False) for ids in enc.encode_batch(texts)]
 
     return encode_in_order(pieces(_documents(plan, entries), piece_chars, enc.can_cut), encode, workers, batch_chars,
                            in_flight)
