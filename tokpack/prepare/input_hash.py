@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import threading
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..corpus import is_parquet
@@ -119,7 +120,7 @@ class _TappedFile:
     def identity(self) -> tuple[Any, ...]:
         return self.file.identity()
 
-    def local_path(self) -> Any:
+    def local_path(self) -> Path | None:
         return self.file.local_path()
 
     def open_stream(self) -> BinaryIO:
