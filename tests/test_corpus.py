@@ -5,6 +5,8 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tokpack import corpus
 from tokpack.corpus import ReadOptions, count_chars, documents, is_single_document, pieces, split_runs
@@ -215,3 +217,49 @@ def test_truncated_zstd_is_refused_not_read_short(tmp_path):
     (tmp_path / "cut.txt.zst").write_bytes(frames[:-7])
     with pytest.raises(ValueError, match="cut.txt.zst is not a readable zstd file .*truncated"):
         _texts(documents([tmp_path / "cut.txt.zst"], ReadOptions()))
+
+
+def _read_jsonl(folder, lines: list[bytes], errors: str = "strict") -> list[str] | str:
+    """The texts of a jsonl file of ``lines``, or the one line of its error."""
+    path = folder / "r.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    try:
+        return _texts(documents([path], ReadOptions(errors=errors)))
+    except ValueError as exc:
+        return str(exc)
+
+
+_EDGES = [b'{"text": "a", "text": "b"}', '\ufeff{"text": "a"}'.encode(), b'{"text": NaN}',
+          b'{"text": "x", "n": Infinity}', b'{"text": "x", "n": 123456789012345678901234567890}',
+          b'{"text": "x", "n": 1' + b"0" * 5000 + b"}", b'{"text": "a\\ud800b"}', b'{"text": "\\ud83d\\ude00"}',
+          b'{"text": "a\tb"}', b'{"text": "a\\u0000b"}', b' {"text": "a"} \r', b'{"text": "\xff"}',
+          b'{"text": "\xed\xa0\x80"}', b'{"text": 1e400}', b'{"text": "a", "d": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+          b'{"text": "a", "n": 01}', b'\xa0{"text": "a"}', b'{"text": "a"} x', b"[1]", b'{"other": "a"}',
+          b'{"text": ["a"]}', b'{"text": "\xe2\x80\xa8 \\/ \\u00e9"}']
+
+
+@pytest.mark.parametrize("errors", ["strict", "replace"])
+@pytest.mark.parametrize("line", _EDGES)
+def test_jsonl_records_read_the_same_with_and_without_orjson(tmp_path, monkeypatch, line, errors):
+    # With tokpack[fast], orjson parses a line; whatever it refuses goes to json, so every line
+    # gives the same text, or the same error, as json alone.
+    pytest.importorskip("orjson")
+    with_orjson = _read_jsonl(tmp_path, [line], errors)
+    monkeypatch.setattr(corpus, "orjson", None)
+    assert with_orjson == _read_jsonl(tmp_path, [line], errors)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(), others=st.dictionaries(st.text(max_size=5), _JSON, max_size=3), ascii_only=st.booleans())
+def test_any_record_reads_the_same_with_and_without_orjson(tmp_path, monkeypatch, text, others, ascii_only):
+    pytest.importorskip("orjson")
+    line = json.dumps({**others, "text": text}, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    with_orjson = _read_jsonl(tmp_path, [line])
+    monkeypatch.setattr(corpus, "orjson", None)
+    assert with_orjson == _read_jsonl(tmp_path, [line])
+    monkeypatch.undo()

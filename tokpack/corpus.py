@@ -27,6 +27,11 @@ from typing import Any, BinaryIO
 from .storage import InputFile, as_input
 from .tokenizer import safe_cut
 
+try:  # tokpack[fast]: jsonl records parsed in about half json's time (see _fast_text)
+    import orjson
+except ImportError:
+    orjson = None
+
 BLOCK_BYTES = 1 << 20
 UNCUT_WARN_CHARS = 1 << 20
 UNCUT_BYTES_PER_CHAR = 48  # tiktoken's peak on one long pre-token, measured on 5M and 20M chars
@@ -222,6 +227,37 @@ def _where(path: InputFile, number: int, start: int, cut: bool) -> str:
 
 def _jsonl_text(path: InputFile, number: int, cut: bool, line: bytes, start: int, errors: str, key: str) -> str:
     """The text field of one jsonl record, or a ValueError naming where it is (file and line)."""
+    value = _fast_text(line, key)
+    if value is None:
+        value = _json_text(path, number, cut, line, start, errors, key)
+    # UTF-8 cannot carry a surrogate, so a lone one comes from a \uD800-\uDFFF escape: only a
+    # text that is not ASCII (a flag Python keeps) from a line with "\ud" in it is searched.
+    surrogate = not value.isascii() and (b"\\ud" in line or b"\\uD" in line) and _SURROGATE.search(value)
+    if surrogate:
+        if errors != "replace":
+            raise ValueError(f"{_where(path, number, start, cut)} holds a lone surrogate ({surrogate.group()!a}) in "
+                             f"{key!r}, which is not text; fix the record or pass --errors replace")
+        value = _SURROGATE.sub("\ufffd", value)
+    return value
+
+
+def _fast_text(line: bytes, key: str) -> str | None:
+    """The record's text as orjson reads it, where it is installed and the line is an object whose
+    ``key`` is a string; else None, and json reads the line (and words any error). orjson refuses
+    whatever json would read otherwise (invalid UTF-8, a lone surrogate escape, NaN), so a line
+    gives json's text or goes to json."""
+    if orjson is None:
+        return None
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _json_text(path: InputFile, number: int, cut: bool, line: bytes, start: int, errors: str, key: str) -> str:
+    """The text field by json, or a ValueError naming where the record is (file and line)."""
     where = functools.partial(_where, path, number, start, cut)  # formatted only for an error
     try:
         text = line.decode("utf-8", errors)
@@ -241,14 +277,6 @@ def _jsonl_text(path: InputFile, number: int, cut: bool, line: bytes, start: int
     if not isinstance(value, str):
         raise ValueError(f"{where()} has {key!r} of type {type(value).__name__}, not a string; "
                          "fix the record or pass --jsonl-key with the text field's name")
-    # UTF-8 cannot carry a surrogate, so a lone one comes from a \uD800-\uDFFF escape: only a
-    # text that is not ASCII (a flag Python keeps) from a line with "\ud" in it is searched.
-    surrogate = not value.isascii() and (b"\\ud" in line or b"\\uD" in line) and _SURROGATE.search(value)
-    if surrogate:
-        if errors != "replace":
-            raise ValueError(f"{where()} holds a lone surrogate ({surrogate.group()!a}) in {key!r}, which is "
-                             "not text; fix the record or pass --errors replace")
-        value = _SURROGATE.sub("\ufffd", value)
     return value
 
 
