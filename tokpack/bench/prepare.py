@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import corpus
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
 from ..prepare.holdout import document_hash
@@ -146,6 +147,7 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, enc: Any,
     text = [doc.encode("utf-8") for doc in docs]
     lines = [line for f in files for line in f.read_bytes().splitlines()]
     written = [f for f in sorted(out.iterdir()) if f.suffix in (".bin", ".idx")]
+    parser = corpus.orjson or json  # as prepare reads jsonl
 
     def split_hash(data: bytes) -> bytes:
         digest = document_hash(key)
@@ -162,7 +164,7 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, enc: Any,
         return cpu, wall
 
     stages = {
-        "json.loads of every line": lambda: [json.loads(line) for line in lines],
+        f"parsing every line ({parser.__name__})": lambda: [parser.loads(line) for line in lines],
         "the split hash (blake2b) of every document": lambda: [split_hash(t) for t in text],
         "sha256 of the input (for a resume)": lambda: [hashlib.sha256(f.read_bytes()).digest() for f in files],
         "sha256 of the output (meta.json)": lambda: [hashlib.sha256(f.read_bytes()).digest() for f in written],
