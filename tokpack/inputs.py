@@ -19,7 +19,7 @@ from .storage import InputFile, LocalFile, expand, is_url
 
 def _walk(folder: Path) -> list[LocalFile]:
     """Files below ``folder``, sorted by their parts, hidden ones skipped; directory links are never
-    followed. A folder's path is parsed once, not once a file (a tenth of a small file's cost)."""
+    followed. A folder's path is parsed once, not once for each of its files."""
     found = []
     for root, dirs, names in os.walk(folder):  # os.walk does not descend into linked directories
         dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders: .git and kin
