@@ -56,11 +56,14 @@ def files(tmp_path):
     folder = write_docs(tmp_path / "corpus", make_docs(6, words=400))
     (folder / "web.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in make_docs(30, seed=3)))
     (folder / "more.txt.gz").write_bytes(gzip.compress("\n\n".join(make_docs(5, seed=4)).encode()))
+    zstandard = pytest.importorskip("zstandard")
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in make_docs(8, seed=6))
+    (folder / "zst.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
     return [LocalFile(f) for f in sorted(folder.iterdir())]
 
 
 def test_a_prepared_folders_input_hash_is_the_bytes_its_reader_took(tmp_path, files, monkeypatch):
-    # One unit of whole files (text, jsonl, gzip): hashed from the reader's own reads, never read
+    # One unit of whole files (text, jsonl, gzip, zstd): hashed from the reader's own reads, never read
     # again, and the same as a second read gives.
     def read_again(*args):
         raise AssertionError("the input was read again to be hashed")
