@@ -245,8 +245,9 @@ def test_jsonl_records_read_the_same_with_and_without_orjson(tmp_path, monkeypat
     # gives the same text, or the same error, as json alone.
     pytest.importorskip("orjson")
     with_orjson = _read_jsonl(tmp_path, [line], errors)
-    monkeypatch.setattr(corpus, "orjson", None)
-    assert with_orjson == _read_jsonl(tmp_path, [line], errors)
+    with monkeypatch.context() as without:
+        without.setattr(corpus, "orjson", None)
+        assert with_orjson == _read_jsonl(tmp_path, [line], errors)
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -260,6 +261,6 @@ def test_any_record_reads_the_same_with_and_without_orjson(tmp_path, monkeypatch
     pytest.importorskip("orjson")
     line = json.dumps({**others, "text": text}, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
     with_orjson = _read_jsonl(tmp_path, [line])
-    monkeypatch.setattr(corpus, "orjson", None)
-    assert with_orjson == _read_jsonl(tmp_path, [line])
-    monkeypatch.undo()
+    with monkeypatch.context() as without:
+        without.setattr(corpus, "orjson", None)
+        assert with_orjson == _read_jsonl(tmp_path, [line])
