@@ -28,7 +28,7 @@ from typing import Any
 from .. import corpus
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
-from ..prepare.holdout import document_hash
+from ..prepare.holdout import document_hash, document_key
 from ..prepare.input_hash import input_sha256
 from ..storage import LocalFile
 from ..tokenizer import load_encoding
@@ -143,7 +143,7 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, enc: Any,
     at least the encoder's CPU and these over the cores, which bounds how close to raw splintr's
     time it can come. Each the least of 3 runs."""
     raw = SplintrBackend(enc).tokenizer
-    key = seed.to_bytes(8, "little", signed=True)
+    key = document_key(seed)
     text = [doc.encode("utf-8") for doc in docs]
     lines = [line for f in files for line in f.read_bytes().splitlines()]
     written = [f for f in sorted(out.iterdir()) if f.suffix in (".bin", ".idx")]

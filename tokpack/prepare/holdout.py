@@ -59,6 +59,11 @@ def by_inputs(files: Sequence[InputFile], given: Sequence[str]) -> Holdout:
     return Holdout("inputs", None, frozenset(files), list(given))
 
 
+def document_key(seed: int) -> bytes:
+    """The key of ``document_hash`` for a run's ``--seed``."""
+    return seed.to_bytes(8, "little", signed=True)
+
+
 def document_hash(key: bytes) -> Any:
     """The hash a document's split is decided by: keyed by the seed, over its UTF-8 text."""
     return hashlib.blake2b(digest_size=8, key=key)
@@ -66,7 +71,7 @@ def document_hash(key: bytes) -> Any:
 
 def by_tokens(budget: int, files: Sequence[InputFile], enc: Encoder, eot: str, seed: int, options: ReadOptions) -> Holdout:
     """The threshold that makes val the smallest-hash documents holding at least ``budget`` tokens."""
-    key = seed.to_bytes(8, "little", signed=True)
+    key = document_key(seed)
     extra = 0 if eot == "none" else 1
     chosen: list[tuple[int, int]] = []  # (-hash, tokens): a max-heap of the smallest hashes
     held = 0

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
                       remove_own, replacing, tmp_path)
-from .holdout import document_hash
+from .holdout import document_hash, document_key
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
@@ -342,7 +342,7 @@ class DocumentBuffer:
 
     def __init__(self, folder: Path, seed: int):
         self.spill_path = tmp_path(folder / "spill")
-        self.key = seed.to_bytes(8, "little", signed=True)
+        self.key = document_key(seed)
         self._spill: BinaryIO | None = None
         self.reset()
 
