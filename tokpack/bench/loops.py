@@ -48,7 +48,11 @@ class BusyWindows(TokenWindows):
 
 def get_batch_nanogpt(path: Path, block_size: int, batch_size: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     data = np.memmap(path, dtype=np.uint16, mode="r")  # reopened every batch, as nanoGPT does
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=g)
+    return nanogpt_rows(data, torch.randint(len(data) - block_size, (batch_size,), generator=g), block_size)
+
+
+def nanogpt_rows(data: np.ndarray, ix: Any, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's ``get_batch`` rows: each window a slice widened on its own, x and y stacked."""
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
     return x, y
@@ -340,10 +344,7 @@ def bench_evaluate(folder: Path, block_size: int, batch_size: int, n_layer: int,
 
     def get_batch(k: int) -> tuple[torch.Tensor, torch.Tensor]:
         data = np.memmap(val.paths[0], dtype=val.dtype, mode="r")  # reopened every batch, as nanoGPT does
-        ix = starts[k * batch_size:(k + 1) * batch_size]
-        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
-        return x, y
+        return nanogpt_rows(data, starts[k * batch_size:(k + 1) * batch_size], block_size)
 
     runs = {"nanoGPT estimate_loss (batches built)": lambda: estimate_loss(batches.__getitem__, len(batches)),
             "nanoGPT estimate_loss (get_batch)": lambda: estimate_loss(get_batch, len(starts) // batch_size),
