@@ -99,10 +99,11 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             "resume check (input re-read and hashed)": lambda: input_sha256([(LocalFile(f), 0, None) for f in files]),
         }
         fast_skip = _fast_missing()
-        if fast_skip:
+        raw = None if fast_skip else SplintrBackend(enc).tokenizer  # the library itself, for every raw splintr run
+        if raw is None:
             print(f"tokpack.prepare --backend splintr: {fast_skip}")
         else:
-            runs.update(_fast_runs(config, docs, enc, Path(tmp), count))
+            runs.update(_fast_runs(config, docs, enc, raw, Path(tmp), count))
         if tokenizer:  # a Hugging Face tokenizer: prepare with it against its own batch encoding
             hf = load_encoding(tokenizer).library  # the tokenizers library's own Tokenizer
             hf_config = replace(config, encoding=tokenizer, backend="auto", out_dir=str(Path(tmp) / "hf"))
@@ -112,12 +113,12 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                 runs["tokenizers encode_batch_fast (raw)"] = count("hf_fast_raw", lambda: sum(
                     len(e.ids) for e in hf.encode_batch_fast(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
-        runs.update(_small_file_runs(docs, config, enc, workers, Path(tmp), count, not fast_skip))
+        runs.update(_small_file_runs(docs, config, enc, raw, workers, Path(tmp), count))
         runs.update(_command_runs(corpus, Path(tmp), workers, torchrun))
         if peers:
             runs.update(_peer_runs(files, Path(tmp), workers))
         times = interleaved(runs, repeat)
-        floor = None if fast_skip else _beyond_the_encoder(docs, files, Path(tmp) / "fast", enc, config.seed)
+        floor = None if raw is None else _beyond_the_encoder(docs, files, Path(tmp) / "fast", raw, config.seed)
         assert counts["one"] == counts["batch"] == counts["tokpack"], counts
         assert counts.get("hf_raw") == counts.get("hf") == counts.get("hf_fast_raw", counts.get("hf")), counts
         assert counts.get("fast", counts["one"]) == counts["one"], counts
@@ -137,12 +138,11 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             **({"splintr_floor": floor} if floor else {})}
 
 
-def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, enc: Any, seed: int) -> dict[str, float]:
+def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, raw: Any, seed: int) -> dict[str, float]:
     """The CPU a prepare spends beyond the encoder, stage by stage, on the same corpus, against raw
     splintr's own CPU (all its threads) and wall time: however well it overlaps, a prepare takes
     at least the encoder's CPU and these over the cores, which bounds how close to raw splintr's
     time it can come. Each the least of 3 runs."""
-    raw = SplintrBackend(enc).tokenizer
     key = document_key(seed)
     text = [doc.encode("utf-8") for doc in docs]
     lines = [line for f in files for line in f.read_bytes().splitlines()]
@@ -192,12 +192,12 @@ _SAME_LIBRARY = (("tokpack.prepare --backend splintr", "splintr encode_batch (ra
                  ("tokpack.prepare --tokenizer", "tokenizers encode_batch_fast (raw)"))
 
 
-def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, workers: int, tmp: Path,
-                     counted: Count, fast: bool) -> dict[str, Any]:
+def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, raw: Any, workers: int, tmp: Path,
+                     counted: Count) -> dict[str, Any]:
     """A folder of 500 small text files (the first documents, about 15 KB each), where the cost a
     file carries (opening, hashing, bookkeeping) shows: prepare against reading them and raw
-    ``encode_ordinary_batch``; with ``fast``, prepare with splintr against reading them and raw
-    splintr's ``encode_batch``."""
+    ``encode_ordinary_batch``; with splintr's tokenizer ``raw``, prepare with splintr against
+    reading them and its ``encode_batch``."""
     folder = tmp / "small-files"
     folder.mkdir()
     for i, doc in enumerate(docs[:500]):
@@ -222,8 +222,7 @@ def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, workers: 
                                                                         num_threads=workers)))),
         "500 files: tokpack.prepare": count("files_tokpack", lambda: _prepared_tokens(prepare(small))),
     }
-    if fast:
-        raw = SplintrBackend(enc).tokenizer
+    if raw is not None:
         fast_small = replace(small, backend="splintr", out_dir=str(tmp / "small-fast"))
         runs["500 files: read + splintr encode_batch (raw)"] = count(
             "files_fast_raw", lambda: sum(len(ids) for ids in raw.encode_batch([f.read_text("utf-8") for f in files])))
@@ -232,9 +231,10 @@ def _small_file_runs(docs: list[str], config: PrepareConfig, enc: Any, workers: 
     return runs
 
 
-def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, count: Count) -> dict[str, Any]:
-    """The accelerated backend, checked on its default share of pieces; and one large document,
-    for which raw tiktoken has one thread for one string while prepare cuts it safely."""
+def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, raw: Any, tmp: Path, count: Count) -> dict[str, Any]:
+    """The accelerated backend, checked on its default share of pieces, against splintr's own
+    tokenizer ``raw`` on the documents in memory; and one large document, for which raw tiktoken
+    has one thread for one string while prepare cuts it safely."""
     fast_config = replace(config, backend="splintr", out_dir=str(tmp / "fast"))
     one = tmp / "one" / "document.txt"
     one.parent.mkdir()
@@ -243,7 +243,6 @@ def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, tmp: Path, coun
     single = replace(config, inputs=(str(one),), out_dir=str(tmp / "one-out"))
     # prepare cuts a lone document into train and val at a character, as nanoGPT's recipe does.
     cut = int(len(text) * (1 - config.val_fraction))
-    raw = SplintrBackend(enc).tokenizer  # the library itself, on the documents in memory
     return {
         "splintr encode_batch (raw)": count("fast_raw", lambda: sum(len(ids) for ids in raw.encode_batch(docs))),
         "tokpack.prepare --backend splintr": count("fast", lambda: _prepared_tokens(prepare(fast_config))),
