@@ -175,8 +175,8 @@ def _token_losses(model: torch.nn.Module, out: Any, x: torch.Tensor, y: torch.Te
     losses = torch.empty(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=flat.device)
     # A slice of positions at a time: each row's loss is the same, but the softmax's scratch is a
     # few MB that is reused, where the whole batch's (B * T * vocabulary floats) is fresh memory.
-    step = (CE_ELEMENTS if flat.device.type == "cpu" else CE_ELEMENTS_ACCELERATOR) // max(1, flat.shape[-1])
-    step = max(1, step)
+    budget = CE_ELEMENTS if flat.device.type == "cpu" else CE_ELEMENTS_ACCELERATOR
+    step = max(1, budget // max(1, flat.shape[-1]))
     for lo in range(0, len(targets), step):
         losses[lo:lo + step] = F.cross_entropy(flat[lo:lo + step].to(losses.dtype), targets[lo:lo + step],
                                                ignore_index=IGNORE_INDEX, reduction="none")
