@@ -98,8 +98,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             # What a rerun adds to prove a kept unit's input unchanged: a read and a hash, no tokenizing.
             "resume check (input re-read and hashed)": lambda: input_sha256([(LocalFile(f), 0, None) for f in files]),
         }
-        fast_skip = _fast_missing()
-        raw = None if fast_skip else SplintrBackend(enc).tokenizer  # the library itself, for every raw splintr run
+        raw, fast_skip = _raw_splintr(enc)
         if raw is None:
             print(f"tokpack.prepare --backend splintr: {fast_skip}")
         else:
@@ -341,12 +340,13 @@ def _report(times: dict[str, list[float]], counts: dict[str, int], docs: list[st
     }
 
 
-def _fast_missing() -> str | None:
+def _raw_splintr(enc: Any) -> tuple[Any, str | None]:
+    """splintr's own tokenizer of ``enc``, for every raw splintr run; or None and why it is skipped."""
     try:
         import splintr  # noqa: F401
     except ImportError:
-        return 'skipped: splintr-rs is not installed (pip install "tokpack[fast]")'
-    return None
+        return None, 'skipped: splintr-rs is not installed (pip install "tokpack[fast]")'
+    return SplintrBackend(enc).tokenizer, None
 
 
 def _command(args: list[str]) -> Callable[[], None]:
