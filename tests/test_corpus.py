@@ -30,6 +30,26 @@ def test_resolve_files_folders_and_globs_in_order(tmp_path):
     assert rel == ["one.txt", "b/sub/a.txt", "b/z.txt", "two.jsonl"]
 
 
+def test_a_folder_lists_in_path_order_with_each_files_own_stat(tmp_path):
+    # Names that sort differently as strings than as paths ("a" before "a-b.txt" before "a/z.txt"
+    # as a string, but a folder's files come right after its name), a file link, a broken link.
+    c = tmp_path / "c"
+    for name in ("a/z.txt", "a/b/deep/x.txt", "a-b.txt", "a.txt", "B.txt", "a0/y.txt", ".git/HEAD", "a/.h.txt"):
+        (c / name).parent.mkdir(parents=True, exist_ok=True)
+        (c / name).write_text(name * 3)
+    (tmp_path / "target.txt").write_text("outside, linked in")
+    (c / "link.txt").symlink_to(tmp_path / "target.txt")
+    (c / "dead.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.warns(UserWarning, match="skipping .*dead.txt: not a regular file"):
+        got = resolve_inputs([c])
+    rel = [p.relative_to(c).as_posix() for p in got]
+    assert rel == sorted(rel, key=lambda r: r.split("/")) == [
+        "B.txt", "a/b/deep/x.txt", "a/z.txt", "a-b.txt", "a.txt", "a0/y.txt", "link.txt"]
+    for f in got:  # the stat the listing took is the file's (a link's target's) own
+        assert (f.size(), f.identity()) == (os.stat(f).st_size, (os.stat(f).st_dev, os.stat(f).st_ino))
+    assert got[-1].size() == len("outside, linked in")
+
+
 def test_resolve_errors_name_the_path_and_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nope.txt does not exist; pass a file"):
         resolve_inputs([tmp_path / "nope.txt"])

@@ -19,14 +19,39 @@ from .storage import InputFile, LocalFile, expand, is_url
 
 def _walk(folder: Path) -> list[LocalFile]:
     """Files below ``folder``, sorted by their parts, hidden ones skipped; directory links are never
-    followed. A folder's path is parsed once, not once for each of its files."""
-    found = []
-    for root, dirs, names in os.walk(folder):  # os.walk does not descend into linked directories
-        dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders: .git and kin
-        parent = LocalFile(root)
-        found += [((*parent.parts, n), parent) for n in names if not n.startswith(".")]
-    found.sort(key=lambda entry: entry[0])
-    return [parent / parts[-1] for parts, parent in found]
+    followed, and a folder that cannot be listed is passed over (as ``os.walk`` does). Each file
+    keeps the stat its listing took, and its folder's path is parsed once, not once a file."""
+    found: list[LocalFile] = []
+    # Folders still being read, each with its entries left, by name: depth first in that order
+    # lists every file in the order of its path's parts.
+    stack = [(LocalFile(folder), iter(_entries(folder)))]
+    while stack:
+        parent, entries = stack[-1]
+        for entry in entries:
+            if _is_dir(entry):
+                if not entry.is_symlink():
+                    stack.append((parent / entry.name, iter(_entries(entry.path))))
+                    break
+            else:
+                found.append(LocalFile.listed(parent, entry))
+        else:
+            stack.pop()
+    return found
+
+
+def _entries(folder: str | Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as listing:
+            return sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # a link to a folder counts as one (and is not descended into)
+    except OSError:
+        return False
 
 
 def _glob(raw: str) -> list[Path]:

@@ -72,6 +72,17 @@ class LocalFile(type(Path())):  # type: ignore[misc]
     def _info(self) -> os.stat_result:
         return os.stat(self)
 
+    @classmethod
+    def listed(cls, folder: LocalFile, entry: os.DirEntry) -> LocalFile:
+        """The file ``entry`` of a listing of ``folder``, with the stat it took (a link's
+        target's); one that fails (a broken link) is taken again when asked, and fails then."""
+        path = folder / entry.name
+        try:
+            path.__dict__["_info"] = entry.stat()
+        except OSError:
+            pass
+        return path
+
     def is_regular(self) -> bool:
         """A regular file (not a folder, pipe, socket or device), or False if it cannot be stat'ed."""
         try:
