@@ -126,3 +126,25 @@ def test_non_increasing_document_index_is_refused(prepared):
 def test_inspect_refuses_a_negative_count(prepared):
     with pytest.raises(ValueError, match="--count -5 must be at least 1"):
         describe(prepared, count=-5)
+
+
+def test_a_file_of_many_blocks_hashed_beside_its_reading_finds_damage_in_any_block(prepared, monkeypatch):
+    from tokpack import verify
+
+    monkeypatch.setattr(verify, "CHUNK_BYTES", 64)  # every file many blocks: the threaded hashing path
+    assert verify_folder(prepared)["val"] == read_meta(prepared)["splits"]["val"]["tokens"]
+    val = prepared / "val.bin"
+    good = val.read_bytes()
+    assert len(good) > 4 * 64 and len(good) % 64  # full blocks, then a short last one
+    for at in (0, 32 + 1, len(good) // 4, len(good) // 2 - 1):  # token positions: first, second, middle, last block
+        tokens = np.frombuffer(good, dtype=np.uint16).copy()
+        tokens[at] = tokens[at] + 1 if tokens[at] < 1000 else tokens[at] - 1  # still an id of the vocabulary
+        tokens.tofile(val)
+        with pytest.raises(VerifyError, match="has sha256"):
+            verify_folder(prepared)
+    tokens = np.frombuffer(good, dtype=np.uint16).copy()
+    tokens[100] = 60000  # in the fourth block, bytes 192..255
+    tokens.tofile(val)
+    _rehash(prepared, "val", "bin")
+    with pytest.raises(VerifyError, match="holds id 60000 near byte 192"):
+        verify_folder(prepared)

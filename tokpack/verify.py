@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,7 +25,7 @@ from .split import open_splits
 from .storage import is_url
 from .storage.cache import published
 
-CHUNK_BYTES = 1 << 22  # verify streams: memory is this, not the size of a file
+CHUNK_BYTES = 1 << 22  # verify streams: memory is two of these, not the size of a file
 
 
 class VerifyError(Exception):
@@ -45,17 +46,29 @@ def check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: in
 
 def check_stream(f: BinaryIO, where: str, info: dict, dtype: np.dtype | None = None, offset: int = 0,
                  n_vocab: int = 0) -> None:
-    """``check_file`` of an open stream (a local file, or a remote object read in ranges)."""
+    """``check_file`` of an open stream (a local file, or a remote object read in ranges). A block
+    is hashed in a thread while the next is read and its ids checked: sha256 is the slow part, and
+    it lets go of the GIL."""
     digest = hashlib.sha256()
     done = 0
-    while chunk := f.read(CHUNK_BYTES):
-        digest.update(chunk)
-        body = chunk[max(offset - done, 0):]
-        if dtype is not None and body:
-            top = int(np.frombuffer(body, dtype=dtype).max())
-            if top >= n_vocab:
-                raise VerifyError(f"{where} holds id {top} near byte {done}, n_vocab is {n_vocab}")
-        done += len(chunk)
+    with ThreadPoolExecutor(1, thread_name_prefix="tokpack-verify") as hashing:
+        hashed: Future[None] | None = None
+        while chunk := f.read(CHUNK_BYTES):
+            if hashed is not None:
+                hashed.result()
+                hashed = None
+            if len(chunk) < CHUNK_BYTES:  # the last block: hashed here (a small file starts no thread)
+                digest.update(chunk)
+            else:
+                hashed = hashing.submit(digest.update, chunk)
+            body = chunk[max(offset - done, 0):]
+            if dtype is not None and body:
+                top = int(np.frombuffer(body, dtype=dtype).max())
+                if top >= n_vocab:
+                    raise VerifyError(f"{where} holds id {top} near byte {done}, n_vocab is {n_vocab}")
+            done += len(chunk)
+        if hashed is not None:
+            hashed.result()
     if done != info["bytes"]:
         raise VerifyError(f"{where} is {done} bytes, meta.json says {info['bytes']}")
     if digest.hexdigest() != info["sha256"]:
