@@ -29,6 +29,9 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
     floor = figures["splintr_floor"]  # what a prepare computes beyond the encoder, each stage timed
     assert floor["encoder_cpu_s"] > 0 and all(v > 0 for k, v in floor.items() if k.endswith("(for a resume)"))
     assert floor["time_over_raw_at_least"] > 0 and "beyond the encoder" in done.stdout
+    end = figures["end_of_run"]  # the fsync at close, with write-back and without, and the final verify
+    assert end["megabytes"] > 0 and end["close_wait_none_s"] > 0 and end["verify_wall_s"] > 0
+    assert "the end of a run" in done.stdout
 
 
 def test_bench_loader_runs_on_tiny_sizes(capsys):

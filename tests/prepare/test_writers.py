@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 
 import numpy as np
+import pytest
 
+from tokpack.prepare import writers
 from tokpack.prepare.writers import HashingWriter
 
 
@@ -23,3 +27,36 @@ def test_buffered_writes_give_the_bytes_and_hash_of_every_write_in_order(tmp_pat
     data = b"".join(part.tobytes() for part in parts)
     assert writer.tmp.read_bytes() == data
     assert info == {"file": "train.bin", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_path, monkeypatch):
+    # The operating system's fdatasync, watched: how much of the file each write-back met.
+    synced: list[int] = []
+
+    def watched(fd):
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    real = writers._datasync
+    monkeypatch.setattr(writers, "_datasync", watched)
+    block = np.arange(writers.WRITEBACK_BYTES // 2, dtype=np.uint16)  # WRITEBACK_BYTES bytes a write
+    writer = HashingWriter(tmp_path / "train.bin")
+    for _ in range(3):
+        writer.write(block)
+    info = writer.close()
+    assert synced and synced[0] >= writers.WRITEBACK_BYTES  # before close, which fsyncs the rest
+    data = block.tobytes() * 3
+    assert writer.tmp.read_bytes() == data and info["sha256"] == hashlib.sha256(data).hexdigest()
+
+    def failing(fd):  # a disk error met by the write-back, not by a write
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writers, "_datasync", failing)
+    writer = HashingWriter(tmp_path / "val.bin")
+    with pytest.raises(OSError, match="Input/output error") as raised:  # at the next write-back, or at close
+        writer.write(block)
+        writer.write(block)
+        writer.close()
+    assert raised.value.filename == str(tmp_path / "val.bin")
+    writer.discard()
+    assert not writer.tmp.exists()

@@ -30,6 +30,7 @@ from ..cli import table
 from ..prepare import PrepareConfig, prepare
 from ..prepare.holdout import document_hash, document_key
 from ..prepare.input_hash import input_sha256
+from ..prepare.writers import WRITEBACK_BYTES, HashingWriter
 from ..storage import LocalFile
 from ..tokenizer import load_encoding
 from ..tokenizer.fast import SplintrBackend
@@ -118,14 +119,8 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
             runs.update(_peer_runs(files, Path(tmp), workers))
         times = interleaved(runs, repeat)
         floor = None if raw is None else _beyond_the_encoder(docs, files, Path(tmp) / "fast", raw, config.seed)
-        assert counts["one"] == counts["batch"] == counts["tokpack"], counts
-        assert counts.get("hf_raw") == counts.get("hf") == counts.get("hf_fast_raw", counts.get("hf")), counts
-        assert counts.get("fast", counts["one"]) == counts["one"], counts
-        assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
-        assert counts["files_raw"] == counts["files_tokpack"] == counts.get("files_fast", counts["files_raw"]), counts
-        assert counts.get("files_fast_raw", counts["files_raw"]) == counts["files_raw"], counts
-        assert counts.get("fast_raw", counts["one"]) == counts["one"], counts
-        assert counts.get("one_splintr_raw", counts.get("one_raw")) == counts.get("one_raw"), counts
+        end = _end_of_run(Path(tmp) / "out", Path(tmp) / "closing")
+        _same_tokens(counts)
         rss_corpus = corpus
         if rss_megabytes:
             rss_corpus = Path(tmp) / "rss-corpus"
@@ -134,7 +129,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
     return {**_report(times, counts, docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip),
-            **({"splintr_floor": floor} if floor else {})}
+            **({"splintr_floor": floor} if floor else {}), "end_of_run": end}
 
 
 def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, raw: Any, seed: int) -> dict[str, float]:
@@ -179,6 +174,56 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, raw: Any,
           f"at least {bound:.2f}x raw splintr's time")
     return {"encoder_cpu_s": encoder, "encoder_wall_s": encoder_wall, **costs,
             "beyond_over_encoder": sum(costs.values()) / encoder, "time_over_raw_at_least": bound}
+
+
+def _same_tokens(counts: dict[str, int]) -> None:
+    """Every run that tokenized the same text counted the same tokens (those that ran)."""
+    assert counts["one"] == counts["batch"] == counts["tokpack"], counts
+    assert counts.get("hf_raw") == counts.get("hf") == counts.get("hf_fast_raw", counts.get("hf")), counts
+    assert counts.get("fast", counts["one"]) == counts["one"], counts
+    assert counts.get("one_raw") == counts.get("one_tiktoken") == counts.get("one_fast"), counts
+    assert counts["files_raw"] == counts["files_tokpack"] == counts.get("files_fast", counts["files_raw"]), counts
+    assert counts.get("files_fast_raw", counts["files_raw"]) == counts["files_raw"], counts
+    assert counts.get("fast_raw", counts["one"]) == counts["one"], counts
+    assert counts.get("one_splintr_raw", counts.get("one_raw")) == counts.get("one_raw"), counts
+
+
+def _end_of_run(out: Path, scratch: Path, pause_s: float = 0.005) -> dict[str, float]:
+    """What a prepare waits for once its last token is written, on the run's own train.bin: the
+    fsync at close, with write-back started as prepare starts it and with none (the file written
+    again in 256 KB blocks at about a 2-core run's pace, ``pause_s`` apart), then the final
+    verify's wall and CPU time. Medians of 3 interleaved rounds."""
+    data = (out / "train.bin").read_bytes()
+    scratch.mkdir(exist_ok=True)
+
+    def close_wait(writeback: int | None) -> Callable[[], None]:
+        def run() -> None:
+            writer = HashingWriter(scratch / "train.bin", writeback)
+            for at in range(0, len(data), HashingWriter.BUFFER_BYTES):
+                writer.write(data[at:at + HashingWriter.BUFFER_BYTES])
+                time.sleep(pause_s)
+            started = time.perf_counter()
+            writer.close()
+            waits[writeback].append(time.perf_counter() - started)
+            writer.tmp.unlink()
+        return run
+
+    waits: dict[int | None, list[float]] = {WRITEBACK_BYTES: [], None: []}
+    interleaved({"write-back": close_wait(WRITEBACK_BYTES), "none": close_wait(None)}, 3)
+    verify_cpu, verify_wall = [], []
+    for _ in range(3):
+        cpu, wall = time.process_time(), time.perf_counter()
+        verify_folder(out)
+        verify_cpu.append(time.process_time() - cpu)
+        verify_wall.append(time.perf_counter() - wall)
+    end = {"megabytes": len(data) / 1e6, "close_wait_writeback_s": statistics.median(waits[WRITEBACK_BYTES]),
+           "close_wait_none_s": statistics.median(waits[None]), "verify_wall_s": statistics.median(verify_wall),
+           "verify_cpu_s": statistics.median(verify_cpu)}
+    print(f"the end of a run, {end['megabytes']:.0f} MB train.bin: the fsync at close waits "
+          f"{1e3 * end['close_wait_writeback_s']:.1f} ms with write-back every {WRITEBACK_BYTES >> 20} MiB, "
+          f"{1e3 * end['close_wait_none_s']:.1f} ms with none; the final verify takes {1e3 * end['verify_wall_s']:.1f} ms "
+          f"({1e3 * end['verify_cpu_s']:.1f} ms of CPU: its hashing overlaps its reading)")
+    return end
 
 
 SMALL_FILE_REPEATS = 5  # each small-file run's repeats within a round

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from .holdout import document_hash, document_key
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
+WRITEBACK_BYTES = 1 << 20  # a token file's bytes between the starts of its write-backs to disk
+_datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is POSIX; elsewhere, fsync
 
 
 @contextlib.contextmanager
@@ -60,18 +63,30 @@ def remove_temporaries(folder: Path, every_run: bool = False) -> None:
 class HashingWriter:
     """Appends bytes to a temporary file, hashing them on the way. Small writes (a document's
     tokens, its end-of-text) gather in a buffer, written and hashed a block at a time: per
-    write, that costs a copy instead of a call to the file and the hash each."""
+    write, that costs a copy instead of a call to the file and the hash each.
+
+    Every ``writeback_bytes`` a thread starts the file's write-back to disk (``fdatasync``; one
+    at a time, none queued) while tokenizing goes on, so the fsync at close waits for the last few
+    MB, not for the whole file: that wait is at the end of a run, where nothing else is left to do."""
 
     BUFFER_BYTES = 1 << 18
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, writeback_bytes: int | None = WRITEBACK_BYTES):
+        """Args:
+            path: the file's final name; it is written at a temporary name beside it.
+            writeback_bytes: bytes between write-backs; None starts none (the fsync at close does all).
+        """
         self.path = path
+        self.writeback_bytes = writeback_bytes
         self.tmp = tmp_path(path)
         self.sha256 = hashlib.sha256()
         self.nbytes = 0
         self._file: BinaryIO = open_new(self.tmp)
         self._buffer = bytearray(self.BUFFER_BYTES)
         self._used = 0
+        self._unsynced = 0
+        self._syncing: threading.Thread | None = None
+        self._sync_error: OSError | None = None
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
@@ -94,10 +109,34 @@ class HashingWriter:
         with named_errors(self.path):
             self._file.write(view)
         self.sha256.update(view)
+        self._unsynced += len(view)
+        due = self.writeback_bytes is not None and self._unsynced >= self.writeback_bytes
+        if due and not (self._syncing and self._syncing.is_alive()):
+            self._synced()
+            self._unsynced = 0
+            self._syncing = threading.Thread(target=self._sync, args=(self._file.fileno(),),
+                                             name="tokpack-writeback", daemon=True)
+            self._syncing.start()
+
+    def _sync(self, fd: int) -> None:
+        try:
+            _datasync(fd)
+        except OSError as exc:  # raised in the writer's thread, at its next write-back or its close
+            self._sync_error = exc
+
+    def _synced(self) -> None:
+        """Wait for the write-back under way, if any; a failed one (a disk error) raises here."""
+        if self._syncing is not None:
+            self._syncing.join()
+            self._syncing = None
+        if self._sync_error is not None:
+            with named_errors(self.path):
+                raise self._sync_error
 
     def close(self) -> dict[str, Any]:
         """Flush to disk and describe the file for meta.json; the caller renames it."""
         self._drain()
+        self._synced()
         with named_errors(self.path):
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -112,6 +151,8 @@ class HashingWriter:
         return [(str(self.tmp), str(self.path))]
 
     def discard(self) -> None:
+        if self._syncing is not None:  # the file is not closed under its write-back
+            self._syncing.join()
         _close_quietly(self._file)
         remove_own(self.tmp)
 
