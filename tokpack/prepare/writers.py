@@ -14,9 +14,9 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -66,8 +66,8 @@ class HashingWriter:
     write, that costs a copy instead of a call to the file and the hash each.
 
     Every ``writeback_bytes`` a thread starts the file's write-back to disk (``fdatasync``; one
-    at a time, none queued) while tokenizing goes on, so the fsync at close waits for the last few
-    MB, not for the whole file: that wait is at the end of a run, where nothing else is left to do."""
+    at a time, none queued) while tokenizing goes on, so the fsync at close waits for the last MiB
+    or so, not for the whole file: that wait comes at the end of a run, with nothing left to overlap."""
 
     BUFFER_BYTES = 1 << 18
 
@@ -85,8 +85,8 @@ class HashingWriter:
         self._buffer = bytearray(self.BUFFER_BYTES)
         self._used = 0
         self._unsynced = 0
-        self._syncing: threading.Thread | None = None
-        self._sync_error: OSError | None = None
+        self._writeback = ThreadPoolExecutor(1, thread_name_prefix="tokpack-writeback")  # its thread starts on use
+        self._syncing: Future[None] | None = None
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
@@ -111,32 +111,23 @@ class HashingWriter:
         self.sha256.update(view)
         self._unsynced += len(view)
         due = self.writeback_bytes is not None and self._unsynced >= self.writeback_bytes
-        if due and not (self._syncing and self._syncing.is_alive()):
+        if due and (self._syncing is None or self._syncing.done()):
             self._synced()
             self._unsynced = 0
-            self._syncing = threading.Thread(target=self._sync, args=(self._file.fileno(),),
-                                             name="tokpack-writeback", daemon=True)
-            self._syncing.start()
-
-    def _sync(self, fd: int) -> None:
-        try:
-            _datasync(fd)
-        except OSError as exc:  # raised in the writer's thread, at its next write-back or its close
-            self._sync_error = exc
+            self._syncing = self._writeback.submit(_datasync, self._file.fileno())
 
     def _synced(self) -> None:
         """Wait for the write-back under way, if any; a failed one (a disk error) raises here."""
-        if self._syncing is not None:
-            self._syncing.join()
-            self._syncing = None
-        if self._sync_error is not None:
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
             with named_errors(self.path):
-                raise self._sync_error
+                syncing.result()
 
     def close(self) -> dict[str, Any]:
         """Flush to disk and describe the file for meta.json; the caller renames it."""
         self._drain()
         self._synced()
+        self._writeback.shutdown()
         with named_errors(self.path):
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -151,8 +142,7 @@ class HashingWriter:
         return [(str(self.tmp), str(self.path))]
 
     def discard(self) -> None:
-        if self._syncing is not None:  # the file is not closed under its write-back
-            self._syncing.join()
+        self._writeback.shutdown()  # the file is not closed under its write-back
         _close_quietly(self._file)
         remove_own(self.tmp)
 
