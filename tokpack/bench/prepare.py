@@ -222,7 +222,7 @@ def _end_of_run(out: Path, scratch: Path, pause_s: float = 0.005) -> dict[str, f
     print(f"the end of a run, {end['megabytes']:.0f} MB train.bin: the fsync at close waits "
           f"{1e3 * end['close_wait_writeback_s']:.1f} ms with write-back every {WRITEBACK_BYTES >> 20} MiB, "
           f"{1e3 * end['close_wait_none_s']:.1f} ms with none; the final verify takes {1e3 * end['verify_wall_s']:.1f} ms "
-          f"({1e3 * end['verify_cpu_s']:.1f} ms of CPU: its hashing overlaps its reading)")
+          f"({1e3 * end['verify_cpu_s']:.1f} ms of CPU)")
     return end
 
 
