@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
+from tokpack.format import SHARD_HEADER_BYTES
 from tokpack.prepare import writers
-from tokpack.prepare.writers import HashingWriter
+from tokpack.prepare.writers import HashingWriter, ShardLayout, ShardWriter
 
 
 def test_buffered_writes_give_the_bytes_and_hash_of_every_write_in_order(tmp_path):
@@ -60,3 +61,42 @@ def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_p
     assert raised.value.filename == str(tmp_path / "val.bin")
     writer.discard()
     assert not writer.tmp.exists()
+
+
+def test_shards_start_their_write_back_as_they_fill_and_stay_whole(tmp_path, monkeypatch):
+    synced: list[int] = []
+
+    def watched(fd):
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    real = writers._datasync
+    monkeypatch.setattr(writers, "_datasync", watched)
+    shard = writers.WRITEBACK_BYTES  # tokens a shard: 2 MiB of uint16 each
+    tokens = np.random.default_rng(0).integers(0, 50257, 3 * shard + shard // 3).astype(np.uint16)
+    writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, shard, header=True), np.dtype(np.uint16))
+    for piece in np.array_split(tokens, 13):  # writes that straddle shard boundaries
+        writer.write(piece)
+    assert synced and min(synced) >= writers.WRITEBACK_BYTES  # while writing, not only at close
+    shards = writer.close()
+    for old, new in writer.renames():
+        os.replace(old, new)
+    read = np.concatenate([np.fromfile(tmp_path / s["file"], dtype=np.uint16)[SHARD_HEADER_BYTES // 2:] for s in shards])
+    assert read.tolist() == tokens.tolist()
+    assert all(hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest() == s["sha256"] for s in shards)
+
+
+def test_a_shards_failed_write_back_names_the_shard(tmp_path, monkeypatch):
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writers, "_datasync", failing)
+    writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, writers.WRITEBACK_BYTES, header=True),
+                         np.dtype(np.uint16))
+    with pytest.raises(OSError, match="Input/output error") as raised:
+        for _ in range(4):  # the first shard fills, is held, and is finished as the third opens
+            writer.write(np.zeros(writers.WRITEBACK_BYTES // 2, dtype=np.uint16))
+        writer.close()
+    assert raised.value.filename == str(tmp_path / "t_train_000000.bin")
+    writer.discard()
+    assert not list(tmp_path.iterdir())

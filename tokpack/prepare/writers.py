@@ -60,14 +60,51 @@ def remove_temporaries(folder: Path, every_run: bool = False) -> None:
         remove_own(tmp)
 
 
+class WriteBack:
+    """Starts a file's write-back to disk (``fdatasync``) in a thread every ``every`` bytes written,
+    one at a time, none queued, while tokenizing goes on: the fsync that publishes the file then
+    waits for the last MiB or so, not for all of it (at the end of a run, or mid-run as a shard
+    finishes, where the encoders would wait with it). A failed write-back (a disk error) raises in
+    the writer, at its next one or at ``wait``."""
+
+    def __init__(self, every: int | None):
+        self.every = every  # None: none, the fsync does all
+        self._unsynced = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-writeback")  # its thread starts on use
+        self._syncing: tuple[Future[None], Path] | None = None
+
+    def wrote(self, f: BinaryIO, nbytes: int, path: Path) -> None:
+        """``nbytes`` more were written to ``f`` (named ``path`` in errors)."""
+        self._unsynced += nbytes
+        busy = self._syncing is not None and not self._syncing[0].done()
+        if self.every is not None and self._unsynced >= self.every and not busy:
+            self.start(f, path)
+
+    def start(self, f: BinaryIO, path: Path) -> None:
+        """Start ``f``'s write-back now, after the one under way: a file just filled, before the next."""
+        if self.every is None:
+            return
+        self.wait()
+        self._unsynced = 0
+        self._syncing = self._pool.submit(_datasync, f.fileno()), path
+
+    def wait(self) -> None:
+        """Until the write-back under way is done: before its file is closed."""
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            with named_errors(syncing[1]):
+                syncing[0].result()
+
+    def close(self) -> None:
+        """No write-back runs after this; one under way is waited for (its error dropped: for discards)."""
+        self._pool.shutdown()
+
+
 class HashingWriter:
     """Appends bytes to a temporary file, hashing them on the way. Small writes (a document's
     tokens, its end-of-text) gather in a buffer, written and hashed a block at a time: per
-    write, that costs a copy instead of a call to the file and the hash each.
-
-    Every ``writeback_bytes`` a thread starts the file's write-back to disk (``fdatasync``; one
-    at a time, none queued) while tokenizing goes on, so the fsync at close waits for the last MiB
-    or so, not for the whole file: that wait comes at the end of a run, with nothing left to overlap."""
+    write, that costs a copy instead of a call to the file and the hash each. Its write-back to
+    disk starts as it goes (``WriteBack``)."""
 
     BUFFER_BYTES = 1 << 18
 
@@ -77,16 +114,13 @@ class HashingWriter:
             writeback_bytes: bytes between write-backs; None starts none (the fsync at close does all).
         """
         self.path = path
-        self.writeback_bytes = writeback_bytes
         self.tmp = tmp_path(path)
         self.sha256 = hashlib.sha256()
         self.nbytes = 0
         self._file: BinaryIO = open_new(self.tmp)
         self._buffer = bytearray(self.BUFFER_BYTES)
         self._used = 0
-        self._unsynced = 0
-        self._writeback = ThreadPoolExecutor(1, thread_name_prefix="tokpack-writeback")  # its thread starts on use
-        self._syncing: Future[None] | None = None
+        self._writeback = WriteBack(writeback_bytes)
 
     def write(self, data: bytes | np.ndarray) -> None:
         view = memoryview(data).cast("B")
@@ -109,25 +143,13 @@ class HashingWriter:
         with named_errors(self.path):
             self._file.write(view)
         self.sha256.update(view)
-        self._unsynced += len(view)
-        due = self.writeback_bytes is not None and self._unsynced >= self.writeback_bytes
-        if due and (self._syncing is None or self._syncing.done()):
-            self._synced()
-            self._unsynced = 0
-            self._syncing = self._writeback.submit(_datasync, self._file.fileno())
-
-    def _synced(self) -> None:
-        """Wait for the write-back under way, if any; a failed one (a disk error) raises here."""
-        syncing, self._syncing = self._syncing, None
-        if syncing is not None:
-            with named_errors(self.path):
-                syncing.result()
+        self._writeback.wrote(self._file, len(view), self.path)
 
     def close(self) -> dict[str, Any]:
         """Flush to disk and describe the file for meta.json; the caller renames it."""
         self._drain()
-        self._synced()
-        self._writeback.shutdown()
+        self._writeback.wait()
+        self._writeback.close()
         with named_errors(self.path):
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -142,7 +164,7 @@ class HashingWriter:
         return [(str(self.tmp), str(self.path))]
 
     def discard(self) -> None:
-        self._writeback.shutdown()  # the file is not closed under its write-back
+        self._writeback.close()  # the file is not closed under its write-back
         _close_quietly(self._file)
         remove_own(self.tmp)
 
@@ -188,6 +210,7 @@ class ShardWriter:
         self._starts = array.array("Q")  # document starts in the open shard
         self._pending = False  # a document starts with the next shard
         self._held: tuple[BinaryIO, int, int, array.array] | None = None  # a full shard: file, index, count, starts
+        self._writeback = WriteBack(WRITEBACK_BYTES)
 
     def _open(self) -> None:
         path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
@@ -214,6 +237,7 @@ class ShardWriter:
         """The open shard is done: it waits as the held one, and the one held before is finished."""
         if self._held is not None:
             self._finish(*self._held[:3])
+        self._writeback.start(self._file, self.paths[-1])  # type: ignore[arg-type]
         self._held, self._file = (self._file, len(self.paths) - 1, self._count, self._starts), None  # type: ignore
 
     def write(self, data: np.ndarray) -> None:
@@ -223,6 +247,7 @@ class ShardWriter:
             room = self.shard_tokens - self._count
             with named_errors(self.paths[-1]):
                 self._file.write(memoryview(data[:room]).cast("B"))  # type: ignore[union-attr]
+            self._writeback.wrote(self._file, min(room, len(data)) * self.dtype.itemsize, self.paths[-1])  # type: ignore[arg-type]
             self._count += min(room, len(data))
             data = data[room:]
             if self._count == self.shard_tokens:
@@ -266,6 +291,7 @@ class ShardWriter:
             header[:3] = (self.magic, self.version, count)
             f.seek(0)
             f.write(header.tobytes())
+        self._writeback.wait()  # none runs on the file as it is finished and closed
         with named_errors(self.paths[index]):
             f.flush()
             os.fsync(f.fileno())
@@ -293,12 +319,14 @@ class ShardWriter:
         if len(self.shards) == 1 < self.layout.min_shards:
             warnings.warn(f"{self.prefix.rstrip('_')} is one document, so one shard: modded-nanogpt's loader reads two "
                           "train shards at least; add documents", stacklevel=2)
+        self._writeback.close()
         return self.shards
 
     def renames(self) -> list[tuple[str, str]]:
         return [(str(tmp_path(path)), str(path)) for path in self.paths]
 
     def discard(self) -> None:
+        self._writeback.close()
         for f in (self._file, self._held[0] if self._held else None):
             if f is not None:
                 _close_quietly(f)
