@@ -244,12 +244,12 @@ class ShardWriter:
         while len(data):
             if self._file is None:
                 self._open()
-            room = self.shard_tokens - self._count
+            n = min(self.shard_tokens - self._count, len(data))
             with named_errors(self.paths[-1]):
-                self._file.write(memoryview(data[:room]).cast("B"))  # type: ignore[union-attr]
-            self._writeback.wrote(self._file, min(room, len(data)) * self.dtype.itemsize, self.paths[-1])  # type: ignore[arg-type]
-            self._count += min(room, len(data))
-            data = data[room:]
+                self._file.write(memoryview(data[:n]).cast("B"))  # type: ignore[union-attr]
+            self._writeback.wrote(self._file, n * self.dtype.itemsize, self.paths[-1])  # type: ignore[arg-type]
+            self._count += n
+            data = data[n:]
             if self._count == self.shard_tokens:
                 self._hold()
 
