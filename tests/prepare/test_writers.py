@@ -30,16 +30,25 @@ def test_buffered_writes_give_the_bytes_and_hash_of_every_write_in_order(tmp_pat
     assert info == {"file": "train.bin", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_path, monkeypatch):
-    # The operating system's fdatasync, watched: how much of the file each write-back met.
-    synced: list[int] = []
+@pytest.fixture
+def synced(monkeypatch) -> list[int]:
+    """The operating system's fdatasync, watched: the file's size each write-back met."""
+    sizes: list[int] = []
+    real = writers._datasync
 
     def watched(fd):
-        synced.append(os.fstat(fd).st_size)
+        sizes.append(os.fstat(fd).st_size)
         real(fd)
 
-    real = writers._datasync
     monkeypatch.setattr(writers, "_datasync", watched)
+    return sizes
+
+
+def _disk_error(fd):  # a disk error met by a write-back, not by a write
+    raise OSError(errno.EIO, "Input/output error")
+
+
+def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_path, monkeypatch, synced):
     block = np.arange(writers.WRITEBACK_BYTES // 2, dtype=np.uint16)  # WRITEBACK_BYTES bytes a write
     writer = HashingWriter(tmp_path / "train.bin")
     for _ in range(3):
@@ -49,10 +58,7 @@ def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_p
     data = block.tobytes() * 3
     assert writer.tmp.read_bytes() == data and info["sha256"] == hashlib.sha256(data).hexdigest()
 
-    def failing(fd):  # a disk error met by the write-back, not by a write
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(writers, "_datasync", failing)
+    monkeypatch.setattr(writers, "_datasync", _disk_error)
     writer = HashingWriter(tmp_path / "val.bin")
     with pytest.raises(OSError, match="Input/output error") as raised:  # at the next write-back, or at close
         writer.write(block)
@@ -63,15 +69,7 @@ def test_write_back_starts_while_writing_and_its_disk_error_names_the_file(tmp_p
     assert not writer.tmp.exists()
 
 
-def test_shards_start_their_write_back_as_they_fill_and_stay_whole(tmp_path, monkeypatch):
-    synced: list[int] = []
-
-    def watched(fd):
-        synced.append(os.fstat(fd).st_size)
-        real(fd)
-
-    real = writers._datasync
-    monkeypatch.setattr(writers, "_datasync", watched)
+def test_shards_start_their_write_back_as_they_fill_and_stay_whole(tmp_path, synced):
     shard = writers.WRITEBACK_BYTES  # tokens a shard: 2 MiB of uint16 each
     tokens = np.random.default_rng(0).integers(0, 50257, 3 * shard + shard // 3).astype(np.uint16)
     writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, shard, header=True), np.dtype(np.uint16))
@@ -87,10 +85,7 @@ def test_shards_start_their_write_back_as_they_fill_and_stay_whole(tmp_path, mon
 
 
 def test_a_shards_failed_write_back_names_the_shard(tmp_path, monkeypatch):
-    def failing(fd):
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(writers, "_datasync", failing)
+    monkeypatch.setattr(writers, "_datasync", _disk_error)
     writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, writers.WRITEBACK_BYTES, header=True),
                          np.dtype(np.uint16))
     with pytest.raises(OSError, match="Input/output error") as raised:
