@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import shutil
 import statistics
@@ -36,7 +35,7 @@ from ..tokenizer import load_encoding
 from ..tokenizer.fast import SplintrBackend
 from ..verify import verify_folder
 from . import peers as peer_tools
-from .timing import interleaved, machine, ratio, ratio_range
+from .timing import interleaved, least_cpu_and_wall, machine, ratio, ratio_range
 
 
 def synthetic_corpus(folder: Path, megabytes: float, shard_mb: float = 16) -> list[str]:
@@ -148,15 +147,6 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, raw: Any,
         digest.update(data)
         return digest.digest()
 
-    def least(fn: Callable[[], Any]) -> tuple[float, float]:
-        """The least CPU and wall seconds of 3 runs."""
-        cpu = wall = math.inf
-        for _ in range(3):
-            start, started = time.process_time(), time.perf_counter()
-            fn()
-            cpu, wall = min(cpu, time.process_time() - start), min(wall, time.perf_counter() - started)
-        return cpu, wall
-
     stages = {
         f"parsing every line ({parser.__name__})": lambda: [parser.loads(line) for line in lines],
         "the split hash (blake2b) of every document": lambda: [split_hash(t) for t in text],
@@ -164,8 +154,8 @@ def _beyond_the_encoder(docs: list[str], files: list[Path], out: Path, raw: Any,
         "sha256 of the output (meta.json)": lambda: [hashlib.sha256(f.read_bytes()).digest() for f in written],
         "the final verify": lambda: verify_folder(out),
     }
-    encoder, encoder_wall = least(lambda: raw.encode_batch(docs))
-    costs = {name: least(fn)[0] for name, fn in stages.items()}
+    encoder, encoder_wall = least_cpu_and_wall(lambda: raw.encode_batch(docs))
+    costs = {name: least_cpu_and_wall(fn)[0] for name, fn in stages.items()}
     cores = machine()["cores"]
     bound = (encoder + sum(costs.values())) / cores / encoder_wall
     print(f"beyond the encoder, CPU seconds (raw splintr: {encoder:.3f} on all its threads, {encoder_wall:.3f} of "
@@ -191,8 +181,8 @@ def _same_tokens(counts: dict[str, int]) -> None:
 def _end_of_run(out: Path, scratch: Path, pause_s: float = 0.005) -> dict[str, float]:
     """What a prepare waits for once its last token is written, on the run's own train.bin: the
     fsync at close, with write-back started as prepare starts it and with none (the file written
-    again in 256 KB blocks at about a 2-core run's pace, ``pause_s`` apart), then the final
-    verify's wall and CPU time. Medians of 3 interleaved rounds."""
+    again in 256 KB blocks at about a 2-core run's pace, ``pause_s`` apart; medians of 3
+    interleaved rounds), then the final verify's wall and CPU time (the least of 3 runs)."""
     data = (out / "train.bin").read_bytes()
     scratch.mkdir(exist_ok=True)
 
@@ -210,15 +200,9 @@ def _end_of_run(out: Path, scratch: Path, pause_s: float = 0.005) -> dict[str, f
 
     waits: dict[int | None, list[float]] = {WRITEBACK_BYTES: [], None: []}
     interleaved({"write-back": close_wait(WRITEBACK_BYTES), "none": close_wait(None)}, 3)
-    verify_cpu, verify_wall = [], []
-    for _ in range(3):
-        cpu, wall = time.process_time(), time.perf_counter()
-        verify_folder(out)
-        verify_cpu.append(time.process_time() - cpu)
-        verify_wall.append(time.perf_counter() - wall)
+    verify_cpu, verify_wall = least_cpu_and_wall(lambda: verify_folder(out))
     end = {"megabytes": len(data) / 1e6, "close_wait_writeback_s": statistics.median(waits[WRITEBACK_BYTES]),
-           "close_wait_none_s": statistics.median(waits[None]), "verify_wall_s": statistics.median(verify_wall),
-           "verify_cpu_s": statistics.median(verify_cpu)}
+           "close_wait_none_s": statistics.median(waits[None]), "verify_wall_s": verify_wall, "verify_cpu_s": verify_cpu}
     print(f"the end of a run, {end['megabytes']:.0f} MB train.bin: the fsync at close waits "
           f"{1e3 * end['close_wait_writeback_s']:.1f} ms with write-back every {WRITEBACK_BYTES >> 20} MiB, "
           f"{1e3 * end['close_wait_none_s']:.1f} ms with none; the final verify takes {1e3 * end['verify_wall_s']:.1f} ms "

@@ -25,6 +25,16 @@ def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
     return result, best
 
 
+def least_cpu_and_wall(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, float]:
+    """``fn``'s least CPU seconds (this process, every thread) and least wall seconds over ``repeat`` runs."""
+    cpu = wall = float("inf")
+    for _ in range(repeat):
+        start, started = time.process_time(), time.perf_counter()
+        fn()
+        cpu, wall = min(cpu, time.process_time() - start), min(wall, time.perf_counter() - started)
+    return cpu, wall
+
+
 def per_second(fn: Callable[[], Any], count: int, repeat: int = 1) -> float:
     """``count`` items over ``fn``'s best wall time."""
     return count / timed(fn, repeat)[1]
