@@ -238,18 +238,22 @@ def write_llmc_tokenizer(enc, path: Path) -> Path:
 
 
 class RangeServer:
-    """An HTTP server on 127.0.0.1 (a free port) serving ``files`` by path with Range requests and
-    ETags, as object stores and CDNs do, with faults injected per path: ``faults[path]`` is a queue
-    of "503" (a transient error), "403", and for requests of a body, "reset" (the connection
-    dropped halfway through it), "stall" (no answer until the server stops) or "gone" (404: the
-    object deleted since it was listed). ``requests`` records (method, path, range)."""
+    """An HTTP server on 127.0.0.1 (a free port) serving ``files`` by path with Range requests,
+    ETags and conditional requests (``If-Match``: 412 when the object is another now), as object
+    stores and CDNs do, with faults injected per path: ``faults[path]`` is a queue of "503" (a
+    transient error), "403", and for requests of a body, "reset" (the connection dropped halfway
+    through it), "stall" (no answer until the server stops), "gone" (404: the object deleted since
+    it was listed) or "change" (served, then the object is replaced by ``changed[path]``).
+    ``validators=False`` serves neither ETag nor Last-Modified, as some plain web servers do;
+    ``gzip_paths`` are sent with ``Content-Encoding: gzip``. ``requests`` records (method, path, range)."""
 
-    def __init__(self, files: dict[str, bytes]):
+    def __init__(self, files: dict[str, bytes], validators: bool = True, gzip_paths: tuple[str, ...] = ()):
+        import gzip
         import hashlib
         import http.server
         import threading
 
-        self.files, self.faults, self.requests = files, {}, []
+        self.files, self.faults, self.requests, self.changed = files, {}, [], {}
         self.stopping = threading.Event()
         server = self
 
@@ -263,7 +267,7 @@ class RangeServer:
                 path = self.path.split("?")[0]
                 server.requests.append((self.command, path, self.headers.get("Range")))
                 queue = server.faults.get(path) or [None]
-                fault = queue.pop(0) if body or queue[0] not in ("reset", "stall", "gone") else None
+                fault = queue.pop(0) if body or queue[0] not in ("reset", "stall", "gone", "change") else None
                 if fault == "stall":
                     server.stopping.wait()
                     return
@@ -273,6 +277,14 @@ class RangeServer:
                     self.end_headers()
                     return
                 data = server.files[path]
+                if path in gzip_paths:
+                    data = gzip.compress(data, mtime=0)
+                etag = f'"{hashlib.sha1(data).hexdigest()}"'
+                if self.headers.get("If-Match") not in (None, "*", etag):
+                    self.send_response(412)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 lo, hi = 0, len(data) - 1
                 ranged = self.headers.get("Range", "").startswith("bytes=")
                 if ranged:
@@ -281,13 +293,18 @@ class RangeServer:
                 self.send_response(206 if ranged else 200)
                 self.send_header("Content-Length", str(hi - lo + 1))
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+                if validators:
+                    self.send_header("ETag", etag)
+                if path in gzip_paths:
+                    self.send_header("Content-Encoding", "gzip")
                 if ranged:
                     self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
                 self.end_headers()
                 if not body:
                     return
                 chunk = data[lo:hi + 1]
+                if fault == "change":
+                    server.files[path] = server.changed[path]
                 if fault == "reset":
                     self.wfile.write(chunk[:len(chunk) // 2])
                     self.wfile.flush()

@@ -20,6 +20,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .storage import scrub
+
 # The one definition of a user error: it becomes one line, never a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
 
@@ -35,7 +37,12 @@ _OS_FIXES = {
 
 
 def error_line(exc: BaseException) -> str:
-    """A user error's message, with the file and the fix an OSError leaves out."""
+    """A user error's message, with the file and the fix an OSError leaves out, and no URL's
+    credentials, whoever wrote it."""
+    return scrub(_message(exc))
+
+
+def _message(exc: BaseException) -> str:
     message = str(exc)
     if not isinstance(exc, OSError):
         return message
@@ -49,7 +56,7 @@ def error_line(exc: BaseException) -> str:
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
-    print(f"tokpack: warning: {message}", file=sys.stderr)
+    print(f"tokpack: warning: {scrub(str(message))}", file=sys.stderr)
 
 
 class Terminated(BaseException):

@@ -152,6 +152,42 @@ def every_file(info: SplitInfo) -> list[FileEntry]:
     return [*split_files(info), info["idx"], *([info["megatron_idx"]] if "megatron_idx" in info else [])]
 
 
+# The most bytes of JSON tokpack reads as one of its own records (meta.json, a unit record, a
+# cache record): a million shards' entries fit; a planted file of gigabytes is refused unread.
+JSON_LIMIT = 256 << 20
+
+
+def read_file(path: Path, what: str, fix: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``what`` names it in errors."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist; {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{what} {path} is not a regular file; {fix}")
+        data = f.read(min(info.st_size, limit) + 1)  # a file that grew since is caught below too
+        if len(data) > limit:
+            raise ValueError(f"{what} {path} is {max(info.st_size, len(data)):,} bytes, more than the {limit:,} a "
+                             f"{what} may have; {fix}")
+        return data
+
+
+def load_json(raw: bytes | str, where: str, fix: str, limit: int = JSON_LIMIT) -> Any:
+    """JSON that tokpack did not necessarily write, bounded in size and depth: too large, nested
+    deeper than the interpreter's recursion limit (200,000 ``[`` would overflow the parser's
+    stack), or not JSON, it is one ``ValueError`` naming ``where`` and ``fix``."""
+    if len(raw) > limit:
+        raise ValueError(f"{where} is {len(raw):,} bytes, more than the {limit:,} tokpack reads as JSON; {fix}")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{where} is JSON nested too deeply to read; {fix}") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{where} is not valid JSON ({exc}); {fix}") from None
+
+
 def read_meta(folder: str | Path) -> Meta:
     """The meta.json of a prepared folder, checked for a format this version reads."""
     path = Path(folder) / META_NAME
@@ -160,15 +196,15 @@ def read_meta(folder: str | Path) -> Meta:
             f"{path} is missing: {folder} is not a complete prepared folder; "
             "run python -m tokpack.prepare to (re)create it"
         )
-    return parse_meta(path.read_bytes(), str(path))
+    return parse_meta(read_file(path, "meta.json", _META_FIX, JSON_LIMIT), str(path))
+
+
+_META_FIX = "rerun python -m tokpack.prepare --force"
 
 
 def parse_meta(raw: bytes, path: str) -> Meta:
     """A meta.json's bytes (read from ``path``), checked as ``read_meta`` checks them."""
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); rerun python -m tokpack.prepare --force") from None
+    meta = load_json(raw, path, _META_FIX)
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version != FORMAT_VERSION:
         raise ValueError(
@@ -265,7 +301,7 @@ def foreign_format(path: Path) -> ForeignFormat | None:
 
 def _is_litdata_index(path: Path) -> bool:
     try:
-        index = json.loads(path.read_text("utf-8")) if path.is_file() else None
+        index = load_json(read_file(path, "index", "", JSON_LIMIT), str(path), "") if path.is_file() else None
     except (OSError, ValueError):
         return False
     return isinstance(index, dict) and "chunks" in index and "config" in index

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
+
+from .format import load_json
 
 C = TypeVar("C")
 
@@ -160,7 +161,7 @@ def _scalar(kind: Any) -> Any:
 
 def _json_object(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = load_json(raw, "the option", "")
     except ValueError:
         value = None
     if not isinstance(value, dict):

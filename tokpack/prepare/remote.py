@@ -2,15 +2,19 @@
 
     python -m tokpack.prepare corpus/ --out-dir s3://bucket/edu --spool-dir /nvme/spool
 
-The run is a sharded one written into a local spool (``--spool-dir``, default the system's
-temporary folder; a fresh folder inside it, removed at the end). As each unit finishes, its
-shards and index part are uploaded while the next unit is tokenized, then its record (the unit's
-commit), and its shards leave the spool: the spool holds two units' shards at most (about 2
-bytes a token of ``--unit-mb`` MB of text each, 0.6 GB at the default) plus the document index
-parts. At the end the merged indexes are
-uploaded, then meta.json, the folder's commit: readers refuse the folder until it stands, and a
-run killed before it leaves the uploaded units, which the rerun keeps (each unit's record, input
-and uploaded sizes checked, as a local rerun checks its files).
+The run is the one the same command makes into a local folder named as the URL's last part
+(so the bucket holds the same files, bytes and names: llm.c shards are named after their
+folder), made in a local spool (``--spool-dir``, default the system's temporary folder; a fresh
+folder inside it, removed at the end, and one a killed run left is removed by the next run there).
+A flat run is made whole in the spool (its token files: about 2 bytes a token), verified, and
+uploaded; like a local flat run it is not resumed. A sharded run (``--shard-tokens``, ``--format
+llmc``) uploads each unit as it finishes, while the next unit is tokenized, then its record (the
+unit's commit), and its shards leave the spool: the spool holds two units' shards at most (about
+2 bytes a token of ``--unit-mb`` MB of text each, 0.6 GB at the default) plus the document index
+parts. At the end the merged indexes are uploaded, then meta.json, the folder's commit: readers
+refuse the folder until it stands, and a sharded run killed before it leaves the uploaded units,
+which the rerun keeps (each unit's record, input and uploaded sizes checked, as a local rerun
+checks its files).
 
 Before any work: a probe object is written and removed (credentials that can read but not write
 fail here, in one line), the folder is locked with ``.tokpack.lock`` created only if absent
@@ -24,10 +28,13 @@ left by a killed run of this host (its pid gone) is taken over; one from elsewhe
 
 from __future__ import annotations
 
-import json
+import errno
+import fcntl
 import os
 import re
+import shutil
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,21 +43,30 @@ from ..format import DATA_FILE, META_NAME, UNIT_RECORD, UnitRecord, every_file, 
 from ..storage import open_store
 from . import units
 from .config import Plan
-from .folder import merged_indexes
+from .writers import json_bytes
 
 LOCK = ".tokpack.lock"
 _OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)}|\.tokpack-unit-\d{{5}}\.json|"
                   r"\.(?:train|val)\.idx\.u\d{5}|\.tokpack-probe-[0-9a-f]{32}")
+# A lock as a run writes it: pid@host and a random token. Anything else is shown as foreign, not echoed.
+_HOLDER = re.compile(rb"(\d{1,10})@([A-Za-z0-9._-]{1,253}) [0-9a-f]{32}")
+SPOOL_PREFIX = "tokpack-spool-"
+SPOOL_MARK = ".tokpack-spool"  # locked by the run that made the spool: one that is unlocked was a killed run's
+
+
+def _holder(held: bytes | None) -> tuple[int, str] | None:
+    """(pid, host) of a lock a run wrote, or None for any other bytes."""
+    found = _HOLDER.fullmatch(held or b"")
+    return (int(found.group(1)), found.group(2).decode()) if found else None
 
 
 def _dead_here(held: bytes | None) -> bool:
     """Whether a lock was taken by a process of this host that is gone (a killed run)."""
-    who = (held or b"").decode("utf-8", "replace").split(" ")[0]
-    pid, _, host = who.partition("@")
-    if host != socket.gethostname() or not pid.isdigit():
+    who = _holder(held)
+    if who is None or who[1] != socket.gethostname():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(who[0], 0)
     except ProcessLookupError:
         return True
     except PermissionError:
@@ -67,6 +83,9 @@ class RemoteFolder:
         self.stale: set[str] = set()
         self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
         self.locked = False
+        # The local run is made in a folder of this name, so that llm.c shards, named after their
+        # folder, have the names a local run into a folder of that name gives them.
+        self.name = self.root.rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "tokpack"
 
     def _key(self, name: str) -> str:
         return self.store.key(name)
@@ -99,9 +118,11 @@ class RemoteFolder:
         held = self._read(LOCK)
         if held != self.token.encode():
             if not self.force and not _dead_here(held):
-                holder = (held or b"?")[:80].decode("utf-8", "replace")
-                raise ValueError(f"{self.where} is being written by another tokpack.prepare ({holder}); wait for it, "
-                                 "or if that run is dead, pass --force to take the folder over")
+                who = _holder(held)
+                holder = (f"another tokpack.prepare (pid {who[0]} on {who[1]})" if who else
+                          f"a {LOCK} that tokpack did not write ({len(held or b''):,} bytes)")
+                raise ValueError(f"{self.where} is being written by {holder}; wait for it, or if that run is dead, "
+                                 "pass --force to take the folder over")
             self._call(LOCK, lambda: self.fs.pipe_file(key, self.token.encode()))
         self.locked = True
 
@@ -161,18 +182,15 @@ class RemoteFolder:
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
         self._call(name, lambda: self.fs.put_file(str(plan.out / name), self._key(name)))
 
-    def publish(self, plan: Plan, meta: dict[str, Any], parts: list[UnitRecord]) -> None:
-        """The merged indexes, then meta.json (the commit); then the units' records and index
-        parts, and an older corpus's files this one does not list, go."""
-        for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
-            os.replace(tmp, final)
-            name = Path(final).name
-            self._call(name, lambda: self.fs.put_file(final, self._key(name)))
-        body = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
+        """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``
+        (a sharded run's records and index parts), and an older corpus's files this one does not
+        list, go."""
+        for name in uploads:
+            self._call(name, lambda: self.fs.put_file(str(spool / name), self._key(name)))
+        body = json_bytes(meta)
         self._call(META_NAME, lambda: self.fs.pipe_file(self._key(META_NAME), body))
         new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
-        leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
-        leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
         for name in leftovers + sorted(self.stale - new):
             try:
                 self._call(name, lambda: self.fs.rm_file(self._key(name)))
@@ -184,3 +202,51 @@ class RemoteFolder:
             self._call(LOCK, lambda: self.fs.rm_file(self._key(LOCK)))
         self.locked = False
 
+
+
+class Spool:
+    """The local folder a remote run is made in: a fresh folder in ``spool_dir`` (None: the
+    system's temporary folder), removed at the end. One that a killed run left behind (its marker
+    no longer locked) is removed by the next run that spools there."""
+
+    def __init__(self, spool_dir: str | None):
+        self.base = Path(spool_dir or tempfile.gettempdir())
+
+    def __enter__(self) -> Spool:
+        self._sweep()
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=self.base))
+            self._mark = os.open(self.path / SPOOL_MARK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._mark, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise ValueError(f"--spool-dir {self.base} cannot hold a spool ({exc.strerror}); give a writable "
+                             "folder") from None
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)  # the run's own folder
+        os.close(self._mark)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ValueError(f"the spool folder {self.base} is full ({exc.strerror}): a remote run is made there "
+                             "before it is uploaded (a flat run's whole token files, a sharded run's two units); "
+                             "give --spool-dir a folder on a disk with room") from None
+
+    def _sweep(self) -> None:
+        """Remove the spools of killed runs: folders of the spool's name whose marker no process holds."""
+        try:
+            found = [e for e in os.scandir(self.base) if e.name.startswith(SPOOL_PREFIX)
+                     and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return  # the spool's own creation says what is wrong
+        for entry in found:
+            try:
+                fd = os.open(os.path.join(entry.path, SPOOL_MARK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # no marker: not a spool tokpack can prove it made
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live run's
+            finally:
+                os.close(fd)
+            shutil.rmtree(entry.path, ignore_errors=True)

@@ -16,8 +16,6 @@ import hashlib
 import math
 import os
 import resource
-import shutil
-import tempfile
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,15 +27,16 @@ from ..cli import USER_ERRORS
 from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import launched_world, process_group
-from ..format import FORMAT_VERSION, SPLITS, InputsInfo, Meta, SplitInfo, UnitRecord, remove_leftovers
+from ..format import (FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file,
+                      remove_leftovers)
 from ..inputs import resolve_groups
 from ..storage import InputFile, is_url, redact
 from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
-from .folder import OutputFolder, check_out_dir, publish_parts, retire
-from .remote import RemoteFolder
+from .folder import OutputFolder, check_out_dir, merged_indexes, publish_parts, retire
+from .remote import RemoteFolder, Spool
 from .writers import remove_temporaries
 
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
@@ -149,48 +148,63 @@ def _prepare_task(config: PrepareConfig, task: int, count: int, started: float) 
 
 
 def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
-    """A run published unit by unit to a remote folder through a local spool (``tokpack.prepare.remote``)."""
+    """A run published to a remote folder (``tokpack.prepare.remote``): the same run as into a
+    local folder of the URL's last name, in a local spool, then uploaded; a sharded run uploads
+    each unit as it finishes."""
     assert config.out_dir is not None
     if config.format == "megatron":
         raise ValueError("--format megatron writes one .bin/.idx pair a split on one disk; publish flat or llmc "
                          "folders to a URL, or prepare locally and copy")
     folder = RemoteFolder(config.out_dir, config.storage_options, config.force)
-    try:
-        spool = Path(tempfile.mkdtemp(prefix="tokpack-spool-", dir=config.spool_dir))
-    except OSError as exc:
-        raise ValueError(f"--spool-dir {config.spool_dir} cannot hold a spool ({exc.strerror}); give a writable "
-                         "folder") from None
-    try:
+    with Spool(config.spool_dir) as spool:
         # The run itself writes the local spool: the options of the remote folder are not its own.
         remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
-        local = dataclasses.replace(config, out_dir=str(spool), force=False, spool_dir=None,
+        local = dataclasses.replace(config, out_dir=str(spool.path / folder.name), force=False, spool_dir=None,
                                     storage_options=config.storage_options if remote_inputs else None)
-        plan = make_plan(local, 1, started, independent=True)
+        plan = make_plan(local, 1, started)
         folder.begin()
         try:
-            # A unit uploads while the next one is tokenized: at most two units' shards in the spool.
-            with OutputFolder(spool), ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
-                parts: list[UnitRecord] = []
-                uploading: Future[None] | None = None
-                for unit in range(plan.units):
-                    part = folder.kept(plan, unit)
-                    if part is None:
-                        part = units.run_unit(plan, unit)
-                        if uploading is not None:
-                            uploading.result()
-                        uploading = uploader.submit(folder.upload, plan, part)
-                    parts.append(part)
-                if uploading is not None:
-                    uploading.result()
-                meta = _meta(plan, parts)
-                folder.publish(plan, meta, parts)
+            meta = _publish_units(plan, folder) if plan.sharded else _publish_flat(plan, folder)
         finally:
             folder.release()
-    finally:
-        shutil.rmtree(spool, ignore_errors=True)  # the run's own temporary folder
     result = _result(meta, plan, started, True)
     result["stats"]["out_dir"] = redact(config.out_dir)
     return result
+
+
+def _publish_flat(plan: Plan, folder: RemoteFolder) -> dict[str, Any]:
+    """A flat run made whole in the spool, as a local run makes it, then its files uploaded."""
+    with process_group() as dist:
+        meta = _run(plan, Ranks(dist))
+    folder.publish(plan.out, meta, [f["file"] for info in meta["splits"].values() for f in every_file(info)], [])
+    return meta
+
+
+def _publish_units(plan: Plan, folder: RemoteFolder) -> dict[str, Any]:
+    """A sharded run's units, each uploaded while the next is tokenized (at most two units' shards
+    in the spool), those a killed run uploaded kept; then the merged indexes and meta.json."""
+    with OutputFolder(plan.out), ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
+        parts: list[UnitRecord] = []
+        uploading: Future[None] | None = None
+        for unit in range(plan.units):
+            part = folder.kept(plan, unit)
+            if part is None:
+                part = units.run_unit(plan, unit)
+                if uploading is not None:
+                    uploading.result()
+                uploading = uploader.submit(folder.upload, plan, part)
+            parts.append(part)
+        if uploading is not None:
+            uploading.result()
+        meta = _meta(plan, parts)
+        indexes = []
+        for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
+            os.replace(tmp, final)
+            indexes.append(Path(final).name)
+        leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
+        leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
+        folder.publish(plan.out, meta, indexes, leftovers)
+    return meta  # type: ignore[return-value]
 
 
 def _result(meta: dict[str, Any], plan: Plan, started: float, leader: bool) -> dict[str, Any]:

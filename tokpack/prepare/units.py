@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, count_chars, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD,
+from ..format import (MEGATRON_NAME, load_json, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD,
                       UNIT_RECORD_GLOB, UnitPart, UnitRecord, remove_own, write_megatron_index)
 from ..tokenizer import encode_in_order
 from ..verify import VerifyError, check_file, check_index
@@ -81,7 +81,7 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str) -> UnitRecord
     files and was made from the input as it is now (else None, with a warning if the input
     changed): what a rerun keeps, once the files it names are found as recorded."""
     try:
-        record = json.loads(raw or b"null")
+        record = load_json(raw or b"null", where, "it is redone")
         if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
             return None
         record_files(record)
@@ -134,7 +134,7 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any] | None, list[str]]]:
         if not named:
             continue
         try:
-            record = json.loads(path.read_text("utf-8"))
+            record = load_json(path.read_bytes(), str(path), "it is redone")
             names = [entry["file"] for entry in record_files(record)]
             if not isinstance(record.get("fingerprint"), str):
                 raise ValueError("no fingerprint")
@@ -160,7 +160,8 @@ def recorded_files(out: Path) -> set[str]:
 def recorded(out: Path, unit: int, expected: str) -> bool:
     """Whether ``unit`` has a record of this run (not yet checked as ``load`` checks it)."""
     try:
-        return json.loads((out / UNIT_RECORD.format(unit)).read_text("utf-8")).get("fingerprint") == expected
+        path = out / UNIT_RECORD.format(unit)
+        return load_json(path.read_bytes(), str(path), "it is redone").get("fingerprint") == expected
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -218,7 +219,7 @@ def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
         return ShardLayout(f"{plan.out.resolve().name}_{split}_{tag}", 0 if split == "val" or tag else 1,
                            config.shard_tokens or LLMC_SHARD_TOKENS, header=True, at_documents=at_documents,
                            min_shards=2 if split == "train" and plan.units == 1 else 1)
-    if config.shard_tokens or tag:
+    if config.shard_tokens or plan.sharded:  # a sharded run's one unit too: its records name shards
         return ShardLayout(f"{split}_{tag}", 0, config.shard_tokens or None, header=False, at_documents=at_documents)
     return None
 

@@ -446,8 +446,13 @@ class DocumentBuffer:
             remove_own(self.spill_path)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """meta.json's and a record's bytes: one spelling, so a published folder is the local one."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     with replacing(path) as f:
-        f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        f.write(json_bytes(obj))
         f.flush()
         os.fsync(f.fileno())

@@ -22,9 +22,11 @@ import errno
 import functools
 import io
 import os
+import re
 import stat
 import time
 import urllib.parse
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -118,19 +120,75 @@ def is_url(raw: str) -> bool:
     return bool(sep) and scheme.replace("+", "").isalnum() and scheme != "file"
 
 
+WEB = ("http", "https")  # URLs whose "?" starts a query and "#" a fragment; elsewhere both are a key's characters
+# A URL's user information wherever it stands in a text: what no message may carry.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@]*@")
+_SECRETS: set[str] = set()  # the user information of every URL opened, scrubbed from every message
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """(scheme, user information, the rest) of a URL; user information "" where it has none. Only
+    a web URL's host may hold ":" (a port), so elsewhere a ":" before the first "/" starts a secret
+    that may itself hold "/" (AWS secret keys do)."""
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc or (":" in netloc and scheme not in WEB and "@" in rest):
+        userinfo, _, host_on = rest.rpartition("@") if "@" not in netloc else rest.partition("@")
+        return scheme, userinfo, host_on
+    return scheme, "", rest
+
+
 def redact(url: str) -> str:
-    """``url`` without user information, query or fragment: what tokpack shows and records."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+    """``url`` as tokpack shows and records it: without user information, and a web URL without
+    its query and fragment (where signed URLs carry their keys). An object's key stays whole:
+    ``s3://b/a#b.jsonl`` and ``s3://b/a?b.jsonl`` are two objects."""
+    if "://" not in url:
+        return url
+    scheme, _, rest = _split_userinfo(url)
+    if scheme in WEB:
+        rest = rest.split("#", 1)[0].split("?", 1)[0]
+    return f"{scheme}://{rest}"
+
+
+def scrub(text: str) -> str:
+    """``text`` (a message, whoever wrote it) without the user information of any URL in it, nor
+    of any URL tokpack opened (a library may quote a part of one: a bucket name, a host)."""
+    text = _USERINFO.sub(r"\1", text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def check_url(raw: str) -> str:
+    """``raw`` as tokpack opens it: a web URL's user information (HTTP basic authentication) is
+    remembered so that no message shows it; any other store's credentials in a URL are refused,
+    since its library would quote them in its errors."""
+    scheme, userinfo, _ = _split_userinfo(raw)
+    if userinfo:
+        _SECRETS.update(part for part in (userinfo, *userinfo.split(":", 1)) if len(part) >= 4)
+        if scheme not in WEB:
+            raise ValueError(f"{redact(raw)} carries credentials in the URL, where they would show in messages and "
+                             "records; drop them from the URL and give them in --storage-options (key, secret, "
+                             "token) or the environment (AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS, ...)")
+    return raw
+
+
+class Changed(Exception):
+    """An object read in ranges is no longer the version it was listed as."""
 
 
 class RemoteFile:
-    """An object in a store fsspec reaches, found by ``expand``."""
+    """An object in a store fsspec reaches, found by ``expand``. Its ``version`` (a version id,
+    generation, ETag or modification time) pins it; every range is read from that version or
+    refused: a web object's ranges carry ``If-Match`` with its strong ETag (or
+    ``If-Unmodified-Since`` with its Last-Modified), and another store's file is compared with the
+    version listed when it is opened (s3fs then sends its ETag with every range). An object with
+    no version at all (a plain web server's) is pinned by its bytes instead."""
 
-    def __init__(self, fs: Any, path: str, url: str, size: int, version: str, retries: int = RETRIES):
+    def __init__(self, fs: Any, path: str, url: str, size: int, version: str, retries: int = RETRIES,
+                 conditions: dict[str, str] | None = None):
         self.fs, self.path, self.url, self._size, self.version = fs, path, url, size, version
-        self.retries = retries
+        self.retries, self.conditions = retries, conditions or {}
         key = urllib.parse.urlsplit(path).path if "://" in path else path  # a web URL's query is no part of it
         self.name = key.rstrip("/").rsplit("/", 1)[-1]
         self.suffix = os.path.splitext(self.name)[1]
@@ -139,10 +197,12 @@ class RemoteFile:
         return self._size
 
     def pin(self) -> str | None:
-        return f"{self._size}:{self.version}"
+        return f"{self._size}:{self.version}" if self.version else None  # None: its bytes are hashed
 
     def identity(self) -> tuple[Any, ...]:
-        return ("url", redact(self.url))
+        """The whole URL but its user information: a key's "#" or "?", a web URL's query, tell objects apart."""
+        scheme, _, rest = _split_userinfo(self.url)
+        return ("url", f"{scheme}://{rest}")
 
     def local_path(self) -> Path | None:
         return None
@@ -219,7 +279,11 @@ class RetryingReader(io.RawIOBase):
     def _fetch(self, pos: int) -> bytes:
         def read() -> bytes:
             if self._f is None:
-                self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES, cache_type="none")
+                options = {"headers": self.file.conditions} if self.file.conditions else {}
+                self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES, cache_type="none", **options)
+                opened = _version(getattr(self._f, "details", None) or {})
+                if self.file.version and opened and opened != self.file.version:
+                    raise Changed(f"version {opened} where {self.file.version} was listed")
             self._f.seek(pos)
             return self._f.read(BLOCK_BYTES)
 
@@ -248,19 +312,33 @@ class RetryingReader(io.RawIOBase):
 
 def _permanent(exc: BaseException) -> str | None:
     """The fix for an error retrying cannot cure, or None for a transient one."""
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    status = _status(exc)
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "the local disk is full: free space, or give the cache a cache_limit that fits or another cache_dir"
-    if type(exc).__name__ == "FileExpired":  # fsspec: another version than the one listed
-        return "it was replaced while being read: rerun when it is stable"
+    if type(exc).__name__ == "FileExpired" or isinstance(exc, Changed) or status == 412:
+        # fsspec's, tokpack's own and a web server's word for another version than the one listed
+        return "it changed while being read, so nothing read from it is used: rerun when it is stable"
+    if isinstance(status, int) and (status >= 500 or status in (408, 429)):
+        return None
+    if status in (401, 403) or isinstance(exc, PermissionError):
+        where = f" (HTTP {status})" if status else ""
+        return f"access is denied{where}: check the credentials (environment, profile or --storage-options)"
     if isinstance(exc, FileNotFoundError) or status == 404:
         return "it does not exist: check the URL"
-    if isinstance(exc, PermissionError) or status in (401, 403):
-        return "access is denied: check the credentials (environment, profile or --storage-options)"
     if isinstance(status, int) and (400 <= status < 500 or status == 501) and status not in (408, 429):
         return f"the store answered {status}: check the URL and the options"
     if isinstance(exc, (ValueError, TypeError, NotImplementedError)):
         return f"{exc}; check the URL and --storage-options"
+    return None
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status behind an error: its own, or that of the response fsspec's web filesystem
+    turned into a FileNotFoundError (it does so for a 403, a 412 or a 503 alike)."""
+    for error in (exc, exc.__cause__):
+        status = getattr(error, "status", None) or getattr(error, "status_code", None)
+        if isinstance(status, int):
+            return status
     return None
 
 
@@ -329,6 +407,7 @@ class Store(NamedTuple):
 def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
     """The store ``raw`` names, opened with ``options`` (``--storage-options``); its listings are
     read afresh (fsspec keeps them per filesystem, and a second run must see the store as it is)."""
+    check_url(raw)
     try:
         import fsspec
     except ImportError:
@@ -353,22 +432,6 @@ def _version(info: dict[str, Any]) -> str:
     return ""
 
 
-def _web_status(url: str) -> int | None:
-    """The HTTP status of a HEAD request for ``url`` (None when there is no answer)."""
-    import urllib.error
-    import urllib.request
-
-    parts = urllib.parse.urlsplit(url)
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # urllib takes no userinfo
-    try:
-        with urllib.request.urlopen(urllib.request.Request(bare, method="HEAD"), timeout=10) as answer:
-            return answer.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return None
-
-
 def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     """The objects a URL names, sorted: one object, every object below a prefix (hidden names
     skipped, as in local folders), or a glob's matches."""
@@ -381,14 +444,7 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
         if not infos:
             raise FileNotFoundError(f"glob {where!r} matches no object; check the pattern")
     else:
-        try:
-            info = store.call("", lambda: fs.info(path))
-        except ValueError:
-            status = _web_status(raw) if web else None
-            if status in (401, 403):  # fsspec's web filesystem says "not found" for a denied request
-                raise ValueError(f"{where}: access is denied (HTTP {status}): check the credentials (headers in "
-                                 "--storage-options client_kwargs)") from None
-            raise
+        info = store.call("", lambda: fs.info(path))
         if info.get("type") == "directory" and not web:
             infos = [i for i in store.call("", lambda: fs.find(path, detail=True)).values()
                      if not any(part.startswith(".") for part in i["name"][len(path):].split("/"))]
@@ -399,5 +455,25 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     out = []
     for info in sorted(infos, key=lambda i: i["name"]):
         url = raw if len(infos) == 1 and info["name"] == path else fs.unstrip_protocol(info["name"])
-        out.append(RemoteFile(fs, info["name"], url, int(info.get("size") or 0), _version(info), store.attempts))
+        if info.get("size") is None:
+            raise ValueError(f"{redact(url)} came without a size (sent with a Content-Encoding such as gzip, or with "
+                             "no Content-Length), and tokpack reads objects in ranges of a known size; serve it as "
+                             "it is stored (a .gz file as application/gzip, with no Content-Encoding)")
+        out.append(RemoteFile(fs, info["name"], url, int(info["size"]), _version(info), store.attempts,
+                              _conditions(info) if web else None))
+    unpinned = [f for f in out if not f.version]
+    if unpinned:
+        warnings.warn(f"{unpinned[0]}{f' and {len(unpinned) - 1} more' if len(unpinned) > 1 else ''} has no ETag or "
+                      "Last-Modified, so a change of it cannot be told from its headers: its bytes are hashed "
+                      "instead, and a rerun reads it again to see whether its units still hold", stacklevel=3)
     return out
+
+
+def _conditions(info: dict[str, Any]) -> dict[str, str]:
+    """The headers that make a web server answer 412 once the object is another than ``info``
+    describes: a strong ETag (a weak one never matches ``If-Match``), else Last-Modified."""
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str) and etag.startswith('"'):
+        return {"If-Match": etag}
+    modified = info.get("Last-Modified")
+    return {"If-Unmodified-Since": modified} if isinstance(modified, str) else {}

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import (META_NAME, TMP_SUFFIX, Meta, every_file, open_new, parse_meta, replacing, split_files,
+from ..format import (META_NAME, TMP_SUFFIX, Meta, every_file, load_json, open_new, parse_meta, replacing, split_files,
                       tmp_path)
 from . import BLOCK_BYTES, Store, open_store
 
@@ -116,7 +116,7 @@ def _read_bytes(path: Path) -> bytes | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(_read_bytes(path) or b"null")
+        return load_json(_read_bytes(path) or b"null", str(path), "")
     except ValueError:
         return None  # unreadable: as if absent (a record's files are fetched again, a lease is void)
 

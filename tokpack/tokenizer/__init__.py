@@ -17,7 +17,6 @@ are read by tokpack itself (``tokenizer.vocab``), never through tiktoken's cache
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import socket
 import warnings
@@ -31,6 +30,7 @@ import numpy as np
 import regex
 import tiktoken
 
+from ..format import load_json
 from .bpe import TiktokenEncoder, ranks_sha256
 from .encoder import Encoder
 from .hf import TOKENIZER_FILE, HFEncoder
@@ -146,10 +146,7 @@ def _load_encoding(name: str, eot_token: str | None, special_text: str, prepend:
         return HFEncoder(path, eot_token, special_text=special_text, prepend=prepend)
     if path.suffix == ".json":
         raw = read_file(path, "tokenizer file", "pass a spec file or a Hugging Face tokenizer.json")
-        try:
-            content = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path} is not valid JSON ({exc}); pass a spec file or a tokenizer.json") from None
+        content = load_json(raw, str(path), "pass a spec file or a tokenizer.json", MAX_FILE_BYTES)
         if isinstance(content, dict) and "model" in content:  # a Hugging Face tokenizer.json
             return HFEncoder(path, eot_token, raw, special_text, prepend)
         _only_for_hf(name, eot_token, special_text)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..format import load_json
 from .bpe import gpt2_byte_decoder
 from .vocab import read_file
 
@@ -90,8 +91,9 @@ class HFEncoder:
             return asked
         config = self.file.parent / "tokenizer_config.json"
         try:
-            settings = json.loads(read_file(config, "tokenizer config", "fix it")) if config.is_file() else {}
-        except (ValueError, UnicodeDecodeError):
+            settings = load_json(read_file(config, "tokenizer config", "fix it"), str(config), "fix it") \
+                if config.is_file() else {}
+        except ValueError:
             settings = {}
         for key in ("bos_token", "eos_token") if prepend else ("eos_token",):
             named = settings.get(key) if isinstance(settings, dict) else None  # a list or null names none

@@ -15,14 +15,13 @@ import base64
 import binascii
 import hashlib
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import regex
 import tiktoken
 
+from ..format import load_json, read_file as read_bounded
 from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
 from .patterns import KNOWN_SETTINGS
 
@@ -49,20 +48,7 @@ MAX_SPECIAL_GAP = 1 << 16
 def read_file(path: Path, what: str, fix: str, limit: int | None = None) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (None: ``MAX_FILE_BYTES``); ``what``
     names it in errors."""
-    limit = MAX_FILE_BYTES if limit is None else limit
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path} does not exist; {fix}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{what} {path} is not a regular file; {fix}")
-        data = f.read(min(info.st_size, limit) + 1)  # a file that grew since is caught below too
-        if len(data) > limit:
-            raise ValueError(f"{what} {path} is {max(info.st_size, len(data)):,} bytes, more than the {limit:,} a "
-                             f"{what} may have; {fix}")
-        return data
+    return read_bounded(path, what, fix, MAX_FILE_BYTES if limit is None else limit)
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
