@@ -105,6 +105,32 @@ def test_meta_json_naming_a_file_tokpack_does_not_write_is_refused_by_every_read
     verify_folder(prepared)
 
 
+DEEP = b"[" * 200_000  # deeper than any JSON parser's stack
+
+
+def test_deeply_nested_json_as_meta_json_is_one_line_everywhere_and_prepare_force_repairs_it(prepared, capsys):
+    (prepared / "meta.json").write_bytes(DEEP)
+    for command in (lambda: inspect_main([str(prepared)]), lambda: evaluate_main([str(prepared), "--model", "bigram"])):
+        _one_line_exit_2(capsys, command, "meta.json is JSON nested too deeply to read")
+    for read in (lambda: TokenWindows(prepared, 8, split="val"), lambda: DocumentDataset(prepared, 8, split="val")):
+        with pytest.raises(ValueError, match="nested too deeply"):
+            read()
+    assert verify_main([str(prepared)]) == 1 and "nested too deeply" in capsys.readouterr().err
+    corpus = write_docs(prepared.parent / "c2", make_docs(30))
+    assert prepare_main(_prepare_argv(corpus, prepared, "--force")) == 0
+    verify_folder(prepared)
+
+
+def test_a_deeply_nested_unit_record_is_redone_by_a_tasks_rerun(tmp_path, corpus, capsys):
+    out = tmp_path / "out"
+    argv = _prepare_argv(corpus, out, "--unit-mb", "0.05", "--tasks", "2")
+    assert prepare_main([*argv, "--task", "0"]) == 0
+    (out / ".tokpack-unit-00000.json").write_bytes(DEEP)
+    assert prepare_main([*argv, "--task", "0"]) == 0  # the unit is redone, not a traceback
+    assert prepare_main([*argv, "--task", "1"]) == 0
+    verify_folder(out)
+
+
 # Links: a prepared folder's files are its own, and tokpack writes through no link.
 
 def test_a_token_file_linked_out_of_the_folder_is_refused_by_every_reader(prepared, tmp_path, capsys):

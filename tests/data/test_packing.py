@@ -5,6 +5,7 @@ Hugging Face's flattening collator, and scoring each document alone."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -408,6 +409,7 @@ def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path)
     ({"shard_end": "skip"}, "shard_end 'skip' is not one of continue, drop"),
     ({"packing": "bestfit", "refill": 0}, "refill 0 must be at least 1"),
     ({"packing": "bestfit", "refill": 1.5}, "refill=1.5 is not an int"),
+    ({"packing": "bestfit", "refill": 2**70}, "refill 1,180,591,620,717,411,303,424 is more than the"),
     ({"refill": 128}, "packing='aligned' has no buffer: drop it"),
     ({"stride": 8, "ranks": "rows"}, "evaluation rows are read in order: drop them"),
     ({"packing": "bestfit", "shard_end": "drop"}, "shard_end='drop' is modded-nanogpt's rule"),
@@ -417,6 +419,19 @@ def test_every_parameter_is_checked_at_construction(prepared, kwargs, fragment):
     kwargs = {"block_size": 16, **kwargs}
     with pytest.raises((ValueError, TypeError), match=fragment):
         PackedDocuments(prepared, kwargs.pop("block_size"), split="train", **kwargs)
+
+
+def test_shard_end_drop_refuses_rows_or_steps_no_shard_can_hold(tmp_path):
+    folder = prepare_docs(tmp_path / "sharded", make_docs(80, words=120), shard_tokens=3000)
+    sizes = [s["tokens"] for s in json.loads((folder / "meta.json").read_text())["splits"]["train"]["shards"]]
+    assert len(sizes) > 2 and sum(sizes) > 2 * max(sizes)  # a row of most of the split fits it, not a shard
+    with pytest.raises(ValueError, match="shard_end='drop' serves no row that runs past a token file's end"):
+        PackedDocuments(folder, sum(sizes) // 2, split="train", shard_end="drop")
+    T = max(sizes) // 2  # one row fits a shard, a step of four ranks' rows does not
+    rows = PackedDocuments(folder, T, split="train", shard_end="drop", ranks="rows")
+    assert len(next(iter(build_loader(rows, 1, seed=0, rank=0, world_size=1)))[0][0]) == T
+    with pytest.raises(ValueError, match="needs a step of 4 rows of"):
+        next(iter(build_loader(rows, 1, seed=0, rank=0, world_size=4)))
 
 
 def test_a_resume_costs_the_same_at_any_step(prepared, monkeypatch):

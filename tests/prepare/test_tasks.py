@@ -95,6 +95,7 @@ BAD = {  # the fragment of the one line -> the extra options
     "--task 1 must lie in 0..--tasks - 1; give --tasks N too": ["--task", "1"],
     "--finalize writes meta.json of a run of independent tasks": ["--finalize"],
     "needs this task's --task (0..3)": ["--tasks", "4"],
+    "--tasks 1,000,000,000 is more than the": ["--tasks", "1000000000", "--task", "7"],  # no O(tasks) scan first
 }
 
 

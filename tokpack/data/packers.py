@@ -62,6 +62,12 @@ class Runs:
         return run, positions - self.ends[run] + self.counts[run]
 
 
+def file_room(files: np.ndarray, lengths: np.ndarray, cap: float) -> int:
+    """The most tokens rows can take from one token file's documents, each cut to ``cap``: a step
+    that needs more is dropped at every file's end (``shard_end="drop"``). O(documents)."""
+    return int(np.bincount(files, weights=np.minimum(lengths, cap)).max(initial=0))
+
+
 @dataclass(frozen=True)
 class Order:
     """Which documents one rank's packer takes, in what order, and how many at a time.
@@ -198,6 +204,10 @@ class TrainingRows:
         seed, rank, world, shuffle = stream
         cap = math.inf if packer.max_doc_len is None else packer.max_doc_len
         step = world if order.ranks == "rows" else 1
+        if order.files is not None and step * packer.capacity > file_room(order.files, lengths, cap):
+            raise ValueError(f"shard_end='drop' needs a step of {step} rows of {packer.capacity} tokens inside one "
+                             f"token file, and the largest holds {file_room(order.files, lengths, cap):,}: no step "
+                             "would ever be served; use fewer ranks, a smaller block_size, or shard_end='continue'")
         if packer.packing == "aligned":
             steps = self._aligned(order.pairs(lengths, stream, self.taken), packer.capacity, cap, step, order.files)
             self._rows = (rows[rank if step > 1 else 0] for rows in steps)

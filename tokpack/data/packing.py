@@ -48,7 +48,7 @@ from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
 from .packers import (RANKS, Order, Packer, PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state,
-                      evaluation_rows, in_order)
+                      evaluation_rows, file_room, in_order)
 from .protocol import compact_copy
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
@@ -363,6 +363,12 @@ class PackedDocuments(Dataset):
             offsets = self.index.offsets
             files = np.searchsorted(offsets, self.unit_starts, side="right") - 1
             lengths = np.minimum(lengths, offsets[files + 1] - self.unit_starts + self.unit_bos)
+            room = file_room(files, lengths, self.max_doc_len or np.inf)
+            if room < self.block_size + 1:
+                raise ValueError(f"shard_end='drop' serves no row that runs past a token file's end, and the largest "
+                                 f"file of {self.split.describe()} gives {room:,} tokens, fewer than a row's "
+                                 f"{self.block_size + 1}: none would ever be served; use a block_size below {room} "
+                                 "or shard_end='continue'")
         return Order(self.ranks, self.refill, groups, files), lengths
 
     def _check_fits(self, T: int, buffer_size: int) -> None:
@@ -373,9 +379,10 @@ class PackedDocuments(Dataset):
             raise ValueError(f"block_size {T} needs rows of {T + 1} tokens, more than {self.split.describe()} holds "
                              f"({tokens:,}); use a block_size below {tokens}")
         most = max(documents, BUFFER_SIZE)  # a buffer past both would hold the corpus many times over
-        if self.packing == "bestfit" and buffer_size > most:
-            raise ValueError(f"buffer_size {buffer_size:,} is more than the {documents:,} documents of "
-                             f"{self.split.describe()} and than the default {BUFFER_SIZE:,}; use 1..{most}")
+        for name, value in (("buffer_size", buffer_size), ("refill", self.refill)):
+            if self.packing == "bestfit" and value > most:
+                raise ValueError(f"{name} {value:,} is more than the {documents:,} documents of "
+                                 f"{self.split.describe()} and than the default {BUFFER_SIZE:,}; use 1..{most}")
         meta = self.split.meta
         limit = min(np.iinfo(self.split.dtype).max + 1, meta["encoding"]["n_vocab"] if meta else 2**63)
         if not 0 <= self.bos_id < limit:

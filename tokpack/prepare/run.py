@@ -141,7 +141,7 @@ def _prepare_task(config: PrepareConfig, task: int, count: int, started: float) 
     plan = make_plan(config, count, started, independent=True)
     meta = tasks.run(plan, task, count, config.finalize, _meta)
     if meta is None:
-        done = sum(units.recorded(plan.out, unit, plan.fingerprint) for unit in range(plan.units))
+        done = len(units.recorded(plan.out, plan.fingerprint))
         return {"stats": {"seconds": time.perf_counter() - started, "out_dir": str(plan.out), "leader": True,
                           "units_done": done, "units": plan.units, "task": task, "tasks": count}}
     return _result(meta, plan, started, True)
@@ -247,11 +247,16 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
         check_out_dir(out, config.force, files, _input_folders(config),
                       ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.size() for p in files}
+    total = sum(sizes.values())
+    if world > max(total, 1):  # a unit is a byte range of the input: more than one a byte leaves some empty
+        what = f"--tasks {world:,}" if independent else f"{world:,} processes"
+        raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
+                         f"give at most {max(total, 1):,}")
     sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1 or independent
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
-    count = max(world, math.ceil(sum(sizes.values()) / (config.unit_mb * 1e6))) if sharded else 1
+    count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
     inputs = _describe_inputs(groups, sizes)
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
                                      "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files))})

@@ -98,7 +98,7 @@ def run(plan: Plan, task: int, tasks: int, finalize: bool,
 
 
 def _finalize(plan: Plan, explicit: bool, meta_of: Callable[[Plan, list[UnitRecord]], Meta]) -> dict[str, Any] | None:
-    if not explicit and not all(units.recorded(plan.out, unit, plan.fingerprint) for unit in range(plan.units)):
+    if not explicit and not units.all_recorded(plan.out, plan.fingerprint, plan.units):
         return None
     with contextlib.ExitStack() as stack:
         try:

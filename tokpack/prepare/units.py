@@ -157,13 +157,17 @@ def recorded_files(out: Path) -> set[str]:
     return {name for _, _, names in _records(out) for name in names}
 
 
-def recorded(out: Path, unit: int, expected: str) -> bool:
-    """Whether ``unit`` has a record of this run (not yet checked as ``load`` checks it)."""
-    try:
-        path = out / UNIT_RECORD.format(unit)
-        return load_json(path.read_bytes(), str(path), "it is redone").get("fingerprint") == expected
-    except (OSError, ValueError, AttributeError):
-        return False
+def recorded(out: Path, expected: str) -> set[int]:
+    """The units that have a record of this run (not yet checked as ``load`` checks them), from one
+    listing: O(records), whatever the count of units."""
+    return {record["unit"] for _, record, _ in _records(out) if record is not None
+            and record["fingerprint"] == expected and type(record.get("unit")) is int}
+
+
+def all_recorded(out: Path, expected: str, count: int) -> bool:
+    """Whether every one of ``count`` units has a record of this run: a listing of names, and the
+    records read only once there are as many as units (every task asks when it ends)."""
+    return len(list(out.glob(UNIT_RECORD_GLOB))) >= count and recorded(out, expected) >= set(range(count))
 
 
 def foreign(out: Path, expected: str) -> list[Path]:
