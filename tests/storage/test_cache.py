@@ -263,3 +263,33 @@ def test_the_cache_touches_only_its_own_files(published, s3_server, tmp_path):
     assert [files[i].tolist() for i in range(len(files))] == [local[i].tolist() for i in range(len(local))]
     assert outside.read_bytes() == b"not yours" and not first.is_symlink()
     assert (theirs / "x.bin").stat().st_size == 50_000
+
+
+def test_a_shard_planted_in_the_cache_with_a_forged_record_is_not_served(published, tmp_path):
+    cache = tmp_path / "cache"
+    url = f"s3://{BUCKET}/a"
+    split = open_split(url, "train", cache_dir=cache)
+    first = split.files[0].path
+    meta = json.loads((published / "meta.json").read_text())
+    entry = meta["splits"]["train"]["shards"][0]
+    body = bytearray((published / entry["file"]).read_bytes())
+    body[-1] ^= 1  # the same size, another token
+    first.write_bytes(bytes(body))
+    (first.parent / ".tokpack-fetched.json").write_text(json.dumps({entry["file"]: entry["sha256"]}))  # vouching for it
+    served = open_split(url, "train", cache_dir=cache).open()
+    local = open_split(published, "train").open()
+    assert [served[i].tolist() for i in range(len(served))] == [local[i].tolist() for i in range(len(local))]
+    assert first.read_bytes() == (published / entry["file"]).read_bytes()  # fetched again over the planted copy
+
+
+def test_a_cache_over_a_limit_lowered_since_is_trimmed_when_opened(published, s3_server, tmp_path):
+    cache = tmp_path / "cache"
+    _upload(s3_server, published, "trim")
+    _read_all(open_split(f"s3://{BUCKET}/a", "train", cache_dir=cache))  # no limit: the whole split stays
+    gc.collect()
+    raw = (published / "meta.json").read_bytes()
+    val = json.loads(raw)["splits"]["val"]
+    limit = max(e["bytes"] for e in val["shards"]) + val["idx"]["bytes"] + len(raw) + 4096  # what the val split needs
+    assert _disk(cache) > limit
+    open_split(f"s3://{BUCKET}/trim", "val", cache_dir=cache, cache_limit=limit)
+    assert _disk(cache) <= limit

@@ -11,13 +11,17 @@ opened from it lists its files from meta.json alone; each token file is fetched 
 cache when a reader (the training process, or each loader worker) first touches it, checked
 against meta.json's sha256 on the way (an object replaced after publishing is refused), renamed
 into place, and memory-mapped as a local file would be: batches, resume states and fingerprints
-are the local folder's. Behind the first touch, a thread of the reading process fetches the files
+are the local folder's. A copy found in the cache is hashed again by each process that opens it,
+once (a forked loader worker inherits what its parent hashed): the cache folder can be written
+by anyone who can write it, and its record of what was fetched vouches for nothing, so a copy
+whose bytes are not meta.json's is fetched again over it, never served. That costs one read of
+each file a process opens, O(split bytes) a process, beside the memory map's own reads. Behind the first touch, a thread of the reading process fetches the files
 that come next, so a loop over a split that fits the cache waits on the network for its first
 file only, and one that walks a larger split in order finds the next file fetched.
 
 The cache (``cache_dir``, default ``$TOKPACK_CACHE_DIR`` or ``~/.cache/tokpack``) holds at most
 ``cache_limit`` bytes (default ``$TOKPACK_CACHE_LIMIT``, else no limit), which must fit a split's
-largest file with its index. Where the split fits, every file is fetched once and kept; where it
+largest file with its index; a cache over the limit (lowered since) is trimmed when a folder is opened. Where the split fits, every file is fetched once and kept; where it
 does not, a reader keeps one file of the split open and the least recently used files go to make
 room, never one a live process holds (its lease file names them). Random windows over a split
 larger than the limit fetch a file each time they land in another one: give such a loop a limit
@@ -193,6 +197,7 @@ class CachedFolder:
         self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:MIRROR_HEX]
         self.entries = {e["file"]: e for info in self.meta["splits"].values() for e in every_file(info)}
+        self._verified: dict[str, tuple[int, int, int] | None] = {}  # name: the copy hashed, by identity
         self._reset(store)
         with self._locked():
             if self.mirror.is_symlink() or (self.mirror.exists() and not self.mirror.is_dir()):
@@ -201,6 +206,7 @@ class CachedFolder:
             self.mirror.mkdir(exist_ok=True)
             if _read_bytes(self.mirror / META_NAME) != raw:  # a folder published again: its files are too
                 _write(self.mirror / META_NAME, raw)
+            self._make_room(None, 0, strict=False)  # a cache over a limit lowered since is trimmed to it
 
     def _reset(self, store: Store | None = None) -> None:
         """This process's own state: a forked or unpickled copy starts afresh."""
@@ -214,12 +220,13 @@ class CachedFolder:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_store", "_held", "_here", "_parsed", "_guard", "_wanted", "_fetcher"):
+        for key in ("_store", "_held", "_here", "_parsed", "_guard", "_wanted", "_fetcher", "_verified"):
             state.pop(key)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._verified = {}  # a process that unpickles it hashes what it serves itself
         self._reset()
 
     def _own(self) -> None:
@@ -264,10 +271,6 @@ class CachedFolder:
         with self._locked():
             _Mirror(self.mirror)  # which sweeps the leases and fetches of processes gone
             self._write_lease()
-            record = self._record()
-            here = {n for n in names if self._present(n, record)}
-        with self._guard:
-            self._here.update(n for n in here if n in self._held)
 
     def release(self, names: Sequence[str]) -> None:
         """One reader of this process is done with ``names``: once none holds one, it may be evicted,
@@ -366,16 +369,44 @@ class CachedFolder:
         return (isinstance(record, dict) and record.get(name) == self.entries[name]["sha256"]
                 and target.is_file() and not target.is_symlink())
 
+    def _matches(self, name: str) -> bool:
+        """Whether the mirror's copy of ``name`` holds the bytes meta.json records: hashed once a
+        process (its inode and size remembered, and handed to forked workers), since the cache
+        folder may be written by anyone who can write it, and its record vouches for nothing."""
+        try:
+            fd = os.open(self.mirror / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            info = os.fstat(fd)
+            key = (info.st_dev, info.st_ino, info.st_size)
+            if self._verified.get(name) == key:
+                return True
+            while block := f.read(BLOCK_BYTES):
+                digest.update(block)
+        if digest.hexdigest() != self.entries[name]["sha256"]:
+            return False
+        self._verified[name] = key
+        return True
+
+    def _found(self, name: str) -> bool:
+        """Whether ``name`` is fetched and holds its bytes: looked up under the lock, hashed outside
+        it (a file this process leases is evicted by none meanwhile; one it fetches ahead may be,
+        and is then fetched again)."""
+        with self._locked():
+            present = self._present(name)
+        return present and self._matches(name)
+
     def _obtain(self, name: str) -> Path:
         entry, target = self.entries[name], self.mirror / name
-        with self._locked():
-            if self._present(name):
-                return target
+        if self._found(name):
+            return target
         # One process fetches a file; another that wants it waits here, then finds it fetched.
         with _flocked(self.mirror / f".{name}{FETCHING_SUFFIX}", str(self.cache)):
+            if self._found(name):
+                return target
             with self._locked():
-                if self._present(name):
-                    return target
                 self._make_room(name, entry["bytes"])
                 tmp = tmp_path(target)
                 out = open_new(tmp)  # under the lock: other processes count it at its final size
@@ -389,8 +420,9 @@ class CachedFolder:
                 with self._locked():
                     record = {n: sha for n, sha in self._record().items() if (self.mirror / n).is_file()}
                     record[name] = entry["sha256"]
-                    os.replace(tmp, target)
+                    os.replace(tmp, target)  # over a copy that did not match, if any: the mirror is tokpack's
                     _write(self.mirror / FETCHED, json.dumps(record).encode())
+                    self._verified[name] = _identity(target)  # hashed on its way in
                 return target
             finally:
                 tmp.unlink(missing_ok=True)
@@ -407,9 +439,10 @@ class CachedFolder:
                 out.write(chunk)
         return digest.hexdigest()
 
-    def _make_room(self, name: str, needed: int) -> None:
+    def _make_room(self, name: str | None, needed: int, strict: bool = True) -> None:
         """Under the lock: evict the least recently used files no live process holds, in any
-        mirror of the cache, until ``needed`` more bytes fit under the limit."""
+        mirror of the cache (but ``name``, the file to be fetched), until ``needed`` more bytes fit
+        under the limit; ``strict``: refuse when they cannot."""
         if self.limit is None:
             return
         mirrors = [_Mirror(m) for m in self.cache.iterdir()
@@ -422,11 +455,19 @@ class CachedFolder:
                 break
             (mirror.folder / evicted).unlink(missing_ok=True)  # recorded in tokpack's own mirror: ours
             total -= size
-        if total + needed > self.limit:
+        if strict and total + needed > self.limit:
             raise ValueError(f"the cache {self.cache} cannot make room for {self.where}/{name} ({needed:,} bytes): "
                              f"its limit is {self.limit:,} bytes and {total:,} are held by files in use; raise "
                              "cache_limit (below the split, each loader worker holds a file), or use another "
                              "cache_dir")
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size
 
 
 def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, Meta, bytes]:
