@@ -34,6 +34,15 @@ def _cli(capsys, *argv) -> tuple[int, str]:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_an_llmc_checkpoint_scores_as_the_gpt_it_was_written_from(prepared, tmp_path, dtype):
     model = _gpt()
+    mlp = model.transformer.h[0].mlp
+    with torch.no_grad():  # GELU inputs of order one, where the tanh approximation and the exact GELU part
+        mlp.c_fc.weight.mul_(100)
+    seen = []
+    hook = mlp.c_fc.register_forward_hook(lambda module, args, out: seen.append(out.detach()))
+    model(torch.from_numpy(open_split(prepared, "val").open()[0][:T].astype("int64"))[None])
+    hook.remove()
+    # The premise: on this model's own GELU inputs the two GELUs give other numbers.
+    assert (F.gelu(seen[0]) - F.gelu(seen[0], approximate="tanh")).abs().max() > 1e-4
     path = write_llmc_model(model, tmp_path / "gpt2_124M.bin", dtype)
     if dtype == "bfloat16":  # the file holds the weights rounded; the reference is rounded the same way
         with torch.no_grad():
@@ -177,6 +186,56 @@ def test_a_hugging_face_models_tokenizer_must_be_the_folders(hf_pair, tmp_path, 
     assert code == 2 and "is not a Hugging Face model folder" in err, err
     code, err = _cli(capsys, data, "--llmc-model", write_llmc_model(_gpt(), tmp_path / "m.bin"))
     assert code == 2 and "not gpt2" in err, err
+
+
+class _Payload:
+    """What a hostile pickle carries: a call made when it is unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _config_edit(**changes):
+    def spoil(folder, tmp_path):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return spoil
+
+
+def _pickled(folder, tmp_path):
+    (folder / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": torch.zeros(3), "x": _Payload(tmp_path / "ran")},
+               folder / "pytorch_model.bin")
+
+
+def _truncated(folder, tmp_path):
+    raw = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(raw[:-100])
+
+
+HF_BAD = {  # the fragment of the one line -> how the model folder is spoiled
+    "does not load as weights alone": _pickled,
+    "weights do not fill the model its config.json describes": _config_edit(intermediate_size=96),
+    "gives vocab_size 2147483648, outside 1..16,777,216": _config_edit(vocab_size=2**31),
+    "gives num_hidden_layers 100000, outside 1..4,096": _config_edit(num_hidden_layers=100_000),
+    "gives 3 layers, its weights hold 1": _config_edit(num_hidden_layers=3),
+    "gives hidden_size 48, and no tensor of its weights has that size": _config_edit(hidden_size=48),
+    "it is cut short": _truncated,
+    "is JSON nested too deeply": lambda folder, _: (folder / "config.json").write_bytes(b"[" * 200_000),
+}
+
+
+@pytest.mark.parametrize("fragment", list(HF_BAD))
+def test_spoiled_hugging_face_models_are_one_line_before_anything_is_built(hf_pair, tmp_path, capsys, fragment):
+    data, folder = hf_pair
+    spoiled = shutil.copytree(folder, tmp_path / "model")
+    HF_BAD[fragment](spoiled, tmp_path)
+    code, err = _cli(capsys, data, "--hf-model", spoiled)
+    assert code == 2 and fragment in err and "\n" not in err, err
+    assert not (tmp_path / "ran").exists()  # the pickle's payload never ran
 
 
 def test_load_llmc_needs_no_tokenizer_to_build_the_model(tmp_path):

@@ -14,7 +14,9 @@ remote code, by transformers' weights-only loading.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import torch
 
 from . import GPT, GPTConfig
 from ..tokenizer import Encoder, load_encoding
+from ..format import load_json
 from ..tokenizer.vocab import read_file
 
 LLMC_MODEL_MAGIC = 20240326
@@ -152,18 +155,139 @@ def load_hf(folder: str | Path, ours: Encoder, device: str | torch.device = "cpu
         raise ValueError(f"{folder} has no tokenizer.json to check against the folder's encoding; save the "
                          "tokenizer with the model (tokenizer.save_pretrained)")
     same_tokens(load_encoding(str(folder / "tokenizer.json")), ours, str(folder / "tokenizer.json"))
+    check_hf_sizes(folder)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never a download
     try:
-        from transformers import AutoModelForCausalLM
+        import transformers
     except ImportError:
         raise ValueError(f"--hf-model {folder} needs transformers; pip install transformers") from None
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()  # its load report and bars are not this command's output
+    transformers.logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
+        # Mismatched shapes are reported here, below, in tokpack's words.
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False, output_loading_info=True,
+            ignore_mismatched_sizes=True)
+    except Exception as exc:  # the library raises its own types (and RuntimeError) for a folder it cannot load
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{folder} does not load as a causal language model ({first})") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+    unfilled = [*info.get("missing_keys", []), *info.get("mismatched_keys", [])]
+    if unfilled:
+        raise ValueError(f"{folder}'s weights do not fill the model its config.json describes ({len(unfilled)} "
+                         f"tensors missing or of another shape, {_first(unfilled)}); save the config with its weights")
     config = model.config
     block = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if getattr(config, "vocab_size", ours.n_vocab) < ours.n_vocab:
         raise ValueError(f"{folder} has vocab_size {config.vocab_size}, fewer than the folder's {ours.n_vocab} ids")
     return model.to(device).eval(), int(block) if block else 0
+
+
+MAX_HF_LAYERS = 4096  # no causal LM comes near; a forged config may claim anything, and each layer is built
+MAX_HF_WIDTH = 1 << 24  # vocabulary, hidden size: 16 M, past any real model's
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own bound on its JSON header
+# A Hugging Face model's weights, in the order transformers looks for them; an index names shards.
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_HF_SHARD = re.compile(r"[\w.-]+\.(?:safetensors|bin)")
+_HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+
+
+def _first(names: list[Any]) -> str:
+    return f"{names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
+def check_hf_sizes(folder: Path) -> None:
+    """Refuse a Hugging Face model folder whose config.json disagrees with its weights (layers,
+    vocabulary, width), claims sizes past any real model's, or whose weights are cut short or
+    forged, before transformers builds anything: a config of 100,000 layers would take minutes to
+    build. The weights' shapes come from safetensors' JSON header, or from a weights-only memory
+    map of a ``pytorch_model.bin`` (a pickle that carries code is refused, never run). O(tensors)."""
+    config = load_json(read_file(folder / "config.json", "config", "pass the folder save_pretrained wrote"),
+                       str(folder / "config.json"), "pass the folder save_pretrained wrote")
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder / 'config.json'} is not a JSON object; pass the folder save_pretrained wrote")
+    shapes = _hf_shapes(folder)
+    sizes = {key: config.get(key) for key in ("vocab_size", "num_hidden_layers", "n_layer", "num_layers",
+                                              "hidden_size", "n_embd", "d_model") if config.get(key) is not None}
+    for key, value in sizes.items():
+        bound = MAX_HF_LAYERS if "layer" in key else MAX_HF_WIDTH
+        if type(value) is not int or not 1 <= value <= bound:
+            raise ValueError(f"{folder / 'config.json'} gives {key} {value!r}, outside 1..{bound:,}; it is damaged "
+                             "or not a causal language model's")
+    layers = next((sizes[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in sizes), None)
+    found = {int(m.group(1)) for name in shapes for m in [_HF_LAYER.search(name)] if m}
+    if layers is not None and found and max(found) + 1 != layers:
+        raise ValueError(f"{folder / 'config.json'} gives {layers:,} layers, its weights hold {max(found) + 1:,}; "
+                         "save the config with its weights")
+    for key in ("vocab_size", "hidden_size", "n_embd", "d_model"):
+        if key in sizes and not any(sizes[key] in shape for shape in shapes.values()):
+            raise ValueError(f"{folder / 'config.json'} gives {key} {sizes[key]:,}, and no tensor of its weights has "
+                             "that size; save the config with its weights")
+
+
+def _hf_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in the first weights transformers would load from ``folder``."""
+    fix = "save the model again with save_pretrained"
+    weights = next((folder / name for name in HF_WEIGHTS if (folder / name).is_file()), None)
+    if weights is None:
+        raise ValueError(f"{folder} has no weights ({', '.join(HF_WEIGHTS)}); {fix}")
+    files = [weights]
+    if weights.name.endswith(".index.json"):
+        index = load_json(read_file(weights, "weights index", fix, MAX_HEADER_BYTES), str(weights), fix)
+        named = sorted(set(index.get("weight_map", {}).values())) if isinstance(index, dict) else []
+        if not named or not all(isinstance(n, str) and _HF_SHARD.fullmatch(n) for n in named):
+            raise ValueError(f"{weights} names no weight files, or names that are not plain file names; {fix}")
+        files = [folder / name for name in named]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        shapes.update(_safetensors_shapes(file, fix) if file.suffix == ".safetensors" else _pickle_shapes(file, fix))
+    return shapes
+
+
+def _safetensors_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
+    """The shapes a safetensors file's header declares, checked to lie inside the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError(f"{path} is not a safetensors file (its header length {n:,} does not fit its "
+                                 f"{size:,} bytes); {fix}")
+            header = load_json(f.read(n), str(path), fix, MAX_HEADER_BYTES)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({exc.strerror}); {fix}") from None
+    shapes, end = {}, 0
+    for name, tensor in (header.items() if isinstance(header, dict) else [("", None)]):
+        if name == "__metadata__":
+            continue
+        try:
+            shape, (lo, hi) = tuple(tensor["shape"]), tensor["data_offsets"]
+            itemsize = _SAFETENSORS_BYTES[tensor["dtype"]]
+            assert all(type(d) is int and d >= 0 for d in (*shape, lo, hi)) and hi - lo == math.prod(shape) * itemsize
+        except (TypeError, KeyError, ValueError, AssertionError):
+            raise ValueError(f"{path} declares tensor {name!r} with no valid shape, dtype and offsets; {fix}") from None
+        shapes[name], end = shape, max(end, hi)
+    if 8 + n + end != size:
+        raise ValueError(f"{path} is {size:,} bytes where its header's tensors take {8 + n + end:,}: it is cut short "
+                         f"or not what its header says; {fix}")
+    return shapes
+
+
+def _pickle_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of a ``pytorch_model.bin``, memory-mapped with weights-only unpickling."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # pickle's, zipfile's and torch's own types for a file it refuses
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path} does not load as weights alone ({first[:200]}): tokpack runs no code from a "
+                         f"checkpoint; {fix}, as safetensors") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError(f"{path} holds no state dict of tensors; {fix}")
+    return {name: tuple(t.shape) for name, t in state.items()}
