@@ -93,3 +93,41 @@ def test_hostile_export_targets_are_one_line_and_touch_nothing_outside(tmp_path,
         main(["olmo", str(folder)])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and "meta.json" in err and "\n" not in err
+
+
+def test_olmo_cores_own_datasets_read_the_printed_way_give_the_folders_documents(tmp_path, capsys, monkeypatch):
+    numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
+    folder = prepare_docs(tmp_path, make_docs(40, words=60), val_fraction=0.2, eot="prepend")
+    assert main(["olmo", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert "OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL=false" in printed and "wrong for this folder (--eot prepend)" in printed
+    meta = read_meta(folder)
+    eot = meta["encoding"]["eot_id"]
+    args = dict(sequence_length=512, pad_token_id=eot, eos_token_id=eot, vocab_size=meta["encoding"]["n_vocab"],
+                dtype=np.uint16)
+    path = str(folder / "olmo" / "train.npy")
+    ours = sorted(_documents(folder, "train"))
+    monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
+
+    def padded_documents() -> list[list[int]]:
+        data = numpy_dataset.NumpyPaddedFSLDataset(path, **args)
+        data.work_dir = tmp_path / f"work-{len(os.environ.get('OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL', ''))}"
+        data.prepare()
+        return sorted(data[i]["input_ids"][data[i]["label_mask"]].tolist() for i in range(len(data)))
+
+    with pytest.raises(TypeError):  # the argument that only the packed dataset takes
+        numpy_dataset.NumpyPaddedFSLDataset(path, **args, use_array_if_local=False)
+    assert padded_documents() != ours  # found from eos_token_id: wrong where documents start with it
+    monkeypatch.setenv("OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL", "false")
+    assert padded_documents() == ours
+    packed = numpy_dataset.NumpyPackedFSLDataset(path, **args, use_array_if_local=False, generate_doc_lengths=True)
+    packed.work_dir = tmp_path / "packed"
+    packed.prepare()
+    lengths = []
+    for i in range(len(packed)):
+        real, taken = int(packed[i]["label_mask"].sum()), 0
+        for n in packed[i]["doc_lens"].tolist():  # the documents, then the padding's own segments
+            if taken < real:
+                lengths.append(n)
+                taken += n
+    assert sorted(lengths) == sorted(map(len, ours))  # each document whole, as the .csv.gz gives them

@@ -9,7 +9,8 @@ where the file system has no hard links or the file has llm.c's header) and ``ol
 from the folder's document index: the boundaries exactly as prepared, whatever the end-of-text
 layout (``--eot prepend`` included, where scanning for the end-of-text id would be wrong). A
 document cut across two shards is a document in each, as OLMo-core sees each file alone. The
-command prints the dataset arguments to use. Cost: O(documents) (the index read, the offsets
+command prints the dataset arguments to use, and how each of OLMo-core's dataset classes reads
+the boundaries (an argument, an environment variable, or not at all). Cost: O(documents) (the index read, the offsets
 written); a copy adds O(tokens). Rerun it after a new prepare of the folder: the links keep the
 files they were made from.
 """
@@ -97,10 +98,22 @@ def export_olmo(folder: str | Path) -> tuple[Meta, dict[str, list[Path]]]:
 
 
 def olmo_arguments(meta: Meta, paths: list[Path]) -> str:
-    """What to give OLMo-core's numpy datasets for ``paths``, exported files of the folder of ``meta``."""
+    """What to give OLMo-core's numpy datasets for ``paths``, exported files of the folder of ``meta``,
+    and how each dataset class then finds the documents: only ``NumpyPackedFSLDataset`` takes
+    ``use_array_if_local`` (the others raise TypeError on it), the padded ones read the .csv.gz
+    only with ``OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL=false`` in the environment, and the rest split at
+    ``eos_token_id``, which is right only for a folder whose documents each end with it."""
     eot = meta["encoding"]["eot_id"]
-    return (f"paths={[str(p) for p in paths]}, dtype=numpy.{meta['dtype']}, eos_token_id={eot}, pad_token_id={eot}, "
-            f"vocab_size={meta['encoding']['n_vocab']}, use_array_if_local=False  # boundaries from the .csv.gz")
+    by_eos = ("right for this folder (--eot append: each document ends with it)" if meta["eot"] == "append" else
+              f"wrong for this folder (--eot {meta['eot']}): use a dataset above")
+    return "\n".join([
+        f"paths={[str(p) for p in paths]}, dtype=numpy.{meta['dtype']}, eos_token_id={eot}, pad_token_id={eot}, "
+        f"vocab_size={meta['encoding']['n_vocab']}",
+        "  NumpyPackedFSLDataset: add use_array_if_local=False (documents from the .csv.gz)",
+        "  NumpyPaddedFSLDataset, NumpyInterleavedFSLDataset, NumpyFSLDatasetMixture: run with "
+        "OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL=false in the environment (they take no use_array_if_local, and "
+        "without it find documents from eos_token_id)",
+        f"  NumpyFSLDataset (doc_lens), NumpyVSLDataset: documents found from eos_token_id, {by_eos}"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

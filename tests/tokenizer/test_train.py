@@ -89,6 +89,16 @@ def test_the_spec_the_tokenizer_json_and_tiktoken_encode_alike(trained):
     assert hf.n_vocab == spec.n_vocab and hf.eot_token == spec.eot_token  # <|bos|>, from tokenizer_config.json
 
 
+def test_transformers_reads_special_token_text_in_a_document_as_prepare_does(trained):
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(trained)
+    text = "a web page that writes <|bos|> and <|user_start|> in its text"
+    ours = load_encoding(str(trained / "tokenizer.json"))
+    [ids] = ours.encode_batch([text])
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ids.tolist()
+    assert not set(ids.tolist()) & set(ours.special_ids)  # text, never a control token
+
+
 def test_training_again_writes_the_same_bytes(trained, corpus, tmp_path):
     again = tmp_path / "again"
     assert main(["train", str(corpus), "--vocab-size", "600", "--out", str(again), "--special", "nanochat",

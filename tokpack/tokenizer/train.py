@@ -11,7 +11,8 @@ document order and newline rules): each document cropped to ``doc_cap`` characte
 pattern; the special tokens take the ids after them. The folder gets, together or not at all:
 ``tokenizer.tiktoken`` (the ranks), ``tokenizer.toml`` (tokpack's spec file: ranks, pattern,
 special tokens, end of text), ``tokenizer.json`` (the same vocabulary as a Hugging Face byte-level
-BPE, its merges derived from the ranks), ``tokenizer_config.json`` (its end-of-text token) and
+BPE, its merges derived from the ranks), ``tokenizer_config.json`` (its end-of-text token, and
+special-token text read as text, as prepare reads it) and
 ``training.json`` (the inputs, the budget, the pattern and the vocabulary's hash).
 Memory on the reading side is one buffer of documents; the counting is rustbpe's.
 """
@@ -239,7 +240,9 @@ def _files(enc: TiktokenEncoder, ranks: dict[bytes, int], pattern: str, specials
             f"[special_tokens]\n{table}\n")
     return {"tokenizer.tiktoken": tiktoken_lines, "tokenizer.toml": spec.encode(),
             "tokenizer.json": hf_tokenizer_json(ranks, pattern, list(specials)).encode(),
-            "tokenizer_config.json": json.dumps({"eos_token": eot}, indent=1).encode(),
+            # split_special_tokens: transformers then reads special-token text in a document as
+            # text, as prepare does, where by default it would become the special id.
+            "tokenizer_config.json": json.dumps({"eos_token": eot, "split_special_tokens": True}, indent=1).encode(),
             "training.json": json.dumps(record, indent=1, ensure_ascii=False).encode()}
 
 
