@@ -365,7 +365,7 @@ def write_web_jsonl(path: Path, megabytes: int = 10) -> Path:
     return path
 
 
-def peak_rss_mb_of_prepare(source: str, out: Path) -> float:
+def peak_rss_mb_of_prepare(source: str, out: Path | str) -> float:
     """Peak RSS of ``python -m tokpack.prepare SOURCE`` in a fresh process, as the kernel counts
     it (VmHWM)."""
     code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.run import peak_rss_mb; "

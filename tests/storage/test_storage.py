@@ -176,12 +176,15 @@ def test_an_object_replaced_between_two_tasks_redoes_its_unit_from_a_config_with
 
 
 def test_a_remote_prepare_keeps_the_memory_ceiling(s3, tmp_path):
-    """30 MB of jsonl from the store: the S3 client's libraries and two ranges in flight on top of
-    a local run's memory stay under the same 150 MB ceiling (a reader that downloaded the object
-    whole, or kept every range, would pass it)."""
+    """30 MB of jsonl from the store, published to it: the S3 client's libraries, two ranges in
+    flight and an upload's part on top of a local run's memory stay under the same 150 MB ceiling
+    (a reader that downloaded the object whole, or kept every range, or an upload of a whole token
+    file at once, would pass it)."""
     corpus = write_web_jsonl(tmp_path / "web.jsonl", megabytes=30)
     s3.upload_file(str(corpus), BUCKET, "big/web.jsonl")
-    assert peak_rss_mb_of_prepare(f"s3://{BUCKET}/big/web.jsonl", tmp_path / "out") < 150
+    assert peak_rss_mb_of_prepare(f"s3://{BUCKET}/big/web.jsonl", f"s3://{BUCKET}/big-out") < 150
+    train = s3.head_object(Bucket=BUCKET, Key="big-out/train.bin")
+    assert train["ContentLength"] > 2 * (5 << 20)  # uploaded in several parts
 
 
 @pytest.mark.parametrize("url", ["s3://AKIAKEYID0:SECRETKEY0@{b}/web/a.jsonl", "s3://AKIAKEYID0:SECRET/KEY0+x@{b}/web/a.jsonl",

@@ -125,33 +125,43 @@ def _range_reads(folder: Path, split: Any, windows: int = 200) -> float:
 
 
 def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> dict[str, Any]:
-    """Prepare into the store against prepare into a local folder (both sharded in units of
-    ``UNIT_MB``), with the spool's peak disk use sampled while the publish runs."""
-    spool, peak = tmp / "spool", [0]
+    """Prepare into the store against the same command into a local folder: flat (the whole token
+    files made in the spool, then uploaded) and sharded (units of ``UNIT_MB`` uploaded as they
+    finish), each with its peak RSS and the spool's peak disk use, sampled while it runs."""
+    spool = tmp / "spool"
     spool.mkdir()
+    peaks: dict[str, list[float]] = {"flat": [0, 0], "sharded": [0, 0]}  # spool bytes, peak RSS MB
 
-    def publish() -> None:
-        done = threading.Event()
+    def publish(kind: str) -> Any:
+        def go() -> None:
+            done = threading.Event()
 
-        def watch() -> None:
-            while not done.wait(0.005):
-                peak[0] = max(peak[0], _disk(spool))
+            def watch() -> None:
+                while not done.wait(0.005):
+                    peaks[kind][0] = max(peaks[kind][0], _disk(spool))
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
-            _prepare(str(corpus), f"s3://{BUCKET}/out", env, spool)
-        finally:
-            done.set()
-            watcher.join()
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                stats = _prepare(str(corpus), f"s3://{BUCKET}/{kind}", env, spool, SHARD_TOKENS * (kind == "sharded"))
+                peaks[kind][1] = max(peaks[kind][1], stats["peak_rss_mb"])
+            finally:
+                done.set()
+                watcher.join()
+        return go
 
-    times = interleaved({"local folder": lambda: _prepare(str(corpus), tmp / "folder", env),
-                         "s3": publish}, rounds)
-    speed = ratio(times, "s3", "local folder")
-    print(f"prepare into s3:// against into a local folder: {speed:.2f}x the speed (rounds "
-          f"{ratio_range(times, 's3', 'local folder')}); the spool's peak {peak[0] / 1e6:.1f} MB on disk "
-          f"(units of {UNIT_MB:g} MB of text)")
-    return {"publish_vs_local": round(speed, 3), "spool_peak_mb": round(peak[0] / 1e6, 1)}
+    times = interleaved({"local flat": lambda: _prepare(str(corpus), tmp / "flat", env),
+                         "local sharded": lambda: _prepare(str(corpus), tmp / "sharded", env, None, SHARD_TOKENS),
+                         "s3 flat": publish("flat"), "s3 sharded": publish("sharded")}, rounds)
+    out: dict[str, Any] = {}
+    for kind in ("flat", "sharded"):
+        speed = ratio(times, f"s3 {kind}", f"local {kind}")
+        print(f"prepare into s3:// ({kind}) against into a local folder: {speed:.2f}x the speed (rounds "
+              f"{ratio_range(times, f's3 {kind}', f'local {kind}')}); peak RSS {peaks[kind][1]:.0f} MB; the spool's "
+              f"peak {peaks[kind][0] / 1e6:.1f} MB on disk" + (f" (units of {UNIT_MB:g} MB of text)" * (kind == "sharded")))
+        out[f"publish_{kind}"] = {"vs_local": round(speed, 3), "peak_rss_mb": round(peaks[kind][1], 1),
+                                  "spool_peak_mb": round(peaks[kind][0] / 1e6, 1)}
+    return out
 
 
 def _disk(folder: Path) -> int:
