@@ -318,8 +318,8 @@ def _permanent(exc: BaseException) -> str | None:
     if type(exc).__name__ == "FileExpired" or isinstance(exc, Changed) or status == 412:
         # fsspec's, tokpack's own and a web server's word for another version than the one listed
         return "it changed while being read, so nothing read from it is used: rerun when it is stable"
-    if isinstance(status, int) and (status >= 500 or status in (408, 429)):
-        return None
+    if isinstance(status, int) and (status >= 500 and status != 501 or status in (408, 429)):
+        return None  # a passing fault, fsspec's web "not found" for a 503 too; 501 says the verb is not served
     if status in (401, 403) or isinstance(exc, PermissionError):
         where = f" (HTTP {status})" if status else ""
         return f"access is denied{where}: check the credentials (environment, profile or --storage-options)"
@@ -352,11 +352,11 @@ def retried(fn: Callable[[], Any], what: str, attempts: int, reset: Callable[[],
         except Exception as exc:
             fix = _permanent(exc)
             if fix is not None:
-                raise ValueError(f"{what}: {fix} ({type(exc).__name__})") from None
+                raise ValueError(scrub(f"{what}: {fix} ({type(exc).__name__})")) from None
             reset()
             if attempt == attempts:
-                raise ValueError(f"{what} failed {attempts} times ({type(exc).__name__}: {exc}); check the endpoint "
-                                 "and the network, and rerun: finished units are kept") from None
+                raise ValueError(scrub(f"{what} failed {attempts} times ({type(exc).__name__}: {exc}); check the "
+                                       "endpoint and the network, and rerun: finished units are kept")) from None
             time.sleep(delay)
             delay = min(2 * delay, MAX_BACKOFF_S)
 
@@ -419,8 +419,8 @@ def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
         raise ValueError(f'reading {redact(raw)} needs {exc.name or "its fsspec library"}; pip install '
                          '"tokpack[remote]"') from None
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{redact(raw)} cannot be opened with these storage options ({exc}); fix "
-                         "--storage-options") from None
+        raise ValueError(scrub(f"{redact(raw)} cannot be opened with these storage options ({exc}); fix "
+                               "--storage-options")) from None
     fs.invalidate_cache()
     return Store(fs, path.rstrip("/"), attempts, redact(raw).rstrip("/"))
 
