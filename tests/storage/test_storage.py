@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 
+import numpy as np
 import pytest
 
 from helpers import RangeServer, cli_run, free_port, make_docs, peak_rss_mb_of_prepare, write_web_jsonl
@@ -276,3 +277,15 @@ def test_web_answers_that_are_no_object_yet_are_retried_or_named(tmp_path, capsy
         code, err = _prepare(capsys, f"{server.url}/z.jsonl", "--out-dir", tmp_path / "z", "--storage-options", QUICK)
     assert code == 2 and "came without a size (sent with a Content-Encoding such as gzip" in err and "\n" not in err
     assert not (tmp_path / "z").exists()
+
+
+def test_an_upload_holds_one_part_and_gives_the_files_bytes_on_every_store(s3, tmp_path):
+    from tokpack.storage import PART_BYTES
+
+    local = tmp_path / "train.bin"
+    local.write_bytes(np.random.default_rng(0).integers(0, 256, 2 * PART_BYTES + 12345, dtype=np.uint8).tobytes())
+    open_store(f"s3://{BUCKET}/up").put(local, "train.bin")  # s3fs's own uploader, a part at a time
+    assert s3.get_object(Bucket=BUCKET, Key="up/train.bin")["Body"].read() == local.read_bytes()
+    memory = open_store("memory://tokpack-test/up")  # any other store: a buffered file of parts
+    memory.put(local, "train.bin")
+    assert memory.fs.cat_file(memory.key("train.bin")) == local.read_bytes()

@@ -50,7 +50,6 @@ _OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)
                   r"\.(?:train|val)\.idx\.u\d{5}|\.tokpack-probe-[0-9a-f]{32}")
 # A lock as a run writes it: pid@host and a random token. Anything else is shown as foreign, not echoed.
 _HOLDER = re.compile(rb"(\d{1,10})@([A-Za-z0-9._-]{1,253}) [0-9a-f]{32}")
-PART_BYTES = 5 << 20  # an upload's part, the least S3 takes: what memory holds of a file going up
 SPOOL_PREFIX = "tokpack-spool-"
 SPOOL_MARK = ".tokpack-spool"  # locked by the run that made the spool: one that is unlocked was a killed run's
 
@@ -173,31 +172,22 @@ class RemoteFolder:
             self._call(name, lambda: self.fs.get_file(self._key(name), str(plan.out / name)))
         return record
 
-    def _put(self, local: Path, name: str) -> None:
-        """``local`` uploaded as ``name`` in parts of ``PART_BYTES``: one part in memory, whatever
-        the file's size (the store's own put_file reads 50 MB at a time). A retry starts it over."""
-        def put() -> None:
-            with open(local, "rb") as src, self.fs.open(self._key(name), "wb", block_size=PART_BYTES) as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-
-        self._call(name, put)
-
     def upload(self, plan: Plan, record: UnitRecord) -> None:
         """A finished unit's files, then its record; its shards then leave the spool."""
         for entry in units.record_files(record):  # type: ignore[arg-type]
             local = plan.out / entry["file"]
-            self._put(local, entry["file"])
+            self.store.put(local, entry["file"])
             if not entry["file"].startswith("."):  # a shard; the index parts stay for the merge
                 local.unlink()
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
-        self._put(plan.out / name, name)
+        self.store.put(plan.out / name, name)
 
     def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
         """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``
         (a sharded run's records and index parts), and an older corpus's files this one does not
         list, go."""
         for name in uploads:
-            self._put(spool / name, name)
+            self.store.put(spool / name, name)
         body = json_bytes(meta)
         self._call(META_NAME, lambda: self.fs.pipe_file(self._key(META_NAME), body))
         new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}

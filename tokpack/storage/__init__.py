@@ -23,6 +23,7 @@ import functools
 import io
 import os
 import re
+import shutil
 import stat
 import time
 import urllib.parse
@@ -386,14 +387,23 @@ def _library_options(protocol: str, options: dict[str, Any]) -> tuple[dict[str, 
     return options, attempts
 
 
+# An upload's part, the least S3 takes: what memory holds of a file going up. Each store's own
+# uploader is told so (s3fs's reads ten parts of 50 MB at once by default); any other is written
+# through a buffered file of parts this size.
+PART_BYTES = 5 << 20
+_PUT_OPTIONS = {"s3": {"chunksize": PART_BYTES, "max_concurrency": 1}, "gs": {"chunksize": PART_BYTES}}
+_PUT_OPTIONS.update(s3a=_PUT_OPTIONS["s3"], gcs=_PUT_OPTIONS["gs"])
+
+
 class Store(NamedTuple):
     """A URL's store as the options open it, once: fsspec's filesystem, the path the URL names in
-    it (no trailing slash), the attempts a request gets, and the URL as shown."""
+    it (no trailing slash), the attempts a request gets, the URL as shown, and its protocol."""
 
     fs: Any
     path: str
     attempts: int
     where: str
+    protocol: str
 
     def key(self, name: str) -> str:
         """The path of ``name`` below the URL's path."""
@@ -402,6 +412,17 @@ class Store(NamedTuple):
     def call(self, what: str, fn: Callable[[], Any], reset: Callable[[], None] = lambda: None) -> Any:
         """``fn()`` with this store's retries; errors name ``what`` below the URL."""
         return retried(fn, f"{self.where}/{what}" if what else self.where, self.attempts, reset)
+
+    def put(self, local: Path, name: str) -> None:
+        """``local`` uploaded as ``name``, one part of ``PART_BYTES`` in memory at a time, whatever
+        the file's size; a retry starts it over."""
+        options = _PUT_OPTIONS.get(self.protocol)
+
+        def stream() -> None:
+            with open(local, "rb") as src, self.fs.open(self.key(name), "wb", block_size=PART_BYTES) as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+
+        self.call(name, stream if options is None else lambda: self.fs.put_file(str(local), self.key(name), **options))
 
 
 def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
@@ -422,7 +443,7 @@ def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
         raise ValueError(scrub(f"{redact(raw)} cannot be opened with these storage options ({exc}); fix "
                                "--storage-options")) from None
     fs.invalidate_cache()
-    return Store(fs, path.rstrip("/"), attempts, redact(raw).rstrip("/"))
+    return Store(fs, path.rstrip("/"), attempts, redact(raw).rstrip("/"), raw.partition("://")[0])
 
 
 def _version(info: dict[str, Any]) -> str:
