@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from tokpack import PackedDocuments, Split, TokenWindows, build_loader, evaluate, to_device
+from tokpack import EvalRows, PackedDocuments, Split, TokenWindows, TrainRows, build_loader, evaluate, to_device
 from tokpack.cli import parser, run_cli
 from tokpack.options import add_options, build_config
 from tokpack.distributed import process_group
@@ -133,14 +133,14 @@ def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, r
     masked = packed and c.data.document_mask
     # Endless either way (random starts, or packed rows): the run's length is max_iters, so
     # --resume --max-iters N can extend it.
-    train = (PackedDocuments(train_split, T, packing=c.data.packing, buffer_size=c.data.buffer_size,
-                             split_long=c.data.split_long) if packed else TokenWindows(train_split, T))
+    rows = TrainRows(c.data.packing, buffer_size=c.data.buffer_size, split_long=c.data.split_long) if packed else None
+    train = PackedDocuments(train_split, T, rows=rows) if rows else TokenWindows(train_split, T)
     loader = build_loader(train, c.batch_size, seed=c.seed, num_workers=c.num_workers,
                           persistent_workers=c.num_workers > 0)
     val_loaders = {"val": build_loader(TokenWindows(val_split, T, stride=c.eval_stride or T), c.eval_batch_size)}
     if masked:  # a document-masked model is also scored as it was trained: each document alone
-        val_loaders["val_documents"] = build_loader(PackedDocuments(val_split, T, stride=c.eval_stride or T),
-                                                    c.eval_batch_size)
+        documents = PackedDocuments(val_split, T, rows=EvalRows(c.eval_stride or T))
+        val_loaders["val_documents"] = build_loader(documents, c.eval_batch_size)
 
     step, evals = 0, []
     if resume:

@@ -21,6 +21,7 @@ import torch
 
 from .cli import parser, run_cli, table
 from .data.loader import TokenLoader, build_loader
+from .data.layouts import EvalRows, TrainRows
 from .data.packing import PackedDocuments
 from .data.windows import TokenWindows
 from .split import open_splits
@@ -63,9 +64,9 @@ def check_folder(folder: str | Path, batches: int = 24, block_size: int = 64, ba
     splits = open_splits(folder)
     train = TokenWindows(splits["train"], block_size)
     train_epochs = TokenWindows(splits["train"], block_size, stride=block_size)
-    packed = PackedDocuments(splits["train"], block_size, packing="bestfit", buffer_size=64)
+    packed = PackedDocuments(splits["train"], block_size, rows=TrainRows("bestfit", buffer_size=64))
     evaluations = {"val (in order)": TokenWindows(splits["val"], block_size, stride=block_size),
-                   "val (per document)": PackedDocuments(splits["val"], block_size, stride=block_size)}
+                   "val (per document)": PackedDocuments(splits["val"], block_size, rows=EvalRows(block_size))}
     setups: dict[str, Callable[..., TokenLoader]] = {
         "train (random starts)": lambda **kw: build_loader(train, batch_size, seed, num_samples=batch_size * 5, **kw),
         "train (epochs)": lambda **kw: build_loader(train_epochs, batch_size, seed, shuffle=True, **kw),

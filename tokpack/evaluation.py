@@ -34,6 +34,7 @@ from torch.nn import functional as F
 
 from .cli import parser, run_cli, table
 from .data.loader import build_loader
+from .data.layouts import EvalRows
 from .data.packing import PackedDocuments
 from .data.runtime import rank_world, to_device
 from .data.windows import IGNORE_INDEX, TokenWindows
@@ -286,7 +287,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Any], device: str | torch.
     if max_batches is None and _endless(loader):
         raise ValueError("evaluate needs a finite loader, and this one's sampler is endless (training windows or "
                          "rows); build it with stride=, as TokenWindows(path, T, stride=T) or PackedDocuments(path, "
-                         "T, stride=T), or pass max_batches=")
+                         "T, rows=EvalRows(T)), or pass max_batches=")
     device = torch.device(device) if device is not None else next(model.parameters(), torch.empty(0)).device
     if token_bytes is None:
         token_bytes = _byte_lengths_for(loader)
@@ -357,7 +358,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
           documents: bool = False, hf_models: Sequence[str] = (), llmc_models: Sequence[str] = ()
           ) -> list[dict[str, Any]]:
     """One result row per (model, stride), and with ``documents`` a second one scoring each
-    document alone (packed rows with a document mask, ``PackedDocuments(stride=S)``).
+    document alone (packed rows with a document mask, ``PackedDocuments(rows=EvalRows(S))``).
 
     Args:
         checkpoints: scripts/train_gpt.py's or nanoGPT's checkpoints.
@@ -387,7 +388,7 @@ def sweep(folder: str | Path, checkpoints: Sequence[str] = (), baselines: Sequen
         for S in strides or [T]:
             scopes = {"stream": TokenWindows(splits[split], T, stride=S)}
             if documents:
-                scopes["documents"] = PackedDocuments(splits[split], T, stride=S)
+                scopes["documents"] = PackedDocuments(splits[split], T, rows=EvalRows(S))
             for scope, dataset in scopes.items():
                 loader = build_loader(dataset, batch_size)
                 with tqdm(total=len(loader), unit="batch", desc=f"{name} T={T} S={S} {scope}",

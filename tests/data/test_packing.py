@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tokpack.bench.packing import nanochat_bestfit
 from tokpack.check import resumed, take
 from tokpack.data.loader import build_loader
 from tokpack.data.packers import Order
+from tokpack.data.layouts import HF, PRESETS, EvalRows, Flat, Rows, TrainRows, preset
 from tokpack.data.packing import PackedDocuments
 from tokpack.evaluation import evaluate
 from tokpack.models import GPT, GPTConfig
@@ -72,8 +74,8 @@ def modded_batches(tokens, num_tokens, max_seq_len, max_num_docs):
 
 def test_flat_aligned_batches_are_modded_nanogpts(prepended):
     N, max_seq_len, max_docs = 96, 40, 12
-    data = PackedDocuments(prepended, N, split="train", packing="aligned", max_doc_len=max_seq_len, form="flat",
-                           max_docs=max_docs - 1)
+    data = PackedDocuments(prepended, N, split="train", rows=TrainRows("aligned", max_doc_len=max_seq_len),
+                           form=Flat(max_docs - 1))
     assert not data.insert_bos  # --eot prepend: every document already starts with BOS
     ours = take_batches(build_loader(data, 1, seed=0, shuffle=False), 30)
     theirs = list(itertools.islice(modded_batches(stored(prepended), N, max_seq_len, max_docs), 30))
@@ -100,7 +102,7 @@ def take_batches(loader, n):
 @pytest.mark.parametrize("buffer_size", [1, 8, 64])
 def test_bestfit_rows_are_nanochats_with_no_padding(prepared, buffer_size):
     T, rows = 48, 40
-    data = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=buffer_size)
+    data = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=buffer_size))
     assert data.insert_bos  # --eot append: the dataset leads each document with the BOS
     tokens = stored(prepared)
     bounds = list(zip(data.index.starts.tolist(), data.index.ends.tolist()))
@@ -117,7 +119,7 @@ def test_bestfit_rows_are_nanochats_with_no_padding(prepared, buffer_size):
 
 def test_aligned_rows_start_at_documents_and_state_what_they_drop(prepared):
     T = 32
-    data = PackedDocuments(prepared, T, split="train", packing="aligned")
+    data = PackedDocuments(prepared, T, split="train", rows="aligned")
     lengths = (data.index.ends - data.index.starts + 1).tolist()  # with the inserted BOS
     rows = list(itertools.islice(data.rows(), 50))
     # The rule: documents in order (epoch after epoch), each cut to T + 1; the one reaching the
@@ -139,8 +141,9 @@ def test_aligned_rows_start_at_documents_and_state_what_they_drop(prepared):
 
 def test_position_ids_cu_seqlens_and_the_boundary_mask_follow_the_documents(prepared):
     T = 40
-    plain = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=16)
-    masked = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=16, mask_boundary=True)
+    plain = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=16))
+    masked = PackedDocuments(prepared, T, split="train",
+                             rows=TrainRows("bestfit", buffer_size=16, mask_boundary=True))
     rows = list(itertools.islice(plain.rows(), 6))
     a, b = plain.__getitems__(rows), masked.__getitems__(rows)
     assert torch.equal(a.x, b.x) and torch.equal(a.position_ids, b.position_ids)
@@ -177,8 +180,8 @@ class HFStyleLM(torch.nn.Module):
 def test_the_hf_form_trains_an_hf_style_model_on_each_document_alone(prepared):
     T = 32
     gpt = GPT(GPTConfig(vocab_size=50304, block_size=2 * T, n_layer=1, n_head=2, n_embd=16)).double()
-    hf = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, form="hf")
-    rows = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, mask_boundary=True)
+    hf = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=8), form="hf")
+    rows = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=8, mask_boundary=True))
     batch = next(iter(build_loader(hf, 3, seed=0)))
     assert set(batch) == {"input_ids", "labels", "position_ids"} and batch["input_ids"].shape == (1, 3 * T)
     reference = next(iter(build_loader(rows, 3, seed=0)))
@@ -201,9 +204,9 @@ def test_the_hf_form_is_the_real_flattening_collators_batch_with_its_optional_ke
     collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True,
                                                        return_tensors="pt")
     T = 32
-    asked = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8, form="hf",
-                            return_flash_attn_kwargs=True, return_seq_idx=True)
-    rows = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=8)
+    asked = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=8),
+                            form=HF(flash_attn_kwargs=True, seq_idx=True))
+    rows = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=8))
     batch = next(iter(build_loader(asked, 3, seed=0, num_workers=0)))
     reference = next(iter(build_loader(rows, 3, seed=0)))
     x, cu = reference.x.reshape(-1).tolist(), reference.cu_seqlens.tolist()
@@ -214,8 +217,8 @@ def test_the_hf_form_is_the_real_flattening_collators_batch_with_its_optional_ke
             assert type(batch[key]) is int and batch[key] == value, key
         else:
             assert batch[key].dtype == value.dtype and torch.equal(batch[key], value), key
-    with pytest.raises(ValueError, match="pass form='hf'"):
-        PackedDocuments(prepared, T, split="train", return_seq_idx=True)
+    with pytest.raises(ValueError, match="pass form='hf'"), pytest.warns(DeprecationWarning):
+        PackedDocuments(prepared, T, split="train", return_seq_idx=True)  # 0.2's keywords; HF() alone takes it now
 
 
 # -- exact per-document evaluation ------------------------------------------------------------------
@@ -247,7 +250,7 @@ def test_packed_masked_evaluation_equals_each_document_scored_alone(few):
                         skip = 0 if s == 0 else T - S
                         total += losses[row, skip:].sum().item()
                         count += losses.shape[1] - skip
-        data = PackedDocuments(few, T, split="val", stride=S)
+        data = PackedDocuments(few, T, split="val", rows=EvalRows(S))
         one = evaluate(model, build_loader(data, 3), "cpu")
         assert one["tokens"] == count == sum(len(d) - 1 for d in docs)
         assert one["loss"] * one["tokens"] == pytest.approx(total, rel=1e-9)
@@ -268,7 +271,7 @@ def test_a_model_without_position_ids_is_refused_on_packed_rows(prepared):
         def forward(self, x):
             return self.emb(x)
 
-    data = PackedDocuments(prepared, 16, split="val", stride=16)
+    data = PackedDocuments(prepared, 16, split="val", rows=EvalRows(16))
     with pytest.raises(ValueError, match="takes no position_ids and cu_seqlens"):
         evaluate(Plain(), build_loader(data, 2), "cpu")
 
@@ -277,7 +280,7 @@ def test_a_model_without_position_ids_is_refused_on_packed_rows(prepared):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_at_random_batches_gives_the_uninterrupted_batches(prepared, workers):
-    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    data = PackedDocuments(prepared, 32, split="train", rows=TrainRows("bestfit", buffer_size=16))
     build = lambda: build_loader(data, 4, seed=7, num_workers=workers)  # noqa: E731
     fresh = take(build(), 12)
     rng = np.random.default_rng(workers)
@@ -287,7 +290,7 @@ def test_resume_at_random_batches_gives_the_uninterrupted_batches(prepared, work
 
 
 def test_training_rows_are_a_function_of_the_seed_and_rank_shares_are_disjoint(prepared):
-    data = PackedDocuments(prepared, 32, split="train", packing="aligned")
+    data = PackedDocuments(prepared, 32, split="train", rows="aligned")
     n = len(data)
 
     def one_epoch(seed, rank=0, world=1):
@@ -303,8 +306,8 @@ def test_training_rows_are_a_function_of_the_seed_and_rank_shares_are_disjoint(p
 
 
 def test_a_state_taken_under_another_packing_is_refused(prepared):
-    a = build_loader(PackedDocuments(prepared, 32, split="train", packing="aligned"), 2, seed=0)
-    b = build_loader(PackedDocuments(prepared, 32, split="train", packing="bestfit"), 2, seed=0)
+    a = build_loader(PackedDocuments(prepared, 32, split="train", rows="aligned"), 2, seed=0)
+    b = build_loader(PackedDocuments(prepared, 32, split="train", rows="bestfit"), 2, seed=0)
     take(a, 2)
     with pytest.raises(ValueError, match="packing"):
         b.load_state_dict(a.state_dict())
@@ -317,11 +320,13 @@ def test_forged_rows_and_settings_are_refused_in_one_line(prepared):
     for rows in ([((0, 0, 5, 0),)], [((10**6, 0, 17, 0),)], [((0, 10**6, 17, 0),)], [((0, 0, 17, 0), (1, 0, 17, 0))]):
         with pytest.raises(ValueError, match="packed rows must be"):
             data.__getitems__(rows)
-    for kwargs, fragment in (({"packing": "greedy"}, "not one of aligned, bestfit"), ({"form": "2d"}, "not one of rows"),
-                             ({"stride": 17}, "must lie in 1..block_size"), ({"max_docs": 4}, "form='flat'")):
+    for kwargs, fragment in (({"rows": "greedy"}, "not one of aligned, bestfit"), ({"form": "2d"}, "not one of rows"),
+                             ({"rows": EvalRows(17)}, "must lie in 1..block_size")):
         with pytest.raises(ValueError, match=fragment):
             PackedDocuments(prepared, 16, split="train", **kwargs)
-    crowded = PackedDocuments(prepared, 64, split="train", packing="bestfit", form="flat", max_docs=1)
+    with pytest.raises(ValueError, match="form='flat'"), pytest.warns(DeprecationWarning):
+        PackedDocuments(prepared, 16, split="train", max_docs=4)  # 0.2's keywords: only Flat() takes it now
+    crowded = PackedDocuments(prepared, 64, split="train", rows="bestfit", form=Flat(1))
     with pytest.raises(ValueError, match="more than max_docs=1"):
         next(iter(build_loader(crowded, 1, seed=0)))
 
@@ -342,7 +347,7 @@ def test_foreign_folders_without_meta_need_the_bos_named(prepared, tmp_path):
 
 def test_split_long_serves_long_documents_as_bos_led_pieces_that_tile_them(prepared):
     T = 24
-    data = PackedDocuments(prepared, T, split="train", packing="bestfit", buffer_size=32, split_long=True)
+    data = PackedDocuments(prepared, T, split="train", rows=TrainRows("bestfit", buffer_size=32, split_long=True))
     assert len(data) > len(data.index) and data.lengths.max() == T + 1
     tokens = stored(prepared)
     # The pieces, in order, are the stored tokens, each exactly once.
@@ -380,8 +385,8 @@ def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path)
     for doc in docs:
         builder.add_document(np.array(doc, dtype=np.uint16), [len(doc)])
     builder.finalize(str(tmp_path / "web_text_document.idx"))
-    for data in (PackedDocuments(folder, 16, split="train", packing="aligned"),
-                 PackedDocuments(tmp_path / "web_text_document.bin", 16, packing="aligned", bos_id=EOT)):
+    for data in (PackedDocuments(folder, 16, split="train", rows="aligned"),
+                 PackedDocuments(tmp_path / "web_text_document.bin", 16, rows="aligned", bos_id=EOT)):
         assert len(data.index) == len(docs)
         batch = next(iter(build_loader(data, 6, seed=0, shuffle=False)))
         x = torch.cat([batch.x, batch.y[:, -1:]], 1)
@@ -394,31 +399,75 @@ def test_llmc_shards_and_megatron_datasets_pack_by_their_own_documents(tmp_path)
 
 # -- parameters and states from outside ---------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"packing": "bestfit", "buffer_size": 10**9}, "buffer_size 1,000,000,000 is more than the"),
-    ({"packing": "bestfit", "buffer_size": 2.5}, "buffer_size=2.5 is not an int"),
+@pytest.mark.parametrize("make,fragment", [  # a combination that means nothing cannot be written
+    (lambda: TrainRows("packed"), "packing 'packed' is not one of aligned, bestfit"),
+    (lambda: TrainRows(buffer_size=2.5), "buffer_size=2.5 is not an int"),
+    (lambda: TrainRows(buffer_size=0), "buffer_size 0 must be at least 1"),
+    (lambda: TrainRows(max_doc_len=0), "max_doc_len 0 must be at least 1"),
+    (lambda: TrainRows(ranks="nodes"), "ranks 'nodes' is not one of documents, rows, groups"),
+    (lambda: TrainRows(shard_end="skip"), "shard_end 'skip' is not one of continue, drop"),
+    (lambda: TrainRows("bestfit", refill=0), "refill 0 must be at least 1"),
+    (lambda: TrainRows("bestfit", refill=1.5), "refill=1.5 is not an int"),
+    (lambda: TrainRows(refill=128), "packing='aligned' has no buffer: drop it"),
+    (lambda: TrainRows("bestfit", shard_end="drop"), "shard_end='drop' is modded-nanogpt's rule"),
+    (lambda: TrainRows(ranks="groups", split_long=True), "split_long cuts them into pieces"),
+    (lambda: EvalRows(0), "stride 0 must be at least 1"),
+    (lambda: Flat(max_docs=0), "max_docs 0 must be at least 1"),
+    (lambda: Flat(max_docs=-1), "max_docs -1 must be at least 1"),
+    (lambda: preset("torchtitan"), "preset 'torchtitan' is not one of nanochat, modded, hf"),
+])
+def test_every_setting_is_checked_where_it_is_made(make, fragment):
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        make()
+
+
+@pytest.mark.parametrize("kwargs,fragment", [  # what needs the data: checked at construction
+    ({"rows": TrainRows("bestfit", buffer_size=10**9)}, "buffer_size 1,000,000,000 is more than the"),
+    ({"rows": TrainRows("bestfit", refill=2**70)}, "refill 1,180,591,620,717,411,303,424 is more than the"),
     ({"block_size": 10**9}, "block_size 1000000000 needs rows of"),
     ({"block_size": 10**7}, "block_size 10000000 needs rows of"),
-    ({"form": "flat", "max_docs": 0}, "max_docs 0 must be at least 1"),
-    ({"form": "flat", "max_docs": -1}, "max_docs -1 must be at least 1"),
+    ({"block_size": 0}, "block_size 0 must be at least 1"),
+    ({"rows": EvalRows(17)}, "stride 17 must lie in 1..block_size"),
     ({"bos_id": -1}, "bos_id -1 is not a token id"),
     ({"bos_id": 70000}, "bos_id 70000 is not a token id"),
     ({"bos_id": 2**40}, "is not a token id"),
     ({"bos_id": 1.5}, "bos_id=1.5 is not an int"),
-    ({"ranks": "nodes"}, "ranks 'nodes' is not one of documents, rows, groups"),
-    ({"shard_end": "skip"}, "shard_end 'skip' is not one of continue, drop"),
-    ({"packing": "bestfit", "refill": 0}, "refill 0 must be at least 1"),
-    ({"packing": "bestfit", "refill": 1.5}, "refill=1.5 is not an int"),
-    ({"packing": "bestfit", "refill": 2**70}, "refill 1,180,591,620,717,411,303,424 is more than the"),
-    ({"refill": 128}, "packing='aligned' has no buffer: drop it"),
-    ({"stride": 8, "ranks": "rows"}, "evaluation rows are read in order: drop them"),
-    ({"packing": "bestfit", "shard_end": "drop"}, "shard_end='drop' is modded-nanogpt's rule"),
-    ({"ranks": "groups", "split_long": True}, "split_long cuts them into pieces"),
+    ({"rows": "packed"}, "rows 'packed' is not one of aligned, bestfit"),
+    ({"rows": 3}, "is not TrainRows, EvalRows, a packing or a preset"),
+    ({"form": "table"}, "form 'table' is not one of rows, flat, hf"),
+    ({"form": TrainRows()}, "is not Rows(), Flat(), HF() or one of their names"),
 ])
 def test_every_parameter_is_checked_at_construction(prepared, kwargs, fragment):
     kwargs = {"block_size": 16, **kwargs}
-    with pytest.raises((ValueError, TypeError), match=fragment):
+    with pytest.raises((ValueError, TypeError), match=re.escape(fragment)):
         PackedDocuments(prepared, kwargs.pop("block_size"), split="train", **kwargs)
+
+
+@pytest.mark.parametrize("old,new", [
+    ({"packing": "bestfit", "buffer_size": 16, "mask_boundary": True},
+     {"rows": TrainRows("bestfit", buffer_size=16, mask_boundary=True)}),
+    ({"stride": 8}, {"rows": EvalRows(8)}),
+    ({"packing": "bestfit", "form": "flat", "max_docs": 40}, {"rows": "bestfit", "form": Flat(40)}),
+    ({"packing": "bestfit", "form": "hf", "return_seq_idx": True}, {"rows": "bestfit", "form": HF(seq_idx=True)}),
+])
+def test_tokpack_02s_keywords_still_give_the_same_batches_with_a_warning(prepared, old, new):
+    split = "val" if "stride" in old else "train"
+    with pytest.warns(DeprecationWarning, match="is tokpack 0.2's spelling and goes in 0.3"):
+        before = PackedDocuments(prepared, 16, split=split, **old)
+    after = PackedDocuments(prepared, 16, split=split, **new)
+    assert before.describe_packing() == after.describe_packing()
+    take_both = [list(itertools.islice(build_loader(d, 2, seed=4), 5)) for d in (before, after)]
+    for a, b in zip(*take_both, strict=True):
+        a, b = (a, b) if isinstance(a, dict) else (a._asdict(), b._asdict())
+        assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'strides'"):
+        PackedDocuments(prepared, 16, split=split, strides=8)
+
+
+def test_the_presets_are_each_stacks_settings():
+    assert preset("nanochat") == TrainRows("bestfit", buffer_size=1000, refill=128, ranks="groups")
+    assert preset("modded", max_doc_len=2048) == TrainRows("aligned", max_doc_len=2048, ranks="rows", shard_end="drop")
+    assert PRESETS["modded"].form == Flat() and PRESETS["hf"].form == HF() and PRESETS["nanochat"].form == Rows()
 
 
 def test_shard_end_drop_refuses_rows_or_steps_no_shard_can_hold(tmp_path):
@@ -426,9 +475,9 @@ def test_shard_end_drop_refuses_rows_or_steps_no_shard_can_hold(tmp_path):
     sizes = [s["tokens"] for s in json.loads((folder / "meta.json").read_text())["splits"]["train"]["shards"]]
     assert len(sizes) > 2 and sum(sizes) > 2 * max(sizes)  # a row of most of the split fits it, not a shard
     with pytest.raises(ValueError, match="shard_end='drop' serves no row that runs past a token file's end"):
-        PackedDocuments(folder, sum(sizes) // 2, split="train", shard_end="drop")
+        PackedDocuments(folder, sum(sizes) // 2, split="train", rows=TrainRows(shard_end="drop"))
     T = max(sizes) // 2  # one row fits a shard, a step of four ranks' rows does not
-    rows = PackedDocuments(folder, T, split="train", shard_end="drop", ranks="rows")
+    rows = PackedDocuments(folder, T, split="train", rows=TrainRows(ranks="rows", shard_end="drop"))
     assert len(next(iter(build_loader(rows, 1, seed=0, rank=0, world_size=1)))[0][0]) == T
     with pytest.raises(ValueError, match="needs a step of 4 rows of"):
         next(iter(build_loader(rows, 1, seed=0, rank=0, world_size=4)))
@@ -437,7 +486,7 @@ def test_shard_end_drop_refuses_rows_or_steps_no_shard_can_hold(tmp_path):
 def test_a_resume_costs_the_same_at_any_step(prepared, monkeypatch):
     from tokpack.data import packers
 
-    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    data = PackedDocuments(prepared, 32, split="train", rows=TrainRows("bestfit", buffer_size=16))
     for at in (3, 40):
         first = build_loader(data, 4, seed=3)
         take(first, at)
@@ -454,7 +503,7 @@ def test_a_resume_costs_the_same_at_any_step(prepared, monkeypatch):
 
 
 def _packed_state(prepared, at=5):
-    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    data = PackedDocuments(prepared, 32, split="train", rows=TrainRows("bestfit", buffer_size=16))
     loader = build_loader(data, 4, seed=3)
     take(loader, at)
     return data, loader.state_dict()
@@ -472,7 +521,7 @@ def _packed_state(prepared, at=5):
 def test_forged_packed_states_are_refused_in_one_line(prepared, forgery, fragment):
     from tokpack.data.packers import PackerState, buffer_key
 
-    data = PackedDocuments(prepared, 32, split="train", packing="bestfit", buffer_size=16)
+    data = PackedDocuments(prepared, 32, split="train", rows=TrainRows("bestfit", buffer_size=16))
     loader = build_loader(data, 4, seed=3)
     take(loader, 5)
     state = loader.state_dict()

@@ -15,6 +15,7 @@ import pytest
 
 from helpers import WORDS
 from tokpack.data.loader import build_loader
+from tokpack.data.layouts import Flat, TrainRows, preset
 from tokpack.data.packing import PackedDocuments
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.tokenizer import load_encoding
@@ -100,8 +101,7 @@ def test_bestfit_rows_are_nanochats_at_its_defaults(parquet_corpus, world, buffe
     folder, files = parquet_corpus
     B, T, steps = 8, 64, 2400 // 8 // world
     for rank in range(world):
-        data = PackedDocuments(folder, T, split="train", packing="bestfit", buffer_size=buffer_size, ranks="groups",
-                               refill=128)
+        data = PackedDocuments(folder, T, split="train", rows=preset("nanochat", buffer_size=buffer_size))
         ours = itertools.islice(build_loader(data, B, seed=0, rank=rank, world_size=world), steps)
         theirs = nanochat_bestfit_rows(files[:-1], B, T, rank, world, buffer_size)
         for step, (batch, rows) in enumerate(zip(ours, theirs)):
@@ -111,7 +111,7 @@ def test_bestfit_rows_are_nanochats_at_its_defaults(parquet_corpus, world, buffe
 
 def test_nanochat_order_resumes_exactly_and_keeps_its_rules(parquet_corpus, tmp_path):
     folder, files = parquet_corpus
-    data = PackedDocuments(folder, 64, split="train", packing="bestfit", buffer_size=300, ranks="groups", refill=128)
+    data = PackedDocuments(folder, 64, split="train", rows=preset("nanochat", buffer_size=300))
     loader = build_loader(data, 4, seed=0, rank=1, world_size=2)
     it = iter(loader)
     for _ in range(37):
@@ -128,7 +128,7 @@ def test_nanochat_order_resumes_exactly_and_keeps_its_rules(parquet_corpus, tmp_
     plain = tmp_path / "plain"  # documents split by hash: no file is whole in a split, so no row groups
     prepare(PrepareConfig(inputs=tuple(map(str, files)), out_dir=str(plain), eot="prepend", quiet=True))
     with pytest.raises(ValueError, match="prepare again with --val-inputs"):
-        PackedDocuments(plain, 64, split="train", packing="bestfit", ranks="groups")
+        PackedDocuments(plain, 64, split="train", rows=TrainRows("bestfit", ranks="groups"))
 
 
 # -- modded-nanogpt: aligned flat batches over llm.c shards -----------------------------------------
@@ -222,8 +222,8 @@ def test_aligned_batches_are_modded_nanogpts_at_its_defaults(llmc_corpus, world)
     max_docs = next_multiple_of_n(N // 300, 128) - 1
     for rank in range(world):
         theirs = list(modded_batches(files, N * world, max_seq_len, rank, world))
-        data = PackedDocuments(llmc_corpus, N, split="train", packing="aligned", max_doc_len=max_seq_len, form="flat",
-                               max_docs=max_docs, ranks="rows", shard_end="drop")
+        data = PackedDocuments(llmc_corpus, N, split="train", rows=preset("modded", max_doc_len=max_seq_len),
+                               form=Flat(max_docs))
         loader = build_loader(data, 1, seed=0, rank=rank, world_size=world)
         ours = list(itertools.islice(loader, len(theirs)))
         assert len(theirs) > 20

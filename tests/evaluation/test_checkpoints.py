@@ -14,6 +14,7 @@ import tokpack
 from helpers import cli_run, make_docs, prepare_docs, write_llmc_model, write_llmc_tokenizer
 from tokpack.models.checkpoints import load_llmc
 from tokpack.data.loader import build_loader
+from tokpack.data.layouts import EvalRows
 from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows
 from tokpack.evaluation import main, sweep
@@ -161,7 +162,7 @@ def test_a_model_that_attends_across_documents_given_position_ids_is_refused(pre
         def forward(self, input_ids, position_ids=None, use_cache=None):
             return self.gpt(input_ids)
 
-    loader = build_loader(PackedDocuments(prepared, T, split="val", stride=T), 4)
+    loader = build_loader(PackedDocuments(prepared, T, split="val", rows=EvalRows(T)), 4)
     with pytest.raises(ValueError, match="attends across documents when given position ids alone"):
         tokpack.evaluate(Unmasked(), loader)
 

@@ -17,6 +17,7 @@ import pytest
 
 from helpers import ROOT, make_docs, prepare_docs
 from tokpack.data.loader import build_loader
+from tokpack.data.layouts import EvalRows
 from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows
 from tokpack.evaluation import main as evaluate_main
@@ -68,9 +69,9 @@ def test_a_remote_folder_gives_the_local_folders_batches_and_resumes_them(publis
     resumed = build_loader(local, 4, seed=3)  # a state taken on the remote folder resumes on the local one
     resumed.load_state_dict(loader.state_dict())
     assert _take(resumed, 2) == _batches(local, 5)[3:]
-    packed = PackedDocuments(url, 32, split="val", stride=32)
+    packed = PackedDocuments(url, 32, split="val", rows=EvalRows(32))
     assert [b.x.tolist() for b in build_loader(packed, 4)] == [
-        b.x.tolist() for b in build_loader(PackedDocuments(published, 32, split="val", stride=32), 4)]
+        b.x.tolist() for b in build_loader(PackedDocuments(published, 32, split="val", rows=EvalRows(32)), 4)]
 
 
 def test_the_commands_read_a_remote_folder(published, s3_server, tmp_path, monkeypatch, capsys):

@@ -25,6 +25,7 @@ import torch
 
 from ..cli import table
 from ..data.loader import build_loader
+from ..data.layouts import EvalRows, TrainRows
 from ..data.packing import PackedDocuments
 from ..data.windows import TokenWindows
 from ..format import INDEX_DTYPE
@@ -88,7 +89,7 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
                   mean_length: float) -> dict[str, Any]:
     path = synthetic_documents(folder, tokens, mean_length)
     split = open_split(path, dtype="uint16")
-    packed = PackedDocuments(split, T, packing="bestfit", buffer_size=buffer_size, bos_id=BOS)
+    packed = PackedDocuments(split, T, rows=TrainRows("bestfit", buffer_size=buffer_size), bos_id=BOS)
     flat = np.fromfile(path, dtype=np.uint16)
     ends = np.append(packed.index.starts[1:], len(flat))
     docs = [flat[s:e].tolist() for s, e in zip(packed.index.starts.tolist(), ends.tolist())]
@@ -127,11 +128,12 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
                        "2 workers range"]))
     stages = _stages(packed, B, batches, rounds)
     packings = []
-    for name, options in (("aligned", {"packing": "aligned"}), ("bestfit", {"packing": "bestfit"}),
-                          ("bestfit, split_long", {"packing": "bestfit", "split_long": True}),
-                          ("evaluation (stride T)", {"stride": T})):
-        data = PackedDocuments(split, T, buffer_size=buffer_size, bos_id=BOS, **options)
-        packings.append({"packing": name, **data.stats(len(flat) // (T + 1) if "stride" not in options else 10**9)})
+    for name, rows in (("aligned", TrainRows("aligned", buffer_size=buffer_size)),
+                       ("bestfit", TrainRows("bestfit", buffer_size=buffer_size)),
+                       ("bestfit, split_long", TrainRows("bestfit", buffer_size=buffer_size, split_long=True)),
+                       ("evaluation (stride T)", EvalRows(T))):
+        data = PackedDocuments(split, T, rows=rows, bos_id=BOS)
+        packings.append({"packing": name, **data.stats(len(flat) // (T + 1) if data.stride is None else 10**9)})
     print(f"packings over one epoch's worth of rows ({len(flat) // (T + 1):,}; evaluation: every document once):")
     print(table(packings, ["packing", "rows", "utilisation", "cropped"]))
     return {"bench": "packing", "B": B, "T": T, "tokens": len(flat), "documents": len(docs),
@@ -184,8 +186,8 @@ def bench_resume(folder: Path, positions: list[int], block_size: int, batch_size
     data[starts] = BOS
     data.tofile(folder / "train.bin")
     starts.astype(INDEX_DTYPE).tofile(folder / "train.idx")
-    dataset = PackedDocuments(open_split(folder / "train.bin", dtype="uint16"), block_size, packing="bestfit",
-                              buffer_size=buffer_size, bos_id=BOS)
+    dataset = PackedDocuments(open_split(folder / "train.bin", dtype="uint16"), block_size,
+                              rows=TrainRows("bestfit", buffer_size=buffer_size), bos_id=BOS)
     stream, rows = (0, 0, 1, True), []
     order = Order()
     runs = order.ranges(documents, stream)

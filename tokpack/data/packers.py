@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,6 @@ class PackerState:
     buffer: list[int] = field(default_factory=list)
 
 
-RANKS = ("documents", "rows", "groups")
 
 
 class Runs:
@@ -60,6 +59,15 @@ class Runs:
         """The run of each epoch position, and the position within it."""
         run = np.searchsorted(self.ends, positions, side="right")
         return run, positions - self.ends[run] + self.counts[run]
+
+
+class Stream(NamedTuple):
+    """One rank's row stream of a packing: rows are a pure function of it and the document lengths."""
+
+    seed: int
+    rank: int
+    world_size: int
+    shuffle: bool
 
 
 def file_room(files: np.ndarray, lengths: np.ndarray, cap: float) -> int:
@@ -89,7 +97,7 @@ class Order:
     groups: tuple[tuple[int, ...], ...] = ()
     files: np.ndarray | None = field(default=None, compare=False)
 
-    def ranges(self, n: int, stream: tuple[int, int, int, bool]) -> Runs:
+    def ranges(self, n: int, stream: Stream) -> Runs:
         """The runs of one epoch a rank takes in stored order: its row groups ("groups"), else one
         run of its whole share, whose documents ``documents_at`` places. O(row groups)."""
         _, rank, world, _ = stream
@@ -103,7 +111,7 @@ class Order:
             at += int(offsets[-1])
         return Runs(np.concatenate([np.zeros(0, np.int64), *firsts]), np.concatenate([np.zeros(0, np.int64), *counts]))
 
-    def documents_at(self, n: int, positions: np.ndarray, stream: tuple[int, int, int, bool], epoch: int,
+    def documents_at(self, n: int, positions: np.ndarray, stream: Stream, epoch: int,
                      runs: Runs) -> np.ndarray:
         """The documents at ``positions`` of a rank's ``epoch``."""
         seed, rank, world, shuffle = stream
@@ -119,7 +127,7 @@ class Order:
         """Whether each epoch position starts a refill batch: at every run's start, then every ``refill``."""
         return runs.locate(positions)[1] % self.refill == 0
 
-    def _chunks(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+    def _chunks(self, lengths: np.ndarray, stream: Stream,
                 start: int) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
         """A rank's endless stream from its ``start``-th document as (positions in the epoch,
         documents, last chunk of an epoch), a chunk at a time."""
@@ -131,13 +139,13 @@ class Order:
                 positions = np.arange(lo, min(lo + CHUNK, share))
                 yield positions, self.documents_at(len(lengths), positions, stream, epoch, runs), lo + CHUNK >= share
 
-    def pairs(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+    def pairs(self, lengths: np.ndarray, stream: Stream,
               start: int = 0) -> Iterator[tuple[int, int]]:
         """A rank's endless (document, length) stream from its ``start``-th document."""
         for _, docs, _ in self._chunks(lengths, stream, start):
             yield from zip(docs.tolist(), lengths[docs].tolist())
 
-    def batches(self, lengths: np.ndarray, stream: tuple[int, int, int, bool],
+    def batches(self, lengths: np.ndarray, stream: Stream,
                 start: int = 0) -> Iterator[list[tuple[int, int]]]:
         """The same stream in refill batches (from a ``start`` that begins one)."""
         runs = self.ranges(len(lengths), stream)
@@ -195,7 +203,7 @@ class TrainingRows:
     With ranks="rows" every rank packs each step's rows and keeps its own: O(world_size) the cost.
     """
 
-    def __init__(self, lengths: np.ndarray, stream: tuple[int, int, int, bool], packer: Packer,
+    def __init__(self, lengths: np.ndarray, stream: Stream, packer: Packer,
                  state: PackerState | None = None):
         start = state or PackerState()
         self.buffer = list(start.buffer)  # its own: the state it started from stays as it was
@@ -286,7 +294,7 @@ class TrainingRows:
                 row, pos = [], 0
 
 
-def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int, int, bool], packer: Packer) -> None:
+def check_state(state: PackerState, lengths: np.ndarray, stream: Stream, packer: Packer) -> None:
     """Refuse a state this stream could not have reached, in O(buffer_size): every buffer entry must be
     the document the stream holds at its arrival, with its length, not yet placed, sorted; the
     rows made and documents taken must agree (each row holds 1 to ``capacity`` documents), and
@@ -303,7 +311,7 @@ def check_state(state: PackerState, lengths: np.ndarray, stream: tuple[int, int,
     if not low <= len(buffer) <= high or buffer != sorted(set(buffer)):
         raise ValueError(f"a packing state's buffer holds {len(buffer)} entries where this packing keeps {low} to "
                          f"{high} (sorted and distinct); it is forged or from another packing")
-    rows = state.row * (stream[2] if order.ranks == "rows" else 1)
+    rows = state.row * (stream.world_size if order.ranks == "rows" else 1)
     most = math.inf if order.files is not None else rows * packer.capacity
     if not rows <= placed <= most:
         raise ValueError(f"a packing state claims {state.row} rows from {placed} placed documents, which no packing "

@@ -1,9 +1,9 @@
 """Packed documents: rows that start at a document start, with the document structure alongside.
 
     from tokpack import PackedDocuments, build_loader
-    train = PackedDocuments("data/sample", 256, split="train", packing="bestfit")
+    train = PackedDocuments("data/sample", 256, split="train", rows="bestfit")
     x, y, position_ids, cu_seqlens, max_seqlen = next(iter(build_loader(train, 8, seed=1337)))
-    val = PackedDocuments("data/sample", 256, split="val", stride=128)   # every target once, per document
+    val = PackedDocuments("data/sample", 256, split="val", rows=EvalRows(128))   # every target once, per document
 
 A row is T + 1 tokens (x = row[:-1], y = row[1:]) made of segments, each the head of one document
 (or with ``split_long`` one piece of it) led by the encoding's end-of-text token as BOS (already
@@ -36,6 +36,7 @@ import hashlib
 import json
 import itertools
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,17 +48,17 @@ from torch.utils.data import Dataset
 from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
-from .packers import (RANKS, Order, Packer, PackerState, Row, TrainingRows, buffer_entries, buffer_key, check_state,
+from .packers import (Order, Packer, PackerState, Row, Stream, TrainingRows, buffer_entries, buffer_key, check_state,
                       evaluation_rows, file_room, in_order)
 from .protocol import compact_copy
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
+from .layouts import BUFFER_SIZE, EvalRows, Flat, Form, HF, Packing, TrainRows, resolve
 from .windows import IGNORE_INDEX, _whole
 
-PACKINGS = ("aligned", "bestfit")
-BUFFER_SIZE = 1000  # nanochat's best-fit buffer
-FORMS = ("rows", "flat", "hf")
-SHARD_ENDS = ("continue", "drop")
+# The keywords of tokpack 0.2, which build rows= and form= until 0.3, with a DeprecationWarning.
+OLD_KEYWORDS = ("packing", "stride", "max_doc_len", "buffer_size", "split_long", "mask_boundary", "ranks", "refill",
+                "shard_end", "max_docs", "return_flash_attn_kwargs", "return_seq_idx")
 
 class PackedBatch(NamedTuple):
     """Packed rows with their documents: x, y and position_ids (B, T) int64 (-100 in y where a target
@@ -132,7 +133,7 @@ class RowRequest(Batch):
     dataset packs them where it reads them, in a worker when there are workers. After a resume,
     ``resume`` carries the packer's state to start from instead of the stream's beginning."""
 
-    stream: tuple[int, int, int, bool] | None
+    stream: Stream | None
     resume: PackerState | None = None
 
 
@@ -162,8 +163,8 @@ class PackingSampler(ResumableBatchSampler):
         self._anchor: TrainingRows | None = None
 
     @property
-    def stream(self) -> tuple[int, int, int, bool]:
-        return self.seed, self.rank, self.world_size, self.shuffle
+    def stream(self) -> Stream:
+        return Stream(self.seed, self.rank, self.world_size, self.shuffle)
 
     def stream_state(self, batch: int) -> dict[str, Any]:
         """The packer's state after ``batch`` batches: a resume starts there in O(buffer_size)
@@ -193,7 +194,7 @@ class PackingSampler(ResumableBatchSampler):
             return math.inf
         return math.ceil((self.bounds[1] - self.bounds[0]) / self.batch_size)
 
-    def _request(self, stream: tuple[int, int, int, bool] | None, first: int, count: int,
+    def _request(self, stream: Stream | None, first: int, count: int,
                  resume: PackerState | None = None) -> RowRequest:
         request = RowRequest([first, count])
         request.stream, request.resume = stream, resume
@@ -211,113 +212,89 @@ class PackingSampler(ResumableBatchSampler):
                 yield self._request(None, first, min(B, hi - first))
 
 
-def _hf_extras(form: str, flash_attn_kwargs: bool, seq_idx: bool) -> tuple[str, ...]:
-    """The hf form's optional keys asked for, as DataCollatorWithFlattening names its options."""
-    if (flash_attn_kwargs or seq_idx) and form != "hf":
+def _old_keywords(rows: Any, form: Any, given: dict[str, Any]) -> tuple[TrainRows | EvalRows, Form | str | None]:
+    """The rows and form that tokpack 0.2's keywords ask for, with a DeprecationWarning; a keyword
+    that would do nothing in the combination is refused, as 0.2 refused it."""
+    unknown = sorted(set(given) - set(OLD_KEYWORDS))
+    if unknown:
+        raise TypeError(f"PackedDocuments() got an unexpected keyword argument {unknown[0]!r}")
+    warnings.warn(f"PackedDocuments({', '.join(f'{k}=' for k in given)}) is tokpack 0.2's spelling and goes in 0.3: "
+                  "pass rows=TrainRows(...) or EvalRows(stride), a preset name, and form=Rows(), Flat(...) or HF(...)",
+                  DeprecationWarning, stacklevel=3)
+    if rows != TrainRows() and not isinstance(rows, str):
+        raise ValueError(f"rows= and the keywords {', '.join(given)} both describe the rows; give rows= alone")
+    packing = given.pop("packing", rows if isinstance(rows, str) else Packing.ALIGNED)
+    name = form if isinstance(form, str) else "rows" if form is None else form.name
+    extras = {key: given.pop(f"return_{key}", False) for key in ("flash_attn_kwargs", "seq_idx")}
+    if any(extras.values()) and name != "hf":
         raise ValueError("return_flash_attn_kwargs and return_seq_idx add keys to the hf form; pass form='hf'")
-    return tuple(name for name, asked in (("flash_attn_kwargs", flash_attn_kwargs), ("seq_idx", seq_idx)) if asked)
-
-
-def _check_order(packing: str, stride: int | None, ranks: str, refill: int, shard_end: str, split_long: bool) -> None:
-    if ranks not in RANKS:
-        raise ValueError(f"ranks {ranks!r} is not one of {', '.join(RANKS)}")
-    if shard_end not in SHARD_ENDS:
-        raise ValueError(f"shard_end {shard_end!r} is not one of {', '.join(SHARD_ENDS)}")
-    if _whole("refill", refill) < 1:
-        raise ValueError(f"refill {refill} must be at least 1 (the documents best fit adds to its buffer at a time)")
-    if stride is not None and (ranks, refill, shard_end) != ("documents", 1, "continue"):
-        raise ValueError("ranks, refill and shard_end shape training rows; evaluation rows are read in order: drop them")
-    if refill > 1 and packing != "bestfit":
-        raise ValueError(f"refill {refill} sizes best fit's buffer refills; packing={packing!r} has no buffer: drop it")
-    if ranks == "groups" and split_long:
-        raise ValueError("ranks='groups' shares whole documents by row group; split_long cuts them into pieces: drop one")
-    if shard_end == "drop" and (packing != "aligned" or split_long):
-        raise ValueError("shard_end='drop' is modded-nanogpt's rule for packing='aligned' without split_long; use those "
-                         "or drop shard_end")
-
-
-def _check_parameters(T: int, packing: str, form: str, stride: int | None, buffer_size: int,
-                      max_doc_len: int | None, split_long: bool, max_docs: int | None) -> None:
-    if T < 1:
-        raise ValueError(f"block_size {T} must be at least 1")
-    if packing not in PACKINGS:
-        raise ValueError(f"packing {packing!r} is not one of {', '.join(PACKINGS)}")
-    if form not in FORMS:
-        raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
-    if stride is not None and not 1 <= _whole("stride", stride) <= T:
-        raise ValueError(f"stride {stride} must lie in 1..block_size ({T}); use stride=block_size for no overlap")
-    if _whole("buffer_size", buffer_size) < 1:
-        raise ValueError(f"buffer_size {buffer_size} must be at least 1")
-    if max_doc_len is not None and _whole("max_doc_len", max_doc_len) < 1:
-        raise ValueError(f"max_doc_len {max_doc_len} must be at least 1")
-    if max_docs is not None and _whole("max_docs", max_docs) < 1:
-        raise ValueError(f"max_docs {max_docs} must be at least 1 (the documents a flat batch may hold)")
-    if split_long and stride is not None:
-        raise ValueError("split_long applies to training rows; evaluation scores each document whole")
-    if max_docs is not None and form != "flat":
+    if "max_docs" in given and name != "flat":
         raise ValueError("max_docs pads the flat form's cu_seqlens; pass form='flat' or drop max_docs")
+    if name == "hf":
+        form = HF(**extras)
+    elif name == "flat":
+        form = Flat(given.pop("max_docs", None))
+    stride = given.pop("stride", None)
+    if stride is None:
+        return TrainRows(packing, **given), form
+    if given.get("split_long"):
+        raise ValueError("split_long applies to training rows; evaluation scores each document whole")
+    if any(key in given for key in ("ranks", "refill", "shard_end")):
+        raise ValueError("ranks, refill and shard_end shape training rows; evaluation rows are read in order: drop "
+                         "them")
+    return EvalRows(_whole("stride", stride)), form
 
 
 class PackedDocuments(Dataset):
     """A prepared split's documents packed into BOS-aligned rows of T + 1 tokens (see the module)."""
 
-    def __init__(self, path: str | Path | Split, block_size: int, split: str | None = None, packing: str = "aligned",
-                 *, stride: int | None = None, max_doc_len: int | None = None, buffer_size: int = BUFFER_SIZE,
-                 split_long: bool = False, mask_boundary: bool = False, form: str = "rows",
-                 max_docs: int | None = None, bos_id: int | None = None, return_flash_attn_kwargs: bool = False,
-                 return_seq_idx: bool = False, ranks: str = "documents", refill: int = 1, shard_end: str = "continue"):
+    def __init__(self, path: str | Path | Split, block_size: int, split: str | None = None,
+                 rows: TrainRows | EvalRows | str = TrainRows(), *, form: Form | str | None = None,
+                 bos_id: int | None = None, **old: Any):
         """Args:
             path: a split's ``.bin``, a prepared folder (with ``split``), llm.c shards, a Megatron
                 ``.bin``, or a ``Split`` already opened.
             block_size: T, the tokens of x (and of y) in a row.
             split: the split of a folder.
-            packing: ``"aligned"`` or ``"bestfit"`` for training rows.
-            stride: S in 1..T for evaluation rows (every target once, per document); None for training.
-            max_doc_len: the most tokens of one document in a row (aligned, or with ``split_long``:
-                T + 1; bestfit: no cut).
-            buffer_size: the documents best fit chooses from.
-            split_long: serve a document longer than ``max_doc_len`` as consecutive pieces of
-                max_doc_len tokens, each led by a BOS, instead of cutting it (for corpora of long
-                documents, where cutting drops most tokens).
-            mask_boundary: y = -100 on the target across each document boundary (evaluation always).
-            form: ``"rows"`` (B, T); ``"flat"``, one (1, B * T) row; ``"hf"``, a dict of input_ids,
-                labels and position_ids as Hugging Face's ``DataCollatorWithFlattening`` gives.
-            max_docs: with ``form="flat"``, cu_seqlens padded to max_docs + 1 entries (a fixed shape
-                for compiled models); a batch with more documents is refused.
+            rows: ``TrainRows(...)`` (training rows, endless), ``EvalRows(stride)`` (every target
+                once, per document), a packing's name (``"aligned"``, ``"bestfit"``), or a preset's
+                (``"nanochat"``, ``"modded"``, ``"hf"``: ``tokpack.data.layouts.PRESETS``).
+            form: ``Rows()`` (B, T), ``Flat(max_docs)`` one (1, B * T) row, ``HF(...)`` a dict as
+                Hugging Face's ``DataCollatorWithFlattening`` gives it, or one's name; None: the
+                preset's, else Rows().
             bos_id: the id that leads every document; None: the encoding's end-of-text from meta.json
                 (llm.c shards: their document-start token).
-            return_flash_attn_kwargs: with ``form="hf"``, also ``cu_seq_lens_q/k`` (int32) and
-                ``max_length_q/k`` (ints), as ``DataCollatorWithFlattening`` gives them on request.
-            return_seq_idx: with ``form="hf"``, also ``seq_idx`` (int32, each token's segment).
-            ranks: how ranks share training documents: ``"documents"``, every world_size-th of a
-                shuffled epoch; ``"rows"``, one stream whose steps of world_size rows give rank r
-                the r-th (modded-nanogpt's); ``"groups"``, each rank its parquet row groups of every
-                input file, in order (nanochat's; needs a folder prepared with --val-inputs).
-            refill: documents best fit adds at a time when its buffer falls below buffer_size
-                (nanochat: 128), never across a row group.
-            shard_end: ``"drop"``: as modded-nanogpt at a shard's end, the step (every rank's
-                row) that would run past a token file's end is dropped with the file's rest.
+            old: tokpack 0.2's keywords (packing=, stride=, buffer_size=, ...), until 0.3.
         """
-        self.hf_extras = _hf_extras(form, return_flash_attn_kwargs, return_seq_idx)
+        if old:
+            rows, form = _old_keywords(rows, form, old)
+        self.layout, self.output = resolve(rows, form)
+        self.stride: int | None = getattr(self.layout, "stride", None)
+        train = self.layout if self.stride is None else TrainRows()  # evaluation rows: the defaults describe them
         T = _whole("block_size", block_size)
-        _check_parameters(T, packing, form, stride, buffer_size, max_doc_len, split_long, max_docs)
-        _check_order(packing, stride, ranks, refill, shard_end, split_long)
+        if T < 1:
+            raise ValueError(f"block_size {T} must be at least 1")
+        if self.stride is not None and self.stride > T:
+            raise ValueError(f"stride {self.stride} must lie in 1..block_size ({T}); use stride=block_size for no "
+                             "overlap")
+        self.form, self.hf_extras = self.output.name, getattr(self.output, "extras", tuple)()
+        self.max_docs: int | None = getattr(self.output, "max_docs", None)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
         self.bos_id, lead = self._bos(bos_id)
-        self.packing, self.ranks, self.refill, self.shard_end = packing, ranks, refill, shard_end
-        self._check_fits(T, buffer_size)
+        self.packing, self.ranks, self.refill = train.packing, train.ranks, train.refill
+        self.shard_end = train.shard_end
+        self._check_fits(T, train.buffer_size)
         self.insert_bos = bool(lead.any())
-        self.block_size, self.stride, self.form = T, stride, form
-        cut = max_doc_len is not None or packing == "aligned" or split_long
-        self.max_doc_len = (T + 1 if max_doc_len is None else max_doc_len) if cut else None
-        if split_long and self.max_doc_len < 2:
+        self.block_size = T
+        cut = train.max_doc_len is not None or train.packing == Packing.ALIGNED or train.split_long
+        self.max_doc_len = (T + 1 if train.max_doc_len is None else train.max_doc_len) if cut else None
+        if train.split_long and self.max_doc_len < 2:
             raise ValueError(f"max_doc_len {self.max_doc_len} leaves no room after a piece's BOS; use 2 or more")
-        self.buffer_size, self.mask_boundary, self.max_docs = buffer_size, mask_boundary, max_docs
-        self.split_long = split_long
+        self.buffer_size, self.mask_boundary, self.split_long = train.buffer_size, train.mask_boundary, train.split_long
         self.unit_starts, self.unit_bos, lengths = self._units(lead)
         order, self.lengths = self._order(lengths)
-        self.packer = Packer(packing, T + 1, self.max_doc_len, buffer_size, order)
+        self.packer = Packer(self.packing, T + 1, self.max_doc_len, self.buffer_size, order)
         self.default_collate_fn = collate_packed
         self.compact = False  # set on the copy a loader's workers read: they send PackedRows
         self._cursor: tuple[Any, Iterator[Row], int] | None = None  # (stream, its rows, the next row's number)
@@ -426,15 +403,15 @@ class PackedDocuments(Dataset):
         width = self.block_size + 1
         if self.stride is not None:
             return evaluation_rows(in_order(self.lengths), width, self.stride)
-        return TrainingRows(self.lengths, (seed, rank, world_size, shuffle), self.packer, state)
+        return TrainingRows(self.lengths, Stream(seed, rank, world_size, shuffle), self.packer, state)
 
-    def save_state(self, stream: tuple[int, int, int, bool], state: PackerState) -> dict[str, Any]:
+    def save_state(self, stream: Stream, state: PackerState) -> dict[str, Any]:
         """A packer state as a loader's state holds it: plain integers and a checksum of the stream,
         the packing and the data it belongs to."""
         saved = {"row": state.row, "taken": state.taken, "buffer": buffer_entries(state.buffer)}
         return {**saved, "checksum": self._checksum(stream, saved)}
 
-    def load_state(self, stream: tuple[int, int, int, bool], saved: Any, row: int) -> PackerState:
+    def load_state(self, stream: Stream, saved: Any, row: int) -> PackerState:
         """The packer state of a loader's state, refused unless it is this stream's at ``row``."""
         fields = {"row", "taken", "buffer", "checksum"}
         if not isinstance(saved, dict) or set(saved) != fields:
@@ -459,7 +436,7 @@ class PackedDocuments(Dataset):
         check_state(state, self.lengths, stream, self.packer)
         return state
 
-    def _checksum(self, stream: tuple[int, int, int, bool], plain: dict[str, Any]) -> str:
+    def _checksum(self, stream: Stream, plain: dict[str, Any]) -> str:
         text = json.dumps([self.describe_packing(), self.fingerprint(), list(stream), plain], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -490,8 +467,8 @@ class PackedDocuments(Dataset):
             raise ValueError("evaluation rows are read in order; drop shuffle=")
         ordered = self.ranks == "groups" or self.shard_end == "drop"
         if ordered and shuffle:
-            raise ValueError(f"ranks={self.ranks!r} and shard_end={self.shard_end!r} read the documents in stored order, "
-                             "as nanochat and modded-nanogpt do; drop shuffle=")
+            raise ValueError(f"ranks='{self.ranks}' and shard_end='{self.shard_end}' read the documents in stored "
+                             "order, as nanochat and modded-nanogpt do; drop shuffle=")
         return PackingSampler(self, batch_size, seed, self.stride is None and not ordered and shuffle is not False,
                               rank, world_size)
 
