@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .protocol import LoaderDataset
 from .runtime import mix_seed, resolve_pin_memory, seed_worker, to_device, worker_context
 from .samplers import STATE_VERSION, ResumableBatchSampler, check_state, index_sampler
 from .windows import collate_windows
@@ -101,7 +102,7 @@ class TokenLoader:
 
 
 def build_loader(
-    dataset: Dataset,
+    dataset: LoaderDataset | Dataset,
     batch_size: int | None = None,
     seed: int | None = None,
     *,

@@ -7,7 +7,8 @@ A dataset may say which sampler it wants (``default_sampler``), how its samples 
 (``default_collate_fn``), what identifies its data for a resume (``fingerprint``), and, to send
 narrow batches from the workers, the copy the workers read (``worker_copy``) and how such a
 batch is finished in the training process (``finish_batch``). The loader knows no dataset by name:
-``TokenWindows`` and ``PackedDocuments`` use the whole of it, a plain ``Dataset`` none.
+``TokenWindows`` and ``PackedDocuments`` use the whole of it, a plain ``Dataset`` none, and a
+user's own dataset any part (tests/data/test_protocol.py reads one of each under 2 workers).
 """
 
 from __future__ import annotations
