@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tokpack import corpus
 from tokpack.corpus import ReadOptions, count_chars, documents, is_single_document, pieces, split_runs
 from tokpack.inputs import resolve_inputs
+from tokpack.tokenizer import safe_cut
 
 
 def _texts(docs) -> list[str]:
@@ -110,11 +111,11 @@ def test_split_runs_cuts_a_stream_at_a_character():
 
 def test_pieces_skip_empty_documents_and_number_the_rest():
     docs = iter([iter(["a b c d e f"]), iter([""]), iter(["x", "y"])])
-    got = list(pieces(docs, 4, cut_inside=True))
+    got = list(pieces(docs, 4, cut=safe_cut))
     assert "".join(p.text for p in got if p.doc == 0) == "a b c d e f"
     assert [p.doc for p in got if p.last] == [0, 1]
     assert all(0 < len(p.text) for p in got)
-    whole = list(pieces(iter([iter(["a b c d e f"])]), 4, cut_inside=False))
+    whole = list(pieces(iter([iter(["a b c d e f"])]), 4, cut=None))
     assert [(p.text, p.last) for p in whole] == [("a b c d e f", True)]
 
 
@@ -185,7 +186,7 @@ def test_text_files_read_with_universal_newlines_and_jsonl_as_is(tmp_path, monke
 def test_a_long_run_without_cut_points_warns_once(monkeypatch):
     monkeypatch.setattr(corpus, "UNCUT_WARN_CHARS", 100)
     with pytest.warns(UserWarning, match="holds a run of over 100 characters with no safe cut point") as record:
-        out = list(pieces(iter([iter(["a" * 150, "a" * 150])]), 20, cut_inside=True))
+        out = list(pieces(iter([iter(["a" * 150, "a" * 150])]), 20, cut=safe_cut))
     assert len(record) == 1 and "".join(p.text for p in out) == "a" * 300
 
 

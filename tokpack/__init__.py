@@ -13,8 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import _compat
-
-__version__ = "0.2.0"
+from .version import __version__
 
 _compat.install()
 

@@ -20,12 +20,15 @@ import json
 import re
 import warnings
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from .storage import InputFile, as_input
-from .tokenizer import safe_cut
+
+# (text, lo, hi, last) -> the last (or first) position in [lo, hi] where a cut leaves the tokens
+# unchanged, or -1: ``tokpack.tokenizer.safe_cut``.
+SafeCut = Callable[[str, int, int, bool], int]
 
 try:  # tokpack[fast]: jsonl records parsed in about half json's time (see _fast_text)
     import orjson
@@ -394,11 +397,12 @@ def split_runs(runs: Iterator[str], at: int) -> tuple[Iterator[str], Iterator[st
     return head(), tail()
 
 
-def pieces(docs: Iterator[Iterator[str]], piece_chars: int, cut_inside: bool) -> Iterator[Piece]:
+def pieces(docs: Iterator[Iterator[str]], piece_chars: int, cut: SafeCut | None) -> Iterator[Piece]:
     """Non-empty documents as pieces of about ``piece_chars`` characters, in order.
 
-    With ``cut_inside`` False documents are never cut; otherwise only at safe cut points, and a
-    document with none comes out whole. Empty documents are skipped. A run of more than
+    With ``cut`` None documents are never cut; otherwise only where ``cut`` (the encoder's
+    ``tokpack.tokenizer.safe_cut``, handed down so that reading text needs no tokenizer) finds a
+    safe point, and a document with none comes out whole. Empty documents are skipped. A run of more than
     ``UNCUT_WARN_CHARS`` characters with no cut point (a base64 blob, minified code) must be
     encoded whole to stay exact, at about ``UNCUT_BYTES_PER_CHAR`` bytes of memory a character,
     and is warned about once per document.
@@ -410,10 +414,10 @@ def pieces(docs: Iterator[Iterator[str]], piece_chars: int, cut_inside: bool) ->
         warned = False
         for run in runs:
             buffer += run
-            while cut_inside and len(buffer) > piece_chars:
-                at = safe_cut(buffer, piece_chars // 2, piece_chars, last=True)
+            while cut is not None and len(buffer) > piece_chars:
+                at = cut(buffer, piece_chars // 2, piece_chars, True)
                 if at < 0:
-                    at = safe_cut(buffer, max(searched, piece_chars), len(buffer) - 1, last=False)
+                    at = cut(buffer, max(searched, piece_chars), len(buffer) - 1, False)
                 if at < 0:
                     searched = len(buffer) - 1
                     if len(buffer) > UNCUT_WARN_CHARS and not warned:
@@ -425,7 +429,7 @@ def pieces(docs: Iterator[Iterator[str]], piece_chars: int, cut_inside: bool) ->
                     break
                 yield Piece(number, buffer[:at], False)
                 buffer, searched = buffer[at:], 0
-        if not cut_inside and len(buffer) > UNCUT_WARN_CHARS:
+        if cut is None and len(buffer) > UNCUT_WARN_CHARS:
             warnings.warn(f"document {number} holds over {UNCUT_WARN_CHARS:,} characters, and this encoding is "
                           "never cut inside a document; it is encoded whole, which takes about "
                           f"{UNCUT_BYTES_PER_CHAR} bytes of memory per character", stacklevel=2)

@@ -48,7 +48,7 @@ def _pretokens(enc: tiktoken.Encoding, text: str) -> list[str]:
 
 def _in_pieces(enc: tiktoken.Encoding, text: str, piece_chars: int) -> tuple[list[int], list[str], int]:
     """Tokens and pre-tokens of ``text`` encoded piece by piece, and the number of pieces."""
-    parts = [p.text for p in pieces(iter([iter([text])]), piece_chars, cut_inside=True)]
+    parts = [p.text for p in pieces(iter([iter([text])]), piece_chars, cut=safe_cut)]
     tokens = [t for part in parts for t in enc.encode_ordinary(part)]
     return tokens, [w for part in parts for w in _pretokens(enc, part)], len(parts)
 

@@ -5,7 +5,8 @@
     python -m tokpack.prepare shards/*.parquet --val-inputs shards/last.parquet   # nanochat's last file
 
 Each document's split follows from its own text (its seeded hash) or its own file, never from
-where it lies in the run, so the split is the same on one process and under torchrun. A token
+where it lies in the run, so the split is the same on one process and under torchrun; a corpus
+that is one document is cut where val begins (``Holdout.lone_cut``). A token
 budget is turned into a hash threshold before tokenizing: the documents with the smallest hashes,
 in hash order, until they hold at least N tokens. Finding it reads the corpus once more and
 encodes only documents that enter the running set of smallest hashes (about k ln(n / k) of n
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..corpus import ReadOptions, documents
+from ..corpus import ReadOptions, count_chars, documents
 from ..storage import InputFile
 from ..tokenizer import Encoder
 
@@ -39,6 +40,18 @@ class Holdout:
     def is_val(self, text_hash: bytes) -> bool:
         assert self.below is not None
         return int.from_bytes(text_hash, "big") < self.below
+
+    def lone_cut(self, document: InputFile, errors: str) -> int:
+        """Where val begins in a corpus that is one document: the character after the first
+        1 - fraction of it (a lone document has no other documents to hash)."""
+        n = count_chars(document, errors)
+        if n == 0:
+            raise ValueError(f"the corpus {document} holds no text; pass a non-empty file")
+        cut = int(n * (1 - self.value))
+        if not 0 < cut < n:
+            raise ValueError(f"{document} has {n} characters: cutting at {cut} for --val-fraction {self.value} leaves "
+                             "a split empty; use a larger corpus or another fraction")
+        return cut
 
     def describe(self) -> dict[str, Any]:
         """meta.json's record of the rule."""

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..corpus import Piece, count_chars, documents, pieces, split_runs
+from ..corpus import Piece, documents, pieces, split_runs
 from ..format import (MEGATRON_NAME, load_json, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD,
                       UNIT_RECORD_GLOB, UnitPart, UnitRecord, remove_own, write_megatron_index)
-from ..tokenizer import encode_in_order
+from ..tokenizer import encode_in_order, safe_cut
 from ..verify import VerifyError, check_file, check_index
 from .cluster import Entry, share_of
 from .config import LLMC_SHARD_TOKENS, Plan
@@ -287,15 +287,7 @@ def _documents(plan: Plan, entries: list[Entry]) -> Iterator[Iterator[str]]:
     docs = documents(entries, plan.read)
     if not (plan.single and entries):
         return docs
-    first = plan.files[0]
-    n = count_chars(first, plan.read.errors)
-    if n == 0:
-        raise ValueError(f"the corpus {first} holds no text; pass a non-empty file")
-    cut = int(n * (1 - plan.config.val_fraction))
-    if not 0 < cut < n:
-        raise ValueError(f"{first} has {n} characters: cutting at {cut} for --val-fraction "
-                         f"{plan.config.val_fraction} leaves a split empty; use a larger corpus or another fraction")
-    return iter(split_runs(next(docs), cut))
+    return iter(split_runs(next(docs), plan.holdout.lone_cut(plan.files[0], plan.read.errors)))
 
 
 def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarray]]:
@@ -313,8 +305,8 @@ def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarr
         # was 4 bytes a token more of the memory traffic a CPU-bound run shares with its encoder.
         return [ids.astype(plan.dtype, copy=False) for ids in enc.encode_batch(texts)]
 
-    return encode_in_order(pieces(_documents(plan, entries), piece_chars, enc.can_cut), encode, workers, batch_chars,
-                           in_flight)
+    cut = safe_cut if enc.can_cut else None
+    return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, batch_chars, in_flight)
 
 
 def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter]) -> UnitRecord:
