@@ -85,7 +85,8 @@ class RemoteFolder:
         self.locked = False
         # The local run is made in a folder of this name, so that llm.c shards, named after their
         # folder, have the names a local run into a folder of that name gives them.
-        self.name = self.root.rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "tokpack"
+        last = self.root.rsplit("/", 1)[-1]
+        self.name = last if last not in ("", ".", "..") else "tokpack"
 
     def _key(self, name: str) -> str:
         return self.store.key(name)

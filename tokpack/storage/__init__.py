@@ -11,9 +11,11 @@ and inode; a remote object's URL) and ``open_stream()``, a seekable binary strea
 is read in ranges, never downloaded whole, and a transient failure (5xx, throttling, a connection
 reset, a read cut short, a timeout) is retried with backoff a bounded number of times, resuming at
 the byte it had reached; a missing object, a denied request or bad credentials fail at once, one
-line naming the URL and the fix. Credentials come as each library takes them (environment,
-profiles, ``AWS_ENDPOINT_URL``), or as ``--storage-options JSON``; a URL is shown and recorded
-without its user information, query or fragment.
+line naming the URL and the fix. Every range is read from the version the object was listed as
+(``RemoteFile``). Credentials come as each library takes them (environment, profiles,
+``AWS_ENDPOINT_URL``), or as ``--storage-options JSON``; a URL is shown and recorded without its
+user information (a web URL without its query and fragment too), and no message shows them
+(``scrub``); credentials in a store's URL are refused (``check_url``).
 """
 
 from __future__ import annotations
