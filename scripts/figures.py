@@ -19,7 +19,7 @@ import train_gpt  # scripts/train_gpt.py, beside this file
 from tokpack.evaluation import main as evaluate
 from tokpack.inspect import main as inspect
 from tokpack.plot import pyplot
-from tokpack.plot.runs import describe_losses, draw_run
+from tokpack.evaluation import describe_losses, draw_run
 from tokpack.prepare.__main__ import main as prepare
 
 DATA, RUN, CONFIG, FIGURES = Path("data/sample"), Path("out/sample"), "configs/train_sample.toml", Path("docs/figures")

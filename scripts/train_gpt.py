@@ -33,7 +33,7 @@ from tokpack.cli import parser, run_cli
 from tokpack.options import add_options, build_config
 from tokpack.distributed import process_group
 from tokpack.plot import pyplot
-from tokpack.plot.runs import describe_losses, draw_run
+from tokpack.evaluation import describe_losses, draw_run
 from tokpack.split import open_splits
 from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
 

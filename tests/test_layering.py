@@ -127,6 +127,35 @@ def test_no_tokpack_module_imports_itself_back():
             assert circle is None, "import circle:\n" + "\n".join(circle)
 
 
+def _unit(module: str) -> str:
+    """What a package-level rule sees of a module: its package below tokpack (or its top-level
+    module); a command (``__main__``) stands above every package, a unit of its own."""
+    return module if module.endswith(".__main__") else ".".join(module.split(".")[:2])
+
+
+def test_no_package_imports_itself_back_and_nothing_imports_the_packages_face():
+    graph = _graph()
+    edges: dict[str, dict[str, str]] = {}
+    for module, targets in graph.items():
+        for target, where, _ in targets:
+            if target in graph and _unit(target) != _unit(module):
+                edges.setdefault(_unit(module), {}).setdefault(_unit(target), where)
+    problems = [f"{where}: {module} imports the package's face" for module, targets in graph.items()
+                for target, where, _ in targets if target == "tokpack" and module != "tokpack"]
+    for a, targets in edges.items():  # a circle between two packages, or through a third
+        for b in targets:
+            reach, todo = set(), [b]
+            while todo:
+                unit = todo.pop()
+                if unit not in reach:
+                    reach.add(unit)
+                    todo.extend(edges.get(unit, ()))
+            if a in reach:
+                problems.append(f"{targets[b]}: {a} imports {b}, which leads back to {a}")
+    assert not problems, "\n".join(problems)
+    assert "tokpack.prepare" in edges and "tokpack.format" in edges["tokpack.prepare"]  # the rule sees packages
+
+
 def test_the_tree_shows_the_stages():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 15, top

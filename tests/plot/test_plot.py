@@ -13,7 +13,7 @@ import torch
 from helpers import run_bounded
 from tokpack import plot
 from tokpack.plot.__main__ import main as plot_main
-from tokpack.plot.runs import draw_run
+from tokpack.evaluation import draw_run
 from tokpack.evaluation import main as evaluate_main
 from tokpack.evaluation import sweep
 from tokpack.inspect import main as inspect_main

@@ -7,8 +7,9 @@ document lengths of a prepared folder. PNG files, written atomically, readable w
     python -m tokpack.inspect data/sample --lengths lengths.png --block-size 128
 
 Each figure's numbers come from the data and are returned (or printed) too, so that what it
-shows can be checked without looking at it. ``tokpack.plot.runs`` gathers a training run's
-numbers (it imports the evaluation, which this module must not: the evaluation draws with it).
+shows can be checked without looking at it. A training run's numbers are gathered by
+``tokpack.evaluation.draw_run``, which draws with this package: figures never import the
+evaluation.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..cli import parser, run_cli
-from .runs import describe_losses, draw_run
+from ..evaluation import describe_losses, draw_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
