@@ -32,6 +32,9 @@ INDEX_DTYPE = np.dtype("<u8")
 UNIT_RECORD = ".tokpack-unit-{:05d}.json"
 UNIT_RECORD_GLOB = ".tokpack-unit-*.json"
 UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
+# The same names as patterns: a record (its unit in group 1), a unit's hidden index part.
+UNIT_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")
+UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
 LOCK_NAME = ".tokpack.lock"
 TMP_SUFFIX = ".tokpack-tmp"
 # The names of the token files tokpack writes (flat, bare shards, llm.c shards with the folder's
@@ -139,6 +142,11 @@ class ForeignFormat(NamedTuple):
 
     kind: str  # "megatron" or "litdata"
     description: str
+
+
+def token_offset(meta: Meta) -> int:
+    """The bytes before the first token of each of a folder's token files: llm.c's header, or none."""
+    return SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
 
 
 def split_files(info: SplitInfo) -> list[FileEntry]:

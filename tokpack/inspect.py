@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import SHARD_HEADER_BYTES, Meta, split_files
+from .format import Meta, split_files, token_offset
 from .split import open_splits
 from .storage import is_url
 from .storage.cache import published
@@ -41,7 +41,7 @@ def _remote(url: str, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
     if split not in meta["splits"]:
         raise ValueError(f"split {split!r} is not in {store.where}; choose one of {', '.join(meta['splits'])}")
     dtype = np.dtype(meta["dtype"])
-    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+    offset = token_offset(meta)
 
     def reader(name: str) -> Reader:
         def read(lo: int, n: int) -> list[int]:

@@ -29,7 +29,7 @@ from .storage.cache import CachedFolder
 from .storage import is_url, redact
 from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
                      foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
-                     Meta, shard_header, split_files)
+                     Meta, shard_header, split_files, token_offset)
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ def _cached(cached: CachedFolder, name: str) -> Split:
     fits = cached.check_split(name)
     meta, info = cached.meta, cached.meta["splits"][name]
     dtype = np.dtype(meta["dtype"])
-    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+    offset = token_offset(meta)
     files = tuple(TokenFile(cached.mirror / e["file"], dtype, offset, e.get("tokens", info["tokens"]), e["sha256"],
                             (e["bytes"], 0, 0)) for e in split_files(info))
     cached.hold([info["idx"]["file"]])

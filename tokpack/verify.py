@@ -19,7 +19,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (INDEX_DTYPE, SHARD_HEADER_BYTES, megatron_document_starts, read_meta,
+from .format import (INDEX_DTYPE, megatron_document_starts, read_meta, token_offset,
                      remove_leftovers, split_files)
 from .split import open_splits
 from .storage import is_url
@@ -145,7 +145,7 @@ def verify_remote(url: str, storage_options: dict | None = None) -> dict[str, in
         raise VerifyError(str(exc)) from None
     fs, key, where = store.fs, store.key, store.where
     dtype, n_vocab = np.dtype(meta["dtype"]), meta["encoding"]["n_vocab"]
-    offset = SHARD_HEADER_BYTES if meta["options"].get("format") == "llmc" else 0
+    offset = token_offset(meta)
     counts = {}
     for name, info in meta["splits"].items():
         files = split_files(info)

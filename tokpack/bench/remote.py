@@ -156,9 +156,10 @@ def _publishing(corpus: Path, tmp: Path, env: dict[str, str], rounds: int) -> di
     out: dict[str, Any] = {}
     for kind in ("flat", "sharded"):
         speed = ratio(times, f"s3 {kind}", f"local {kind}")
+        units = f" (units of {UNIT_MB:g} MB of text)" if kind == "sharded" else ""
         print(f"prepare into s3:// ({kind}) against into a local folder: {speed:.2f}x the speed (rounds "
               f"{ratio_range(times, f's3 {kind}', f'local {kind}')}); peak RSS {peaks[kind][1]:.0f} MB; the spool's "
-              f"peak {peaks[kind][0] / 1e6:.1f} MB on disk" + (f" (units of {UNIT_MB:g} MB of text)" * (kind == "sharded")))
+              f"peak {peaks[kind][0] / 1e6:.1f} MB on disk{units}")
         out[f"publish_{kind}"] = {"vs_local": round(speed, 3), "peak_rss_mb": round(peaks[kind][1], 1),
                                   "spool_peak_mb": round(peaks[kind][0] / 1e6, 1)}
     return out

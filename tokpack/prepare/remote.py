@@ -39,15 +39,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..format import DATA_FILE, META_NAME, UNIT_RECORD, UnitRecord, every_file, parse_meta
+from ..format import (DATA_FILE, LOCK_NAME, META_NAME, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord,
+                      every_file, parse_meta)
 from ..storage import open_store
 from . import units
 from .config import Plan
 from .writers import json_bytes
 
-LOCK = ".tokpack.lock"
-_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)}|\.tokpack-unit-\d{{5}}\.json|"
-                  r"\.(?:train|val)\.idx\.u\d{5}|\.tokpack-probe-[0-9a-f]{32}")
+LOCK = LOCK_NAME  # the same lock file as a local folder's, by name: a store has no flock
+_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)}|{UNIT_RECORD_NAME.pattern}|"
+                  rf"{UNIT_INDEX_NAME.pattern}|\.tokpack-probe-[0-9a-f]{{32}}")
 # A lock as a run writes it: pid@host and a random token. Anything else is shown as foreign, not echoed.
 _HOLDER = re.compile(rb"(\d{1,10})@([A-Za-z0-9._-]{1,253}) [0-9a-f]{32}")
 SPOOL_PREFIX = "tokpack-spool-"

@@ -35,8 +35,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, load_json, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_RECORD,
-                      UNIT_RECORD_GLOB, UnitPart, UnitRecord, remove_own, write_megatron_index)
+from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_INDEX_NAME,
+                      UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json, remove_own,
+                      write_megatron_index)
 from ..tokenizer import encode_in_order, safe_cut
 from ..verify import VerifyError, check_file, check_index
 from .cluster import Entry, share_of
@@ -51,7 +52,7 @@ def fingerprint(settings: dict[str, Any]) -> str:
 
 # The names a unit writes: its shards (NAME_train_00003_000000.bin, train_000000.bin, ...) and its
 # hidden index part. A record is data on disk and may be forged: any other name in it is refused.
-_UNIT_FILE = re.compile(rf"{SHARD_NAME}|\.(?:train|val)\.idx\.u\d{{5}}")
+_UNIT_FILE = re.compile(rf"{SHARD_NAME}|{UNIT_INDEX_NAME.pattern}")
 
 
 def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,7 +122,6 @@ def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, Uni
     return record
 
 
-_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
 
 
@@ -130,7 +130,7 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any] | None, list[str]]]:
     file no unit writes, the files it claims). A broken record claims its unit's files by name."""
     found = []
     for path in sorted(out.glob(UNIT_RECORD_GLOB)):
-        named = _RECORD_NAME.fullmatch(path.name)
+        named = UNIT_RECORD_NAME.fullmatch(path.name)
         if not named:
             continue
         try:
