@@ -289,3 +289,20 @@ def test_an_upload_holds_one_part_and_gives_the_files_bytes_on_every_store(s3, t
     memory = open_store("memory://tokpack-test/up")  # any other store: a buffered file of parts
     memory.put(local, "train.bin")
     assert memory.fs.cat_file(memory.key("train.bin")) == local.read_bytes()
+
+
+def test_store_errors_are_told_apart_by_type_not_by_wording(s3, tmp_path):
+    from tokpack.storage import Denied, Missing, Unavailable
+
+    store = open_store(f"s3://{BUCKET}/web", {"retries": 2, "timeout": 1})
+    with pytest.raises(Missing, match="it does not exist"):
+        store.call("nothing.txt", lambda: store.fs.cat_file(store.key("nothing.txt")))
+    with RangeServer({"/a.txt": b"x"}) as server:
+        server.faults["/a.txt"] = ["403"] * 4
+        web = open_store(f"{server.url}/a.txt", {"retries": 2, "timeout": 1})
+        with pytest.raises(Denied, match=r"access is denied \(HTTP 403\)"):
+            web.call("", lambda: web.fs.info(web.path))
+    dead = open_store(f"http://127.0.0.1:{free_port()}/x.txt", {"retries": 2, "timeout": 1})
+    with pytest.raises(Unavailable, match="failed 2 times"):
+        dead.call("", lambda: dead.fs.cat_file(dead.path))
+    assert all(issubclass(kind, ValueError) for kind in (Missing, Denied, Unavailable))  # one line from the CLIs

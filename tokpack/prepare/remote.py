@@ -41,7 +41,7 @@ from typing import Any
 
 from ..format import (DATA_FILE, LOCK_NAME, META_NAME, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord,
                       every_file, parse_meta)
-from ..storage import open_store
+from ..storage import Missing, open_store
 from . import units
 from .config import Plan
 from .writers import json_bytes
@@ -131,10 +131,8 @@ class RemoteFolder:
     def _read(self, name: str) -> bytes | None:
         try:
             return self._call(name, lambda: self.fs.cat_file(self._key(name)))
-        except ValueError as exc:
-            if "does not exist" in str(exc):
-                return None
-            raise
+        except Missing:
+            return None
 
     def _names(self) -> list[str]:
         found = self._call("", lambda: self.fs.find(self.root))
@@ -165,7 +163,7 @@ class RemoteFolder:
         for entry in entries:
             try:
                 size = self._call(entry["file"], lambda: self.fs.info(self._key(entry["file"])))["size"]
-            except ValueError:
+            except Missing:
                 return None
             if size != entry["bytes"]:
                 return None
@@ -196,7 +194,7 @@ class RemoteFolder:
         for name in leftovers + sorted(self.stale - new):
             try:
                 self._call(name, lambda: self.fs.rm_file(self._key(name)))
-            except ValueError:
+            except Missing:
                 pass  # gone already
 
     def release(self) -> None:

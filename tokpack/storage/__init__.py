@@ -313,6 +313,28 @@ class RetryingReader(io.RawIOBase):
         super().close()
 
 
+class StoreError(ValueError):
+    """A store's answer as one line naming the object and the fix: a user error (``cli.USER_ERRORS``)."""
+
+
+class Missing(StoreError):
+    """The object does not exist (a 404, or gone since it was listed)."""
+
+
+class Denied(StoreError):
+    """The credentials may not do this (a 401 or 403)."""
+
+
+class Unavailable(StoreError):
+    """The store did not answer, after every retry."""
+
+
+def _kind(fix: str) -> type[StoreError]:
+    """The error a fix from ``_permanent`` is raised as: callers tell them apart by type, never by wording."""
+    return Missing if fix.startswith("it does not exist") else Denied if fix.startswith("access is denied") \
+        else StoreError
+
+
 def _permanent(exc: BaseException) -> str | None:
     """The fix for an error retrying cannot cure, or None for a transient one."""
     status = _status(exc)
@@ -355,11 +377,11 @@ def retried(fn: Callable[[], Any], what: str, attempts: int, reset: Callable[[],
         except Exception as exc:
             fix = _permanent(exc)
             if fix is not None:
-                raise ValueError(scrub(f"{what}: {fix} ({type(exc).__name__})")) from None
+                raise _kind(fix)(scrub(f"{what}: {fix} ({type(exc).__name__})")) from None
             reset()
             if attempt == attempts:
-                raise ValueError(scrub(f"{what} failed {attempts} times ({type(exc).__name__}: {exc}); check the "
-                                       "endpoint and the network, and rerun: finished units are kept")) from None
+                raise Unavailable(scrub(f"{what} failed {attempts} times ({type(exc).__name__}: {exc}); check the "
+                                        "endpoint and the network, and rerun: finished units are kept")) from None
             time.sleep(delay)
             delay = min(2 * delay, MAX_BACKOFF_S)
 

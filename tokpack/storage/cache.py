@@ -52,7 +52,7 @@ from typing import Any
 
 from ..format import (META_NAME, TMP_SUFFIX, Meta, every_file, load_json, open_new, parse_meta, replacing, split_files,
                       tmp_path)
-from . import BLOCK_BYTES, Store, open_store
+from . import BLOCK_BYTES, Missing, Store, open_store
 
 CACHE_ENV, LIMIT_ENV = "TOKPACK_CACHE_DIR", "TOKPACK_CACHE_LIMIT"
 LOCK_NAME = ".tokpack-cache.lock"
@@ -478,10 +478,8 @@ def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[
     store = open_store(url, storage_options)
     try:
         raw = store.call(META_NAME, lambda: store.fs.cat_file(store.key(META_NAME)))
-    except ValueError as exc:
-        if "does not exist" not in str(exc):
-            raise
-        raise ValueError(f"{store.where} has no meta.json: it is not a published tokpack folder (prepare writes "
+    except Missing:
+        raise Missing(f"{store.where} has no meta.json: it is not a published tokpack folder (prepare writes "
                          "meta.json last, so one being published is refused too); wait for it, or check the URL") \
             from None
     return store, parse_meta(raw, f"{store.where}/{META_NAME}"), raw
