@@ -15,6 +15,7 @@ documents for k in val), holding O(k) numbers.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import heapq
 import math
@@ -27,12 +28,22 @@ from ..storage import InputFile
 from ..tokenizer import Encoder
 
 
+class Rule(enum.StrEnum):
+    """How val is chosen: ``FRACTION``, documents whose seeded hash falls in the first fraction of
+    the hash range (a lone document: its tail); ``TOKENS``, the smallest-hash documents holding a
+    token budget; ``INPUTS``, whole files named as val. meta.json records it by its value."""
+
+    FRACTION = "fraction"
+    TOKENS = "tokens"
+    INPUTS = "inputs"
+
+
 @dataclass(frozen=True)
 class Holdout:
     """The split rule: a document is val when its hash is below ``below``, or when it comes from
     one of ``files`` (then ``below`` is None)."""
 
-    kind: str  # "fraction", "tokens" or "inputs"
+    kind: Rule
     below: int | None
     files: frozenset[InputFile] = frozenset()
     value: Any = None  # the fraction, the token budget, or the val inputs as given
@@ -55,21 +66,21 @@ class Holdout:
 
     def describe(self) -> dict[str, Any]:
         """meta.json's record of the rule."""
-        out: dict[str, Any] = {"rule": self.kind, "value": self.value}
-        if self.kind == "tokens":
+        out: dict[str, Any] = {"rule": self.kind.value, "value": self.value}
+        if self.kind == Rule.TOKENS:
             out["hash_below"] = self.below
-        if self.kind == "inputs":
+        if self.kind == Rule.INPUTS:
             out["files"] = len(self.files)
         return out
 
 
 def by_fraction(fraction: float) -> Holdout:
     # A hash h is val when h < fraction * 2**64, which for whole numbers is h < ceil(that).
-    return Holdout("fraction", math.ceil(fraction * 2**64), value=fraction)
+    return Holdout(Rule.FRACTION, math.ceil(fraction * 2**64), value=fraction)
 
 
 def by_inputs(files: Sequence[InputFile], given: Sequence[str]) -> Holdout:
-    return Holdout("inputs", None, frozenset(files), list(given))
+    return Holdout(Rule.INPUTS, None, frozenset(files), list(given))
 
 
 def document_key(seed: int) -> bytes:
@@ -105,4 +116,4 @@ def by_tokens(budget: int, files: Sequence[InputFile], enc: Encoder, eot: str, s
     if held < budget:
         raise ValueError(f"--val-tokens {budget:,} is more than the corpus's {held:,} tokens; "
                          "use a smaller budget")
-    return Holdout("tokens", -chosen[0][0] + 1, value=budget)
+    return Holdout(Rule.TOKENS, -chosen[0][0] + 1, value=budget)
