@@ -100,7 +100,7 @@ def bench_packing(folder: Path, tokens: int, T: int, B: int, batches: int, buffe
     # With workers the packing and the reads happen there; the training process widens the batch.
     ours2 = iter(build_loader(packed, B, seed=0, num_workers=2, persistent_workers=True))
     windows2 = iter(build_loader(plain, B, seed=0, num_workers=2, persistent_workers=True))
-    finished = PackedInt64(split, T, packing="bestfit", buffer_size=buffer_size, bos_id=BOS)
+    finished = PackedInt64(split, T, rows=TrainRows("bestfit", buffer_size=buffer_size), bos_id=BOS)
     ours2_int64 = iter(build_loader(finished, B, seed=0, num_workers=2, persistent_workers=True))
     next(ours2), next(windows2), next(ours2_int64)  # the workers start outside the timing
     first, reference = next(ours), next(theirs)
