@@ -48,12 +48,12 @@ from torch.utils.data import Dataset
 from ..format import LLMC_DOCUMENT_START
 from ..split import Split, open_split
 from .documents import DocumentIndex
+from .layouts import BUFFER_SIZE, EvalRows, Flat, Form, HF, Packing, TrainRows, resolve
 from .packers import (Order, Packer, PackerState, Row, Stream, TrainingRows, buffer_entries, buffer_key, check_state,
                       evaluation_rows, file_room, in_order)
 from .protocol import compact_copy
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
-from .layouts import BUFFER_SIZE, EvalRows, Flat, Form, HF, Packing, TrainRows, resolve
 from .windows import IGNORE_INDEX, _whole
 
 # The keywords of tokpack 0.2, which build rows= and form= until 0.3, with a DeprecationWarning.
