@@ -10,9 +10,9 @@ from the folder's document index: the boundaries exactly as prepared, whatever t
 layout (``--eot prepend`` included, where scanning for the end-of-text id would be wrong). A
 document cut across two shards is a document in each, as OLMo-core sees each file alone. The
 command prints the dataset arguments to use, and how each of OLMo-core's dataset classes reads
-the boundaries (an argument, an environment variable, or not at all). Cost: O(documents) (the index read, the offsets
-written); a copy adds O(tokens). Rerun it after a new prepare of the folder: the links keep the
-files they were made from.
+the boundaries (an argument, an environment variable, or not at all). Cost: O(documents) (the
+index read, the offsets written); a copy adds O(tokens). Rerun it after a new prepare of the
+folder: the links keep the files they were made from.
 """
 
 from __future__ import annotations

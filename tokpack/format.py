@@ -196,6 +196,9 @@ def load_json(raw: bytes | str, where: str, fix: str, limit: int = JSON_LIMIT) -
         raise ValueError(f"{where} is not valid JSON ({exc}); {fix}") from None
 
 
+_META_FIX = "rerun python -m tokpack.prepare --force"
+
+
 def read_meta(folder: str | Path) -> Meta:
     """The meta.json of a prepared folder, checked for a format this version reads."""
     path = Path(folder) / META_NAME
@@ -205,9 +208,6 @@ def read_meta(folder: str | Path) -> Meta:
             "run python -m tokpack.prepare to (re)create it"
         )
     return parse_meta(read_file(path, "meta.json", _META_FIX, JSON_LIMIT), str(path))
-
-
-_META_FIX = "rerun python -m tokpack.prepare --force"
 
 
 def parse_meta(raw: bytes, path: str) -> Meta:

@@ -170,8 +170,7 @@ def load_hf(folder: str | Path, ours: Encoder, device: str | torch.device = "cpu
             folder, local_files_only=True, trust_remote_code=False, output_loading_info=True,
             ignore_mismatched_sizes=True)
     except Exception as exc:  # the library raises its own types (and RuntimeError) for a folder it cannot load
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{folder} does not load as a causal language model ({first})") from None
+        raise ValueError(f"{folder} does not load as a causal language model ({_first_line(exc)})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:
@@ -200,6 +199,12 @@ _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 
 
 def _first(names: list[Any]) -> str:
     return f"{names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
+def _first_line(exc: BaseException) -> str:
+    """A library's error as one line: its message's first line, or its type when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_hf_sizes(folder: Path) -> None:
@@ -285,9 +290,8 @@ def _pickle_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # pickle's, zipfile's and torch's own types for a file it refuses
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path} does not load as weights alone ({first[:200]}): tokpack runs no code from a "
-                         f"checkpoint; {fix}, as safetensors") from None
+        raise ValueError(f"{path} does not load as weights alone ({_first_line(exc)[:200]}): tokpack runs no code "
+                         f"from a checkpoint; {fix}, as safetensors") from None
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise ValueError(f"{path} holds no state dict of tensors; {fix}")
     return {name: tuple(t.shape) for name, t in state.items()}
