@@ -217,6 +217,12 @@ def _truncated(folder, tmp_path):
     (folder / "model.safetensors").write_bytes(raw[:-100])
 
 
+def _index_out_of_the_folder(folder, tmp_path):
+    (folder / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "../outside.safetensors"}}))
+
+
 HF_BAD = {  # the fragment of the one line -> how the model folder is spoiled
     "does not load as weights alone": _pickled,
     "weights do not fill the model its config.json describes": _config_edit(intermediate_size=96),
@@ -225,6 +231,7 @@ HF_BAD = {  # the fragment of the one line -> how the model folder is spoiled
     "gives 3 layers, its weights hold 1": _config_edit(num_hidden_layers=3),
     "gives hidden_size 48, and no tensor of its weights has that size": _config_edit(hidden_size=48),
     "it is cut short": _truncated,
+    "names that are not plain file names": _index_out_of_the_folder,
     "is JSON nested too deeply": lambda folder, _: (folder / "config.json").write_bytes(b"[" * 200_000),
 }
 
