@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import Meta, open_new, read_meta, replacing, tmp_path
+from .format import Meta, read_meta
+from .storage.local import open_new, replacing, tmp_path
 from .split import Split, open_splits, read_index
 
 TARGETS = ("olmo",)

@@ -16,38 +16,36 @@ import numpy as np
 
 from .cli import parser, run_cli
 from .format import Meta, split_files, token_offset
-from .split import open_splits
-from .storage import is_url
-from .storage.cache import published
+from .storage.folder import as_folder, published
 from .tokenizer import folder_encoding
 
 
 Reader = Callable[[int, int], list[int]]  # (first token, count) -> the ids of one file
 
 
-def _local(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
-    splits = open_splits(folder)
-    if split not in splits:
-        raise ValueError(f"split {split!r} is not in {folder}; choose one of {', '.join(splits)}")
-    meta = splits[split].meta
-    assert meta is not None
-    files = splits[split].open()
-    return meta, [(len(t), lambda lo, n, t=t: t[lo:lo + n].tolist()) for t in files]
-
-
-def _remote(url: str, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
-    """A remote folder's meta.json and range reads of its files: a peek fetches the peek alone."""
-    store, meta, _ = published(url)
+def _files(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
+    """A folder's meta.json and a reader of each of ``split``'s files: a peek reads the peek's
+    bytes alone, from a local file or in one range request, once every file is found at its size
+    (O(files) stats or requests)."""
+    where = as_folder(folder)
+    meta, _ = published(where)
     if split not in meta["splits"]:
-        raise ValueError(f"split {split!r} is not in {store.where}; choose one of {', '.join(meta['splits'])}")
+        raise ValueError(f"split {split!r} is not in {where.where}; choose one of {', '.join(meta['splits'])}")
     dtype = np.dtype(meta["dtype"])
     offset = token_offset(meta)
+    for info in meta["splits"].values():  # every file where meta.json says, its own (no link), at its size
+        for entry in split_files(info):
+            if where.size(entry["file"]) != entry["bytes"]:
+                raise ValueError(f"{where.where}/{entry['file']} is not the {entry['bytes']:,} bytes meta.json "
+                                 f"records; python -m tokpack.verify {folder} says more")
 
     def reader(name: str) -> Reader:
         def read(lo: int, n: int) -> list[int]:
             start = offset + lo * dtype.itemsize
-            data = store.call(name, lambda: store.fs.cat_file(store.key(name), start=start,
-                                                              end=start + n * dtype.itemsize))
+            data = where.read(name, start, start + n * dtype.itemsize)
+            if len(data) != n * dtype.itemsize:
+                raise ValueError(f"{where.where}/{name} ends before the {n} tokens at {lo} that meta.json records; "
+                                 f"python -m tokpack.verify {folder} says more")
             return np.frombuffer(data, dtype=dtype).tolist()
         return read
 
@@ -56,10 +54,9 @@ def _remote(url: str, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
 
 
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
-    """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``; of a
-    remote folder (its URL), meta.json and the peek's bytes alone are fetched."""
-    remote = isinstance(folder, str) and is_url(folder)
-    meta, files = _remote(folder, split) if remote else _local(folder, split)  # type: ignore[arg-type]
+    """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``, of a
+    local folder or a remote one (its URL): meta.json and the peek's bytes alone are read."""
+    meta, files = _files(folder, split)
     enc_info = meta["encoding"]
     lines = [
         f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "

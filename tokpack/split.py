@@ -21,15 +21,15 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .storage.cache import CachedFolder
 from .storage import is_url, redact
-from .format import (INDEX_DTYPE, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
-                     foreign_format, is_megatron_index, megatron_document_starts, megatron_dtype, read_meta,
-                     Meta, shard_header, split_files, token_offset)
+from .format import (INDEX_DTYPE, JSON_LIMIT, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
+                     Meta, load_json, read_file, read_meta, shard_header, split_files, token_offset)
+from .format import megatron
 
 
 @dataclass(frozen=True)
@@ -356,6 +356,31 @@ def _unmixed(files: list[Path], source: str) -> list[Path]:
     return files
 
 
+class ForeignFormat(NamedTuple):
+    """A known non-tokpack format whose header would otherwise be read as tokens."""
+
+    kind: str  # "megatron" or "litdata"
+    description: str
+
+
+def foreign_format(path: Path) -> ForeignFormat | None:
+    """The known non-tokpack format ``path`` is in, whose header would otherwise be read as tokens."""
+    if megatron.is_index(path.with_suffix(".idx")):
+        return ForeignFormat("megatron", "a Megatron indexed dataset (its .idx starts with MMIDIDX)")
+    if re.fullmatch(r"chunk-\d+-\d+\.bin", path.name) or _is_litdata_index(path.parent / "index.json"):
+        return ForeignFormat("litdata", "a litdata chunk (written by litdata.optimize; read it with litdata's "
+                             "StreamingDataset)")
+    return None
+
+
+def _is_litdata_index(path: Path) -> bool:
+    try:
+        index = load_json(read_file(path, "index", "", JSON_LIMIT), str(path), "") if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and "chunks" in index and "config" in index
+
+
 def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFile:
     """One file's dtype, offset and token count, from the first source that says: its llm.c
     header, the folder's meta.json, a Megatron index beside it, or ``dtype``."""
@@ -392,9 +417,9 @@ def _probe(path: Path, folder: _Folder, dtype: str | np.dtype | None) -> TokenFi
                              f"({recorded[0] * found.itemsize} bytes); the file was changed or truncated, "
                              "rerun python -m tokpack.prepare --force")
     elif foreign and foreign.kind == "megatron":
-        found = megatron_dtype(path)
+        found = megatron.token_dtype(path)
         # The .bin holds exactly the documents its .idx declares: no tail is served as tokens.
-        megatron_document_starts(path.with_suffix(".idx"), size // found.itemsize, found.itemsize)
+        megatron.document_starts(path.with_suffix(".idx"), size // found.itemsize, found.itemsize)
     elif foreign:
         raise ValueError(f"{path} is {foreign.description}, not a token file tokpack reads; pass a tokpack, llm.c or "
                          "Megatron .bin")
@@ -424,8 +449,8 @@ def read_index(split: Split) -> np.ndarray:
     no index, the token that starts every document in llm.c's own writers (O(tokens) to find)."""
     index = split.index_path()
     n = int(split.lengths.sum())
-    if split.meta is None and is_megatron_index(index):
-        return megatron_document_starts(index, n, split.dtype.itemsize)
+    if split.meta is None and megatron.is_index(index):
+        return megatron.document_starts(index, n, split.dtype.itemsize)
     if split.meta is None and not index.is_file() and all(f.offset == SHARD_HEADER_BYTES for f in split.files):
         return _llmc_document_starts(split)
     if not index.is_file():

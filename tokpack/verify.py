@@ -14,16 +14,16 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (INDEX_DTYPE, megatron_document_starts, read_meta, token_offset,
-                     remove_leftovers, split_files)
-from .split import open_splits
-from .storage import is_url
-from .storage.cache import published
+from .format import INDEX_DTYPE, FileEntry, Meta, SplitInfo, parse_shard_header, split_files, token_offset
+from .format.megatron import parse_starts
+from .storage import Missing, is_url
+from .storage.folder import Folder, as_folder, published
+from .storage.local import remove_leftovers
 
 CHUNK_BYTES = 1 << 22  # verify streams: memory is two of these, not the size of a file
 
@@ -32,23 +32,34 @@ class VerifyError(Exception):
     """A prepared folder that is not whole; the message says what and where."""
 
 
-def check_file(path: Path, info: dict, dtype: np.dtype | None = None, offset: int = 0, n_vocab: int = 0) -> None:
-    """The file's size and sha256 against meta.json and, for a token file (``dtype`` given), every
-    id below ``n_vocab``: one streaming read in fixed blocks, so memory does not grow with the file."""
-    if not path.is_file():
-        raise VerifyError(f"{path} is missing")
-    size = path.stat().st_size
-    if size != info["bytes"]:
-        raise VerifyError(f"{path} is {size} bytes, meta.json says {info['bytes']}")
-    with open(path, "rb") as f:
-        check_stream(f, str(path), info, dtype, offset, n_vocab)
+def check_entry(folder: Folder, entry: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
+                n_vocab: int = 0) -> None:
+    """A file of ``folder`` against its entry in meta.json (or a unit record): its size and sha256
+    and, for a token file (``dtype`` given), every id below ``n_vocab``: one streaming read in
+    fixed blocks, so memory does not grow with the file."""
+    _sized(folder, entry)
+    with folder.open(entry["file"]) as f:
+        check_stream(f, f"{folder.where}/{entry['file']}", entry, dtype, offset, n_vocab)
 
 
-def check_stream(f: BinaryIO, where: str, info: dict, dtype: np.dtype | None = None, offset: int = 0,
+def _sized(folder: Folder, entry: FileEntry) -> int:
+    """The size of an entry's file, refused unless meta.json's: before any of its bytes are read."""
+    where = f"{folder.where}/{entry['file']}"
+    try:
+        size = folder.size(entry["file"])
+    except Missing:
+        raise VerifyError(f"{where} does not exist") from None
+    except ValueError as exc:  # a link, or not a regular file
+        raise VerifyError(str(exc)) from None
+    if size != entry["bytes"]:
+        raise VerifyError(f"{where} is {size} bytes but meta.json records {entry['bytes']}")
+    return size
+
+
+def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
                  n_vocab: int = 0) -> None:
-    """``check_file`` of an open stream (a local file, or a remote object read in ranges). A block
-    is hashed in a thread while the next is read and its ids checked: sha256 is the slow part, and
-    it lets go of the GIL."""
+    """``check_entry`` of an open stream. A block is hashed in a thread while the next is read and
+    its ids checked: sha256 is the slow part, and it lets go of the GIL."""
     digest = hashlib.sha256()
     done = 0
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-verify") as hashing:
@@ -75,96 +86,86 @@ def check_stream(f: BinaryIO, where: str, info: dict, dtype: np.dtype | None = N
         raise VerifyError(f"{where} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
 
 
-def check_index(path: Path, documents: int, tokens: int, where: str) -> None:
-    """The document index, streamed: ``documents`` starts, from 0, strictly increasing, below ``tokens``."""
-    with open(path, "rb") as f:
-        check_index_stream(f, str(path), documents, tokens, where)
-
-
-def check_index_stream(f: BinaryIO, path: str, documents: int, tokens: int, where: str) -> None:
-    """``check_index`` of an open stream."""
+def check_index(folder: Folder, entry: FileEntry, documents: int, tokens: int, what: str) -> None:
+    """A document index: its size and sha256, then, streamed, ``documents`` starts, from 0,
+    strictly increasing, below ``tokens`` (``what`` names the tokens in messages)."""
+    check_entry(folder, entry)
+    where = f"{folder.where}/{entry['file']}"
     count, last = 0, -1
-    while chunk := f.read(CHUNK_BYTES):
-        starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
-        if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
-            raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
-        count, last = count + len(starts), int(starts[-1])
+    with folder.open(entry["file"]) as f:
+        while chunk := f.read(CHUNK_BYTES):
+            starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
+            if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
+                raise VerifyError(f"{where} is not a strictly increasing list of offsets inside {what}")
+            count, last = count + len(starts), int(starts[-1])
     if count != documents:
-        raise VerifyError(f"{path} lists {count} documents, meta.json says {documents}")
+        raise VerifyError(f"{where} lists {count} documents, meta.json says {documents}")
     if last >= tokens:
-        raise VerifyError(f"{path} is not a strictly increasing list of offsets inside {where}")
+        raise VerifyError(f"{where} is not a strictly increasing list of offsets inside {what}")
 
 
-def verify_folder(folder: str | Path) -> dict[str, int]:
-    """Raise VerifyError (or FileNotFoundError) unless ``folder`` (a local folder, or a remote
-    one's URL: ``verify_remote``) is whole; returns tokens per split."""
-    if isinstance(folder, str) and is_url(folder):
-        return verify_remote(folder)
-    folder = Path(folder)
-    meta = read_meta(folder)
-    dtype = np.dtype(meta["dtype"])
-    n_vocab = meta["encoding"]["n_vocab"]
+def _token_count(folder: Folder, entry: FileEntry, meta: Meta) -> int:
+    """The tokens a token file holds by its size and, in llm.c's format, its header: each must be
+    what meta.json records, before a byte of the body is read."""
+    dtype, offset = np.dtype(meta["dtype"]), token_offset(meta)
+    where = f"{folder.where}/{entry['file']}"
+    size = _sized(folder, entry)
+    tokens, rest = divmod(size - offset, dtype.itemsize)
+    if rest or tokens < 0:
+        raise VerifyError(f"{where} is {size} bytes, not a whole number of {dtype} tokens")
+    if offset:
+        try:
+            header = parse_shard_header(folder.read(entry["file"], 0, offset), where)
+        except ValueError as exc:
+            raise VerifyError(str(exc)) from None
+        if header != (dtype, tokens):
+            raise VerifyError(f"{where} has an llm.c header for {header[1] if header else 'no'} tokens of "
+                              f"{header[0] if header else 'no dtype'}, but its size holds {tokens} {dtype} tokens")
+    if "tokens" in entry and tokens != entry["tokens"]:
+        raise VerifyError(f"{where} holds {tokens} tokens, meta.json says {entry['tokens']}")
+    return tokens
+
+
+def _check_megatron(folder: Folder, info: SplitInfo, itemsize: int) -> None:
+    """Megatron's index names the very same documents as tokpack's. O(documents) in memory."""
+    entry, idx = info["megatron_idx"], info["idx"]
+    check_entry(folder, entry)
+    where = f"{folder.where}/{entry['file']}"
+    try:
+        starts = parse_starts(np.frombuffer(folder.read(entry["file"]), np.uint8), info["tokens"], itemsize, where)
+    except ValueError as exc:
+        raise VerifyError(str(exc)) from None
+    if not np.array_equal(starts, np.frombuffer(folder.read(idx["file"]), INDEX_DTYPE).astype(np.int64)):
+        raise VerifyError(f"{where} names other documents than {folder.where}/{idx['file']}")
+
+
+def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
+    """Raise VerifyError unless ``folder`` is whole; returns tokens per split. A remote folder (its
+    URL) is streamed the same way: each listed object read once in ranges, nothing stored.
+
+    Args:
+        folder: a prepared folder, or its URL.
+        storage_options: for a URL, the store's options, as for remote inputs.
+    """
+    try:
+        where = as_folder(folder, storage_options)
+        meta, _ = published(where)
+    except ValueError as exc:
+        raise VerifyError(str(exc)) from None
+    dtype, n_vocab = np.dtype(meta["dtype"]), meta["encoding"]["n_vocab"]
     if n_vocab > np.iinfo(dtype).max + 1:
         raise VerifyError(f"dtype {dtype} in meta.json cannot hold n_vocab {n_vocab}")
-    try:
-        splits = open_splits(folder, meta)  # sizes, headers and the folder's own files, before any read
-    except ValueError as exc:
-        raise VerifyError(str(exc)) from None
     counts = {}
-    for name, info in meta["splits"].items():
-        split, idx_path = splits[name], folder / info["idx"]["file"]
-        for entry, file in zip(split_files(info), split.files):
-            if "tokens" in entry and file.tokens != entry["tokens"]:
-                raise VerifyError(f"{file.path} holds {file.tokens} tokens, meta.json says {entry['tokens']}")
-            check_file(file.path, entry, dtype, file.offset, n_vocab)
-        total = int(split.lengths.sum())
+    for name, info in meta["splits"].items():  # every size and header first, then the bytes
+        total = sum(_token_count(where, entry, meta) for entry in split_files(info))
         if total != info["tokens"]:
             raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
-        check_file(idx_path, info["idx"])
-        check_index(idx_path, info["documents"], info["tokens"], split.describe())
-        if "megatron_idx" in info:  # Megatron's index must name the very same documents
-            megatron = folder / info["megatron_idx"]["file"]
-            check_file(megatron, info["megatron_idx"])
-            try:
-                starts = megatron_document_starts(megatron, info["tokens"], dtype.itemsize)
-            except ValueError as exc:
-                raise VerifyError(str(exc)) from None
-            if not np.array_equal(starts, np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)):
-                raise VerifyError(f"{megatron} names other documents than {idx_path}")
-        counts[name] = info["tokens"]
-    return counts
-
-
-def verify_remote(url: str, storage_options: dict | None = None) -> dict[str, int]:
-    """``verify_folder`` of a remote folder, streamed: each listed object read once in ranges
-    (its size, sha256 and ids checked as a local file's), nothing stored. A Megatron index is
-    checked by its hash alone (the local check also compares its documents with tokpack's)."""
-    try:
-        store, meta, _ = published(url, storage_options)
-    except ValueError as exc:
-        raise VerifyError(str(exc)) from None
-    fs, key, where = store.fs, store.key, store.where
-    dtype, n_vocab = np.dtype(meta["dtype"]), meta["encoding"]["n_vocab"]
-    offset = token_offset(meta)
-    counts = {}
     for name, info in meta["splits"].items():
-        files = split_files(info)
-        total = sum((entry["bytes"] - offset) // dtype.itemsize for entry in files)
-        if total != info["tokens"] or any(entry.get("tokens", total) * dtype.itemsize + offset != entry["bytes"]
-                                          for entry in files):
-            raise VerifyError(f"{where}: the {name} files' sizes hold {total} {dtype} tokens, meta.json says "
-                              f"{info['tokens']}")
-        for entry in files:
-            with fs.open(key(entry["file"]), "rb", block_size=CHUNK_BYTES) as f:
-                check_stream(f, f"{where}/{entry['file']}", entry, dtype, offset, n_vocab)
+        for entry in split_files(info):
+            check_entry(where, entry, dtype, token_offset(meta), n_vocab)
+        check_index(where, info["idx"], info["documents"], info["tokens"], f"the {name} split ({info['tokens']} tokens)")
         if "megatron_idx" in info:
-            with fs.open(key(info["megatron_idx"]["file"]), "rb") as f:
-                check_stream(f, f"{where}/{info['megatron_idx']['file']}", info["megatron_idx"])
-        idx = info["idx"]
-        with fs.open(key(idx["file"]), "rb") as f:
-            check_stream(f, f"{where}/{idx['file']}", idx)
-        with fs.open(key(idx["file"]), "rb") as f:
-            check_index_stream(f, f"{where}/{idx['file']}", info["documents"], info["tokens"], f"{where} ({name})")
+            _check_megatron(where, info, dtype.itemsize)
         counts[name] = info["tokens"]
     return counts
 

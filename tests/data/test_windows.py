@@ -8,7 +8,7 @@ import torch
 
 from helpers import bare_file, shard_file
 from tokpack.data.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
-from tokpack.format import write_megatron_index
+from tokpack.format.megatron import write_index as write_megatron_index
 
 
 def test_training_windows_are_shifted_reads_of_the_file(tmp_path):

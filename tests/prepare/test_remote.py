@@ -90,7 +90,7 @@ def test_a_publish_killed_mid_upload_is_refused_by_readers_and_rerun_to_the_same
     kill(paused_at(prepare_cmd(corpus, url, *SHARDED[:2], *SHARDED[3:]), uploaded))
     partial = _objects(bucket, "killed")
     assert "meta.json" not in partial and any(k.endswith(".bin") for k in partial)
-    with pytest.raises(ValueError, match="has no meta.json"):
+    with pytest.raises(ValueError, match="meta.json is missing"):
         open_split(url, "train", cache_dir=tmp_path / "cache")
     recorded = len(bucket.list_objects_v2(Bucket=BUCKET, Prefix="killed/.tokpack-unit-")["Contents"])
     done = []

@@ -90,7 +90,7 @@ def test_the_commands_read_a_remote_folder(published, s3_server, tmp_path, monke
     assert evaluate_main([f"s3://{BUCKET}/a", "--model", "unigram", "--block-size", "32", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]["tokens"] > 0
     assert verify_main([f"s3://{BUCKET}/unpublished"]) == 1
-    assert "has no meta.json: it is not a published tokpack folder" in capsys.readouterr().err
+    assert "meta.json is missing: s3://published-folders/unpublished is not a complete prepared folder" in capsys.readouterr().err
 
 
 def _read_all(split):
@@ -100,7 +100,7 @@ def _read_all(split):
 
 def test_unpublished_and_replaced_remote_folders_are_refused_in_one_line(published, tmp_path):
     cache = tmp_path / "cache"
-    with pytest.raises(ValueError, match="has no meta.json"):
+    with pytest.raises(ValueError, match="meta.json is missing"):
         open_split(f"s3://{BUCKET}/unpublished", "train", cache_dir=cache)
     replaced = open_split(f"s3://{BUCKET}/replaced", "train", cache_dir=cache)
     with pytest.raises(ValueError, match="does not match meta.json .* replaced after the folder was published"):
@@ -230,7 +230,7 @@ def test_objects_deleted_while_a_loader_runs(published, s3_server, tmp_path):
     assert seen == fits.scored_tokens  # fetched ahead: the deletion no longer matters
     with pytest.raises(ValueError, match=rf"s3://{BUCKET}/gone/train_\d+\.bin"):
         list(build_loader(small, 8))
-    with pytest.raises(ValueError, match="has no meta.json"):  # deleted: a new open sees it gone
+    with pytest.raises(ValueError, match="meta.json is missing"):  # deleted: a new open sees it gone
         open_split(f"s3://{BUCKET}/kept", "train", cache_dir=tmp_path / "other")
 
 

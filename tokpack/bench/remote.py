@@ -113,14 +113,14 @@ def _range_reads(folder: Path, split: Any, windows: int = 200) -> float:
     """Windows of T + 1 = 1025 tokens read as one range request each from the store, the way a
     loader without a cache would: windows a second."""
     import numpy as np
-    from ..storage import open_store
+    from ..storage.folder import as_folder
 
-    store = open_store(f"s3://{BUCKET}/published")
+    folder = as_folder(f"s3://{BUCKET}/published")
     name, tokens = split.files[0].path.name, split.files[0].tokens
     starts = np.random.default_rng(0).integers(0, tokens - 1025, windows) * split.dtype.itemsize
     started = time.perf_counter()
     for start in starts.tolist():
-        store.fs.cat_file(store.key(name), start=start, end=start + 1025 * split.dtype.itemsize)
+        folder.read(name, start, start + 1025 * split.dtype.itemsize)
     return windows / (time.perf_counter() - started)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format import open_new, remove_own, tmp_path
+from ..storage.local import open_new, remove_own, tmp_path
 from ..split import Split, open_splits, read_index
 
 FIGSIZE = (8.0, 4.5)  # inches; at DPI, 800 x 450 pixels

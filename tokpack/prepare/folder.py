@@ -21,7 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta, remove_own
+from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta
+from ..storage.local import remove_own
 from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
 from . import units

@@ -39,20 +39,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..format import (DATA_FILE, LOCK_NAME, META_NAME, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord,
-                      every_file, parse_meta)
-from ..storage import Missing, open_store
+from ..format import (DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME,
+                      UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta)
+from ..storage import Missing
+from ..storage.folder import Folder, as_folder
 from . import units
 from .config import Plan
 from .writers import json_bytes
 
-LOCK = LOCK_NAME  # the same lock file as a local folder's, by name: a store has no flock
-_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK)}|{UNIT_RECORD_NAME.pattern}|"
-                  rf"{UNIT_INDEX_NAME.pattern}|\.tokpack-probe-[0-9a-f]{{32}}")
+_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK_NAME)}|{UNIT_RECORD_NAME.pattern}|"
+                  rf"{UNIT_INDEX_NAME.pattern}|{PROBE_NAME.pattern}")
 # A lock as a run writes it: pid@host and a random token. Anything else is shown as foreign, not echoed.
 _HOLDER = re.compile(rb"(\d{1,10})@([A-Za-z0-9._-]{1,253}) [0-9a-f]{32}")
-SPOOL_PREFIX = "tokpack-spool-"
-SPOOL_MARK = ".tokpack-spool"  # locked by the run that made the spool: one that is unlocked was a killed run's
 
 
 def _holder(held: bytes | None) -> tuple[int, str] | None:
@@ -75,32 +73,33 @@ def _dead_here(held: bytes | None) -> bool:
     return False
 
 
-class RemoteFolder:
-    """The remote output folder of one run: its checks, lock, uploads and commit."""
+class Publisher:
+    """The remote output folder of one run: its checks, lock, uploads and commit, all through the
+    folder's verbs (``tokpack.storage.folder``).
+
+    Args:
+        url: the folder's URL.
+        options: the store's options (``--storage-options``).
+        force: take over a folder that holds a corpus, another tool's files or a dead run's lock.
+    """
 
     def __init__(self, url: str, options: dict[str, Any] | None, force: bool):
-        self.store = open_store(url, options)
-        self.fs, self.root, self.where, self.force = self.store.fs, self.store.path, self.store.where, force
+        self.folder: Folder = as_folder(url, options)
+        self.where, self.force = self.folder.where, force
         self.stale: set[str] = set()
-        self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
+        self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}".encode()
         self.locked = False
         # The local run is made in a folder of this name, so that llm.c shards, named after their
         # folder, have the names a local run into a folder of that name gives them.
-        last = self.root.rsplit("/", 1)[-1]
-        self.name = last if last not in ("", ".", "..") else "tokpack"
-
-    def _key(self, name: str) -> str:
-        return self.store.key(name)
-
-    def _call(self, what: str, fn: Any) -> Any:
-        return self.store.call(what, fn)
+        last = self.where.rstrip("/").rsplit("/", 1)[-1]
+        self.name = last if last not in ("", ".", "..") and "://" not in last else "tokpack"
 
     def begin(self) -> None:
         """The checks and the lock, before any work."""
-        probe = f".tokpack-probe-{uuid.uuid4().hex}"
+        probe = PROBE.format(uuid.uuid4().hex)
         try:
-            self._call(probe, lambda: self.fs.pipe_file(self._key(probe), b""))
-            self._call(probe, lambda: self.fs.rm_file(self._key(probe)))
+            self.folder.write(probe, b"")
+            self.folder.remove(probe)
         except (ValueError, NotImplementedError) as exc:
             raise ValueError(f"--out-dir {self.where} cannot be written ({exc}); check the credentials' write "
                              "permission, or publish elsewhere") from None
@@ -112,34 +111,25 @@ class RemoteFolder:
             raise
 
     def _lock(self) -> None:
-        key = self._key(LOCK)
-        try:
-            self.fs.pipe_file(key, self.token.encode(), mode="create")
-        except Exception:  # a store's own types for "it exists"; read it to tell
-            pass
-        held = self._read(LOCK)
-        if held != self.token.encode():
+        if not self.folder.create(LOCK_NAME, self.token):
+            held = self._read(LOCK_NAME)
             if not self.force and not _dead_here(held):
                 who = _holder(held)
                 holder = (f"another tokpack.prepare (pid {who[0]} on {who[1]})" if who else
-                          f"a {LOCK} that tokpack did not write ({len(held or b''):,} bytes)")
+                          f"a {LOCK_NAME} that tokpack did not write ({len(held or b''):,} bytes)")
                 raise ValueError(f"{self.where} is being written by {holder}; wait for it, or if that run is dead, "
                                  "pass --force to take the folder over")
-            self._call(LOCK, lambda: self.fs.pipe_file(key, self.token.encode()))
+            self.folder.write(LOCK_NAME, self.token)
         self.locked = True
 
     def _read(self, name: str) -> bytes | None:
         try:
-            return self._call(name, lambda: self.fs.cat_file(self._key(name)))
+            return self.folder.read(name)
         except Missing:
             return None
 
-    def _names(self) -> list[str]:
-        found = self._call("", lambda: self.fs.find(self.root))
-        return [name[len(self.root) + 1:] for name in found]
-
     def _check_contents(self) -> None:
-        names = self._names()
+        names = self.folder.names()
         theirs = sorted(n for n in names if not _OWN.fullmatch(n))
         if theirs and not self.force:
             raise ValueError(f"{self.where} holds files tokpack did not write ({', '.join(theirs[:3])}"
@@ -151,7 +141,7 @@ class RemoteFolder:
                                  "choose another --out-dir")
             old = parse_meta(self._read(META_NAME) or b"{}", f"{self.where}/{META_NAME}")
             self.stale = {f["file"] for info in old["splits"].values() for f in every_file(info)}
-            self._call(META_NAME, lambda: self.fs.rm_file(self._key(META_NAME)))  # incomplete from here on
+            self.folder.remove(META_NAME)  # incomplete from here on
 
     def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
         """The unit's uploaded record if it is this run's, its input unchanged and its files there
@@ -159,49 +149,41 @@ class RemoteFolder:
         record = units.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
         if record is None:
             return None
-        entries = units.record_files(record)  # type: ignore[arg-type]
-        for entry in entries:
+        for entry in units.record_files(record):  # type: ignore[arg-type]
             try:
-                size = self._call(entry["file"], lambda: self.fs.info(self._key(entry["file"])))["size"]
+                if self.folder.size(entry["file"]) != entry["bytes"]:
+                    return None
             except Missing:
                 return None
-            if size != entry["bytes"]:
-                return None
         for part in record["splits"].values():
-            name = part["idx"]["file"]
-            self._call(name, lambda: self.fs.get_file(self._key(name), str(plan.out / name)))
+            self.folder.get(part["idx"]["file"], plan.out / part["idx"]["file"])
         return record
 
     def upload(self, plan: Plan, record: UnitRecord) -> None:
         """A finished unit's files, then its record; its shards then leave the spool."""
         for entry in units.record_files(record):  # type: ignore[arg-type]
             local = plan.out / entry["file"]
-            self.store.put(local, entry["file"])
+            self.folder.put(local, entry["file"])
             if not entry["file"].startswith("."):  # a shard; the index parts stay for the merge
                 local.unlink()
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
-        self.store.put(plan.out / name, name)
+        self.folder.put(plan.out / name, name)
 
     def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
         """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``
         (a sharded run's records and index parts), and an older corpus's files this one does not
         list, go."""
         for name in uploads:
-            self.store.put(spool / name, name)
-        body = json_bytes(meta)
-        self._call(META_NAME, lambda: self.fs.pipe_file(self._key(META_NAME), body))
+            self.folder.put(spool / name, name)
+        self.folder.write(META_NAME, json_bytes(meta))
         new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
         for name in leftovers + sorted(self.stale - new):
-            try:
-                self._call(name, lambda: self.fs.rm_file(self._key(name)))
-            except Missing:
-                pass  # gone already
+            self.folder.remove(name)  # or gone already
 
     def release(self) -> None:
-        if self.locked and self._read(LOCK) == self.token.encode():
-            self._call(LOCK, lambda: self.fs.rm_file(self._key(LOCK)))
+        if self.locked and self._read(LOCK_NAME) == self.token:
+            self.folder.remove(LOCK_NAME)
         self.locked = False
-
 
 
 class Spool:

@@ -27,16 +27,16 @@ from ..cli import USER_ERRORS
 from ..options import default_of
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import launched_world, process_group
-from ..format import (FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file,
-                      remove_leftovers)
+from ..format import FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file
 from ..inputs import resolve_groups
 from ..storage import InputFile, is_url, redact
+from ..storage.local import remove_leftovers
 from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, merged_indexes, publish_parts, retire
-from .remote import RemoteFolder, Spool
+from .remote import Publisher, Spool
 from .writers import remove_temporaries
 
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
@@ -155,7 +155,7 @@ def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
     if config.format == "megatron":
         raise ValueError("--format megatron writes one .bin/.idx pair a split on one disk; publish flat or llmc "
                          "folders to a URL, or prepare locally and copy")
-    folder = RemoteFolder(config.out_dir, config.storage_options, config.force)
+    folder = Publisher(config.out_dir, config.storage_options, config.force)
     with Spool(config.spool_dir) as spool:
         # The run itself writes the local spool: the options of the remote folder are not its own.
         remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
@@ -172,7 +172,7 @@ def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
     return result
 
 
-def _publish_flat(plan: Plan, folder: RemoteFolder) -> dict[str, Any]:
+def _publish_flat(plan: Plan, folder: Publisher) -> dict[str, Any]:
     """A flat run made whole in the spool, as a local run makes it, then its files uploaded."""
     with process_group() as dist:
         meta = _run(plan, Ranks(dist))
@@ -180,7 +180,7 @@ def _publish_flat(plan: Plan, folder: RemoteFolder) -> dict[str, Any]:
     return meta
 
 
-def _publish_units(plan: Plan, folder: RemoteFolder) -> dict[str, Any]:
+def _publish_units(plan: Plan, folder: Publisher) -> dict[str, Any]:
     """A sharded run's units, each uploaded while the next is tokenized (at most two units' shards
     in the spool), those a killed run uploaded kept; then the merged indexes and meta.json."""
     with OutputFolder(plan.out), ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:

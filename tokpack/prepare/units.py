@@ -36,10 +36,11 @@ from tqdm import tqdm
 
 from ..corpus import Piece, documents, pieces, split_runs
 from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_INDEX_NAME,
-                      UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json, remove_own,
-                      write_megatron_index)
+                      UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json)
+from ..format.megatron import write_index
+from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
-from ..verify import VerifyError, check_file, check_index
+from ..verify import VerifyError, check_entry, check_index
 from .cluster import Entry, share_of
 from .config import LLMC_SHARD_TOKENS, Plan
 from .input_hash import InputTap, input_sha256
@@ -72,7 +73,7 @@ def load(plan: Plan, unit: int) -> UnitRecord | None:
         record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out))
         if record is not None:
             _check_files(plan, record)
-    except (OSError, VerifyError):
+    except (OSError, ValueError, VerifyError):
         return None
     return record
 
@@ -100,20 +101,13 @@ def _check_files(plan: Plan, record: UnitRecord) -> None:
     """A kept unit's files as verify checks a folder's: each size and sha256 as recorded, every id
     below n_vocab, and its index part a strictly increasing list of its documents' starts, so a
     broken unit is redone here rather than failing the whole run when it is published."""
-    out = plan.out
+    folder = LocalFolder(plan.out)
     record_files(record)  # every name of a unit's own pattern
     offset = SHARD_HEADER_BYTES if plan.config.format == "llmc" else 0
     for part in record["splits"].values():
         for entry in part["info"]["shards"]:
-            file = out / entry["file"]
-            if file.is_symlink():
-                raise VerifyError(f"{file} is a link")
-            check_file(file, entry, plan.dtype, offset, plan.enc.n_vocab)
-        index = out / part["idx"]["file"]
-        if index.is_symlink():
-            raise VerifyError(f"{index} is a link")
-        check_file(index, part["idx"])
-        check_index(index, part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
+            check_entry(folder, entry, plan.dtype, offset, plan.enc.n_vocab)
+        check_index(folder, part["idx"], part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
 
 
 def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, UnitPart]) -> UnitRecord:
@@ -334,7 +328,7 @@ def _closed(plan: Plan, writer: SplitWriter) -> UnitPart:
     part: UnitPart = {"info": info, "idx": idx, "renames": writer.renames()}
     if plan.config.format == "megatron":  # Megatron's own index beside tokpack's, from the starts just written
         index = HashingWriter(plan.out / f"{MEGATRON_NAME.format(split=writer.split)}.idx")
-        write_megatron_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
+        write_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
         info["megatron_idx"] = index.close()
         part["renames"] += index.renames()
     return part

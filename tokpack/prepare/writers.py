@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import (INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX, open_new,
-                      remove_own, replacing, tmp_path)
+from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX
+from ..storage.local import open_new, remove_own, replacing, tmp_path
 from .holdout import document_hash, document_key
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known

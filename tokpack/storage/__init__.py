@@ -20,7 +20,6 @@ user information (a web URL without its query and fragment too), and no message 
 
 from __future__ import annotations
 
-import errno
 import functools
 import io
 import os
@@ -168,7 +167,8 @@ def check_url(raw: str) -> str:
     since its library would quote them in its errors."""
     scheme, userinfo, _ = _split_userinfo(raw)
     if userinfo:
-        _SECRETS.update(part for part in (userinfo, *userinfo.split(":", 1)) if len(part) >= 4)
+        # The whole and its password: a user name alone is no secret, and may be a common word.
+        _SECRETS.update(part for part in (userinfo, userinfo.partition(":")[2]) if len(part) >= 4)
         if scheme not in WEB:
             raise ValueError(f"{redact(raw)} carries credentials in the URL, where they would show in messages and "
                              "records; drop them from the URL and give them in --storage-options (key, secret, "
@@ -284,7 +284,7 @@ class RetryingReader(io.RawIOBase):
             if self._f is None:
                 options = {"headers": self.file.conditions} if self.file.conditions else {}
                 self._f = self.file.fs.open(self.file.path, "rb", block_size=BLOCK_BYTES, cache_type="none", **options)
-                opened = _version(getattr(self._f, "details", None) or {})
+                opened = object_version(getattr(self._f, "details", None) or {})
                 if self.file.version and opened and opened != self.file.version:
                     raise Changed(f"version {opened} where {self.file.version} was listed")
             self._f.seek(pos)
@@ -338,8 +338,6 @@ def _kind(fix: str) -> type[StoreError]:
 def _permanent(exc: BaseException) -> str | None:
     """The fix for an error retrying cannot cure, or None for a transient one."""
     status = _status(exc)
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the local disk is full: free space, or give the cache a cache_limit that fits or another cache_dir"
     if type(exc).__name__ == "FileExpired" or isinstance(exc, Changed) or status == 412:
         # fsspec's, tokpack's own and a web server's word for another version than the one listed
         return "it changed while being read, so nothing read from it is used: rerun when it is stable"
@@ -470,7 +468,8 @@ def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
     return Store(fs, path.rstrip("/"), attempts, redact(raw).rstrip("/"), raw.partition("://")[0])
 
 
-def _version(info: dict[str, Any]) -> str:
+def object_version(info: dict[str, Any]) -> str:
+    """The version a listing gives an object (a version id, generation, ETag or time), or "" if none."""
     for key in ("VersionId", "version_id", "generation", "ETag", "etag", "mtime", "LastModified", "last_modified"):
         if info.get(key):
             return str(info[key]).strip('"')
@@ -504,8 +503,8 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
             raise ValueError(f"{redact(url)} came without a size (sent with a Content-Encoding such as gzip, or with "
                              "no Content-Length), and tokpack reads objects in ranges of a known size; serve it as "
                              "it is stored (a .gz file as application/gzip, with no Content-Encoding)")
-        out.append(RemoteFile(fs, info["name"], url, int(info["size"]), _version(info), store.attempts,
-                              _conditions(info) if web else None))
+        out.append(RemoteFile(fs, info["name"], url, int(info["size"]), object_version(info), store.attempts,
+                              range_conditions(info) if web else None))
     unpinned = [f for f in out if not f.version]
     if unpinned:
         warnings.warn(f"{unpinned[0]}{f' and {len(unpinned) - 1} more' if len(unpinned) > 1 else ''} has no ETag or "
@@ -514,7 +513,7 @@ def expand(raw: str, options: dict[str, Any]) -> list[RemoteFile]:
     return out
 
 
-def _conditions(info: dict[str, Any]) -> dict[str, str]:
+def range_conditions(info: dict[str, Any]) -> dict[str, str]:
     """The headers that make a web server answer 412 once the object is another than ``info``
     describes: a strong ETag (a weak one never matches ``If-Match``), else Last-Modified."""
     etag = info.get("ETag") or info.get("etag")

@@ -38,29 +38,26 @@ order through a smaller limit, O(split bytes) per pass.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import queue
-import re
 import stat
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import (META_NAME, TMP_SUFFIX, Meta, every_file, load_json, open_new, parse_meta, replacing, split_files,
-                      tmp_path)
-from . import BLOCK_BYTES, Missing, Store, open_store
+from ..format import (CACHE_LOCK_NAME, FETCHED_NAME, FETCHING_SUFFIX, LEASE_PREFIX, META_NAME, MIRROR_HEX, MIRROR_NAME,
+                      TMP_SUFFIX, every_file, load_json, split_files)
+from . import BLOCK_BYTES
+from .folder import published
+from .local import open_new, replacing, tmp_path
+from .remote import RemoteFolder
 
 CACHE_ENV, LIMIT_ENV = "TOKPACK_CACHE_DIR", "TOKPACK_CACHE_LIMIT"
-LOCK_NAME = ".tokpack-cache.lock"
-FETCHED = ".tokpack-fetched.json"  # a mirror's record: the sha256 of each file fetched into it
-LEASE_PREFIX = ".tokpack-lease-"  # + pid: the files that process holds open
-FETCHING_SUFFIX = ".tokpack-fetching"  # "." + name + this: held while one process fetches the file
-MIRROR_HEX = 24  # a folder's mirror is named by this many hex digits of its URL's sha256
-MIRROR_NAME = re.compile(f"[0-9a-f]{{{MIRROR_HEX}}}")  # nothing else in the cache folder is tokpack's to evict
 
 
 def default_cache_dir() -> Path:
@@ -138,7 +135,7 @@ class _Mirror:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        record = _read_json(folder / FETCHED)
+        record = _read_json(folder / FETCHED_NAME)
         self.record: dict[str, str] = record if isinstance(record, dict) else {}
         meta = _read_json(folder / META_NAME)
         self.sizes = {e["file"]: e["bytes"] for info in (meta or {}).get("splits", {}).values()
@@ -192,15 +189,16 @@ class CachedFolder:
 
     def __init__(self, url: str, cache_dir: str | Path | None = None, cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None):
-        store, self.meta, raw = published(url, storage_options)
+        folder = RemoteFolder(url, storage_options)
+        self.meta, raw = published(folder)
         self.meta_bytes = len(raw)
-        self.url, self.storage_options, self.where = url, storage_options, store.where
+        self.url, self.storage_options, self.where = url, storage_options, folder.where
         self.limit = _limit(cache_limit)
         self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:MIRROR_HEX]
         self.entries = {e["file"]: e for info in self.meta["splits"].values() for e in every_file(info)}
         self._verified: dict[str, tuple[int, int, int] | None] = {}  # name: the copy hashed, by identity
-        self._reset(store)
+        self._reset(folder)
         with self._locked():
             if self.mirror.is_symlink() or (self.mirror.exists() and not self.mirror.is_dir()):
                 raise ValueError(f"{self.mirror} in the cache is not a folder of tokpack's (a link or a file); "
@@ -210,9 +208,9 @@ class CachedFolder:
                 _write(self.mirror / META_NAME, raw)
             self._make_room(None, 0, strict=False)  # a cache over a limit lowered since is trimmed to it
 
-    def _reset(self, store: Store | None = None) -> None:
+    def _reset(self, folder: RemoteFolder | None = None) -> None:
         """This process's own state: a forked or unpickled copy starts afresh."""
-        self._pid, self._store = os.getpid(), store
+        self._pid, self._folder = os.getpid(), folder
         self._held: dict[str, int] = {}  # name: how many readers of this process hold it
         self._here: set[str] = set()  # held files found fetched: read with no lock
         self._parsed: tuple[Any, dict[str, str]] = (None, {})  # the record as last read: (its stat, it)
@@ -222,7 +220,7 @@ class CachedFolder:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_store", "_held", "_here", "_parsed", "_guard", "_wanted", "_fetcher", "_verified"):
+        for key in ("_folder", "_held", "_here", "_parsed", "_guard", "_wanted", "_fetcher", "_verified"):
             state.pop(key)
         return state
 
@@ -236,14 +234,15 @@ class CachedFolder:
             self._reset()
 
     @property
-    def store(self) -> Store:
+    def folder(self) -> RemoteFolder:
+        """The remote folder, opened once a process."""
         self._own()
-        if self._store is None:
-            self._store = open_store(self.url, self.storage_options)
-        return self._store
+        if self._folder is None:
+            self._folder = RemoteFolder(self.url, self.storage_options)
+        return self._folder
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return _flocked(self.cache / LOCK_NAME, str(self.cache))
+        return _flocked(self.cache / CACHE_LOCK_NAME, str(self.cache))
 
     def check_split(self, split: str) -> bool:
         """Refuse a limit that cannot hold ``split``'s largest file with its index and meta.json;
@@ -352,7 +351,7 @@ class CachedFolder:
     def _record(self) -> dict[str, str]:
         """Under the lock: the mirror's record (not to be changed in place), parsed again only when
         the file changed: it lists every file fetched, and is asked about each one."""
-        path = self.mirror / FETCHED
+        path = self.mirror / FETCHED_NAME
         try:
             info = path.lstat()
             key = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -413,8 +412,14 @@ class CachedFolder:
                 tmp = tmp_path(target)
                 out = open_new(tmp)  # under the lock: other processes count it at its final size
             try:
-                with out:
-                    digest = self.store.call(name, lambda: self._copy(name, out))
+                try:
+                    with out:
+                        digest = self._copy(name, out)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise ValueError(f"{self.where}/{name}: the local disk is full: free space, or "
+                                     "give the cache a cache_limit that fits or another cache_dir") from None
                 if digest != entry["sha256"] or tmp.stat().st_size != entry["bytes"]:
                     raise ValueError(f"{self.where}/{name} does not match meta.json (sha256 {digest[:12]}..., "
                                      f"recorded {entry['sha256'][:12]}...): it was replaced after the folder was "
@@ -423,19 +428,16 @@ class CachedFolder:
                     record = {n: sha for n, sha in self._record().items() if (self.mirror / n).is_file()}
                     record[name] = entry["sha256"]
                     os.replace(tmp, target)  # over a copy that did not match, if any: the mirror is tokpack's
-                    _write(self.mirror / FETCHED, json.dumps(record).encode())
+                    _write(self.mirror / FETCHED_NAME, json.dumps(record).encode())
                     self._verified[name] = _identity(target)  # hashed on its way in
                 return target
             finally:
                 tmp.unlink(missing_ok=True)
 
     def _copy(self, name: str, out: Any) -> str:
-        """The object streamed into ``out`` (from its start on a retry), hashed on the way."""
-        if out.tell():  # a retry starts the file over
-            out.seek(0)
-            out.truncate()
+        """The object streamed into ``out`` (in ranges, each retried where it failed), hashed on the way."""
         digest = hashlib.sha256()
-        with self.store.fs.open(self.store.key(name), "rb", block_size=BLOCK_BYTES) as src:
+        with self.folder.open(name) as src:
             while chunk := src.read(BLOCK_BYTES):
                 digest.update(chunk)
                 out.write(chunk)
@@ -470,16 +472,3 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return info.st_dev, info.st_ino, info.st_size
-
-
-def published(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, Meta, bytes]:
-    """A remote folder's store, its meta.json checked and as bytes, refused in one line when there
-    is none (not published yet, or not tokpack's)."""
-    store = open_store(url, storage_options)
-    try:
-        raw = store.call(META_NAME, lambda: store.fs.cat_file(store.key(META_NAME)))
-    except Missing:
-        raise Missing(f"{store.where} has no meta.json: it is not a published tokpack folder (prepare writes "
-                         "meta.json last, so one being published is refused too); wait for it, or check the URL") \
-            from None
-    return store, parse_meta(raw, f"{store.where}/{META_NAME}"), raw

@@ -36,7 +36,7 @@ import regex
 from tqdm import tqdm
 
 from ..corpus import ReadOptions, documents
-from ..format import open_new, remove_own
+from ..storage.local import open_new, remove_own
 from ..inputs import resolve_inputs
 from ..options import option
 from .bpe import TiktokenEncoder, gpt2_byte_decoder

@@ -10,41 +10,68 @@ folder without it is incomplete.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 FORMAT_VERSION = 1
-META_NAME = "meta.json"
 SPLITS = ("train", "val")
 INDEX_DTYPE = np.dtype("<u8")
-# A sharded run's record of each finished unit: while one stands without meta.json, the folder
-# is an unfinished run that a rerun resumes, not data to read.
-UNIT_RECORD = ".tokpack-unit-{:05d}.json"
-UNIT_RECORD_GLOB = ".tokpack-unit-*.json"
-UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
-# The same names as patterns: a record (its unit in group 1), a unit's hidden index part.
-UNIT_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")
-UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
-LOCK_NAME = ".tokpack.lock"
-TMP_SUFFIX = ".tokpack-tmp"
-# The names of the token files tokpack writes (flat, bare shards, llm.c shards with the folder's
-# name first) and of its indexes: the only names a meta.json may list, since meta.json is data on
-# disk and may be forged; any other (a path, "..", another tool's file) is refused before it is
-# opened. llm.c shards start with the output folder's name, which may itself start with a dot.
+
+# Every name tokpack gives a file, in one table. What tokpack reads back from disk (meta.json,
+# unit records, a cache's records) may be forged, so a name found there is used only if it
+# matches its pattern here; anything else (a path, "..", another tool's file) is refused before
+# it is opened.
+#
+# A prepared folder: meta.json, written last (a folder without it is incomplete), the token files
+# and indexes it lists, and while a run works, its lock and temporaries.
+META_NAME = "meta.json"
+BIN_NAME = "{split}.bin"  # a flat split, nanoGPT's name
+IDX_NAME = "{split}.idx"  # tokpack's document index
+# Shards: bare (``train_UUUUU_KKKKKK.bin``, unit and shard) or llm.c's, the folder's name first,
+# which may itself start with a dot.
 SHARD_NAME = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
-DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|{SHARD_NAME}")
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
+DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|{SHARD_NAME}")
+LOCK_NAME = ".tokpack.lock"
+TMP_SUFFIX = ".tokpack-tmp"  # ".NAME.PID" + this: a file being written, renamed to NAME when whole
+# A sharded run's record of each finished unit (while one stands without meta.json, the folder is
+# an unfinished run that a rerun resumes, not data to read) and each unit's hidden index part.
+UNIT_RECORD = ".tokpack-unit-{:05d}.json"
+UNIT_RECORD_GLOB = ".tokpack-unit-*.json"
+UNIT_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")  # its unit in group 1
+UNIT_INDEX = ".{split}.idx.u{unit:05d}"
+UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
+UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
+# A remote folder being published: the probe that proves the credentials may write.
+PROBE = ".tokpack-probe-{}"  # + a random hex token
+PROBE_NAME = re.compile(r"\.tokpack-probe-[0-9a-f]{32}")
+# A remote run's local spool: a folder of this prefix, marked (and locked) by its run.
+SPOOL_PREFIX = "tokpack-spool-"
+SPOOL_MARK = ".tokpack-spool"
+# The cache of remote folders: one mirror folder a URL, named by hex digits of its sha256.
+MIRROR_HEX = 24
+MIRROR_NAME = re.compile(f"[0-9a-f]{{{MIRROR_HEX}}}")
+CACHE_LOCK_NAME = ".tokpack-cache.lock"
+FETCHED_NAME = ".tokpack-fetched.json"  # a mirror's record: the sha256 of each file fetched into it
+LEASE_PREFIX = ".tokpack-lease-"  # + pid: the files that process holds open
+FETCHING_SUFFIX = ".tokpack-fetching"  # "." + name + this: held while one process fetches the file
+
+
+def plain_name(name: str, where: str) -> str:
+    """``name`` if it names a file directly inside a folder (``where``, for the message): no
+    separator, no "." or "..", no NUL; otherwise one line refusing it."""
+    if not name or name in (".", "..") or any(ch in name for ch in "/\\\x00"):
+        raise ValueError(f"{name!r} is not a plain file name inside {where}; tokpack reads and writes only "
+                         "its own files directly inside a folder")
+    return name
+
 
 # llm.c / modded-nanogpt shards: 256 int32 header words (magic, version, token count), then tokens:
 # magic 20240520 / version 1 for uint16 (GPT-2), 20240801 / version 7 for uint32 (llama-3).
@@ -55,14 +82,6 @@ SHARD_DTYPE_VERSION = {"uint16": 1, "uint32": 7}
 # in version 1 shards, llama-3's <|begin_of_text|> in version 7 ones.
 LLMC_DOCUMENT_START = {"uint16": 50256, "uint32": 128000}
 
-# Megatron-LM's indexed datasets: a flat .bin beside an .idx that starts with this magic,
-# followed by a uint64 version and a one-byte dtype code.
-MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
-MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32",
-                   8: "uint16"}
-# What Megatron's preprocessing writes for token ids (uint16 under 65,500 ids, else int32).
-MEGATRON_TOKEN_DTYPES = ("uint16", "int32")
-MEGATRON_CODES = {"uint16": 8, "uint32": 4}  # tokpack's widths as Megatron declares them (ids < 2**31)
 
 
 class FileEntry(TypedDict):
@@ -135,13 +154,6 @@ class UnitRecord(TypedDict):
     unit: NotRequired[int]
     input_sha256: str
     splits: dict[str, UnitPart]
-
-
-class ForeignFormat(NamedTuple):
-    """A known non-tokpack format whose header would otherwise be read as tokens."""
-
-    kind: str  # "megatron" or "litdata"
-    description: str
 
 
 def token_offset(meta: Meta) -> int:
@@ -275,177 +287,26 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
-def _header_words(path: Path) -> np.ndarray | None:
-    with open(path, "rb") as f:
-        head = f.read(SHARD_HEADER_BYTES)
-    return np.frombuffer(head, dtype="<i4") if len(head) == SHARD_HEADER_BYTES else None
-
-
 def shard_header(path: Path) -> tuple[np.dtype, int] | None:
-    """(dtype, token count) from an llm.c shard header, or None if ``path`` has none."""
-    words = _header_words(path)
-    if words is None or int(words[0]) not in SHARD_VERSIONS.values():
+    """(dtype, token count) from the llm.c shard header of the file at ``path``, or None if it has none."""
+    with open(path, "rb") as f:
+        return parse_shard_header(f.read(SHARD_HEADER_BYTES), str(path))
+
+
+def parse_shard_header(head: bytes, where: str) -> tuple[np.dtype, int] | None:
+    """(dtype, token count) from the first bytes of a file (read from ``where``), or None if they
+    are no llm.c shard header; a header of another version, or with a negative count, is refused."""
+    if len(head) < SHARD_HEADER_BYTES:
+        return None
+    words = np.frombuffer(head[:SHARD_HEADER_BYTES], dtype="<i4")
+    if int(words[0]) not in SHARD_VERSIONS.values():
         return None
     magic, version = int(words[0]), int(words[1])
     dtype = next((d for d, v in SHARD_DTYPE_VERSION.items() if v == version), None)
     if dtype is None or SHARD_VERSIONS[dtype] != magic:
-        raise ValueError(f"{path} has llm.c magic {magic} with version {version}; tokpack reads "
+        raise ValueError(f"{where} has llm.c magic {magic} with version {version}; tokpack reads "
                          "20240520/1 (uint16) and 20240801/7 (uint32) shards. Re-create the shard")
     if words[2] < 0:
-        raise ValueError(f"{path} has an llm.c header whose token count is {int(words[2])}, below 0: the header "
+        raise ValueError(f"{where} has an llm.c header whose token count is {int(words[2])}, below 0: the header "
                          "is damaged or forged; re-create the shard")
     return np.dtype(dtype), int(words[2])
-
-
-def foreign_format(path: Path) -> ForeignFormat | None:
-    """The known non-tokpack format ``path`` is in, whose header would otherwise be read as tokens."""
-    if is_megatron_index(path.with_suffix(".idx")):
-        return ForeignFormat("megatron", "a Megatron indexed dataset (its .idx starts with MMIDIDX)")
-    if re.fullmatch(r"chunk-\d+-\d+\.bin", path.name) or _is_litdata_index(path.parent / "index.json"):
-        return ForeignFormat("litdata", "a litdata chunk (written by litdata.optimize; read it with litdata's "
-                             "StreamingDataset)")
-    return None
-
-
-def _is_litdata_index(path: Path) -> bool:
-    try:
-        index = load_json(read_file(path, "index", "", JSON_LIMIT), str(path), "") if path.is_file() else None
-    except (OSError, ValueError):
-        return False
-    return isinstance(index, dict) and "chunks" in index and "config" in index
-
-
-def is_megatron_index(index: Path) -> bool:
-    """Whether ``index`` is a Megatron ``.idx`` (it starts with MMIDIDX), not tokpack's."""
-    if not index.is_file():
-        return False
-    with open(index, "rb") as f:
-        return f.read(len(MEGATRON_MAGIC)) == MEGATRON_MAGIC
-
-
-def megatron_dtype(path: Path) -> np.dtype:
-    with open(path.with_suffix(".idx"), "rb") as f:
-        head = f.read(len(MEGATRON_MAGIC) + 9)
-    code = head[len(MEGATRON_MAGIC) + 8] if len(head) == len(MEGATRON_MAGIC) + 9 else -1
-    if MEGATRON_DTYPES.get(code) not in MEGATRON_TOKEN_DTYPES:
-        named = MEGATRON_DTYPES.get(code, f"code {code}")
-        raise ValueError(f"{path.with_suffix('.idx')} declares dtype {named}, which is not a token dtype (it "
-                         "could hold negative or fractional ids); Megatron writes "
-                         f"{' or '.join(MEGATRON_TOKEN_DTYPES)}: re-create the dataset")
-    return np.dtype(MEGATRON_DTYPES[code])
-
-
-def tmp_path(path: Path) -> Path:
-    """Where ``path`` is written before the rename that publishes it: unique to this process."""
-    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
-
-
-def open_new(path: Path) -> BinaryIO:
-    """A file this process creates to write (a temporary name, renamed when complete): never
-    through a link and never onto a file that is there already, so tokpack truncates nothing it
-    did not create."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        raise ValueError(f"{path} is already there, where tokpack writes a temporary file of its own; "
-                         "if no other run is writing into this folder, remove it and rerun") from None
-    return os.fdopen(fd, "w+b")
-
-
-@contextlib.contextmanager
-def replacing(path: Path) -> Iterator[BinaryIO]:
-    """A new file (``open_new``) under ``path``'s temporary name, put in its place by rename when
-    the block ends; if the block fails, the temporary file goes and ``path`` is as it was."""
-    tmp = tmp_path(path)
-    try:
-        with open_new(tmp) as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def megatron_document_starts(index: Path, tokens: int, itemsize: int) -> np.ndarray:
-    """The token offset of every document of a Megatron ``.idx`` (MMIDIDX version 1: dtype code,
-    sequence and document counts, int32 sequence lengths, int64 byte pointers, int64 document
-    indices), checked against the ``tokens`` of its ``.bin``."""
-    raw = np.memmap(index, dtype=np.uint8, mode="r")
-    head = len(MEGATRON_MAGIC) + 8 + 1 + 16
-    fix = "re-create it with Megatron's preprocess_data.py or python -m tokpack.prepare --format megatron"
-    if len(raw) < head or bytes(raw[:len(MEGATRON_MAGIC)]) != MEGATRON_MAGIC:
-        raise ValueError(f"{index} is not a Megatron index (no MMIDIDX header); {fix}")
-    version, = np.frombuffer(raw[9:17], dtype="<u8")
-    sequences, documents = (int(v) for v in np.frombuffer(raw[18:34], dtype="<u8"))
-    if version != 1 or len(raw) < head + sequences * 12 + documents * 8 or documents < 1:
-        raise ValueError(f"{index} declares version {version}, {sequences} sequences and {documents - 1} documents, "
-                         f"which its {len(raw)} bytes do not hold; {fix}")
-    lengths = np.frombuffer(raw[head:head + 4 * sequences], dtype="<i4").astype(np.int64)
-    pointers = np.frombuffer(raw[head + 4 * sequences:head + 12 * sequences], dtype="<i8")
-    document_indices = np.frombuffer(raw[head + 12 * sequences:head + 12 * sequences + 8 * documents], dtype="<i8")
-    expected = np.concatenate([[0], np.cumsum(lengths[:-1])]) * itemsize
-    if ((lengths <= 0).any() or not np.array_equal(pointers, expected) or lengths.sum() != tokens
-            or document_indices[0] != 0 or document_indices[-1] != sequences or (np.diff(document_indices) <= 0).any()):
-        raise ValueError(f"{index} does not describe the {tokens} tokens of its .bin in order (lengths, pointers or "
-                         f"document indices disagree); {fix}")
-    return pointers[document_indices[:-1]] // itemsize
-
-
-def write_megatron_index(write: Callable[[bytes], Any], starts_file: Path, documents: int, tokens: int,
-                         dtype: np.dtype, chunk: int = 1 << 20) -> None:
-    """A Megatron ``.idx``, one sequence a document as Megatron's preprocess_data.py writes it, for
-    the documents whose starts a tokpack ``.idx`` holds; streamed ``chunk`` documents at a time."""
-    write(MEGATRON_MAGIC + np.array([1], "<u8").tobytes() + bytes([MEGATRON_CODES[dtype.name]])
-          + np.array([documents, documents + 1], "<u8").tobytes())
-    for section in ("lengths", "pointers"):
-        for lo in range(0, documents, chunk):
-            count = min(chunk, documents - lo)
-            starts = np.fromfile(starts_file, dtype=INDEX_DTYPE, count=count + 1, offset=lo * 8).astype(np.int64)
-            if section == "lengths":
-                ends = starts[1:] if len(starts) > count else np.append(starts[1:], tokens)
-                write((ends - starts[:count]).astype("<i4").tobytes())
-            else:
-                write((starts[:count] * dtype.itemsize).astype("<i8").tobytes())
-    for lo in range(0, documents + 1, chunk):
-        write(np.arange(lo, min(lo + chunk, documents + 1), dtype="<i8").tobytes())
-
-
-def remove_own(path: Path) -> bool:
-    """Remove a file that tokpack wrote (the caller has matched its name to tokpack's pattern): a
-    regular file only, never a link nor what it points to. Whether it was removed."""
-    try:
-        if stat.S_ISREG(os.lstat(path).st_mode):
-            path.unlink()
-            return True
-    except FileNotFoundError:
-        pass
-    return False
-
-
-def remove_leftovers(folder: Path) -> list[str]:
-    """What a run killed after publishing meta.json left in a whole folder: unit records, index
-    parts, temporaries and its lock. Only while no run holds the lock: a running prepare's
-    records are its work. Returns the names removed."""
-    if not (folder / META_NAME).is_file():
-        return []
-    lock = folder / LOCK_NAME
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        fd = None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EACCES):
-            return []  # not tokpack's lock, or not ours to take: leave the folder as it is
-        raise
-    try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return []
-        found = [*folder.glob(UNIT_RECORD_GLOB), *folder.glob(UNIT_INDEX_GLOB), *folder.glob(f".*{TMP_SUFFIX}")]
-        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
-            found.append(lock)
-        return sorted(p.name for p in found if remove_own(p))
-    finally:
-        if fd is not None:
-            os.close(fd)
