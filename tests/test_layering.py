@@ -156,6 +156,32 @@ def test_no_package_imports_itself_back_and_nothing_imports_the_packages_face():
     assert "tokpack.prepare" in edges and "tokpack.format" in edges["tokpack.prepare"]  # the rule sees packages
 
 
+STORE_LIBRARIES = ("fsspec", "s3fs", "gcsfs", "aiohttp", "huggingface_hub")  # what tokpack reads stores with
+
+
+def _store_calls(tree: ast.AST) -> list[tuple[str, int]]:
+    """(what, line) for every import of a store's library and every use of an attribute ``fs``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] in STORE_LIBRARIES]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in STORE_LIBRARIES:
+            found.append((node.module or "", node.lineno))
+        elif isinstance(node, ast.Attribute) and node.attr == "fs":
+            found.append(("attribute fs", node.lineno))
+    return found
+
+
+def test_only_the_storage_package_speaks_to_a_store():
+    problems = [f"{path.relative_to(ROOT)}:{line} uses {what}" for path in sorted(PACKAGE.rglob("*.py"))
+                if not _module_name(path).startswith("tokpack.storage")
+                for what, line in _store_calls(ast.parse(path.read_text("utf-8")))]
+    assert not problems, "\n".join(problems)
+    # The rule sees what it looks for.
+    assert [w for w, _ in _store_calls(ast.parse("import fsspec\nfrom s3fs import S3FileSystem\nstore.fs.cat(k)"))] \
+        == ["fsspec", "s3fs", "attribute fs"]
+
+
 def test_the_tree_shows_the_stages():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 15, top
@@ -202,7 +228,8 @@ print(json.dumps(out))
 # their own module may ask for them by type.
 INTERFACED = {"TiktokenEncoder": "tokpack.tokenizer.bpe", "HFEncoder": "tokpack.tokenizer.hf",
               "TokenWindows": "tokpack.data.windows", "PackedDocuments": "tokpack.data.packing",
-              "DocumentDataset": "tokpack.data.documents", "MixedWindows": "tokpack.data.mixing"}
+              "DocumentDataset": "tokpack.data.documents", "MixedWindows": "tokpack.data.mixing",
+              "LocalFolder": "tokpack.storage.local", "RemoteFolder": "tokpack.storage.remote"}
 MAX_FUNCTION_LINES = 60
 
 

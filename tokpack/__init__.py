@@ -5,6 +5,8 @@
 
 The write wing is ``tokpack.prepare`` (torch-free), the read wing ``tokpack.data``; every public
 name below is imported on first use, so that ``python -m tokpack.prepare`` never pays for torch.
+
+See docs/design.md.
 """
 
 from __future__ import annotations

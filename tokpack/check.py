@@ -7,6 +7,8 @@ documents) and the val loaders (in order, and document by document), and compare
 table: a fresh run against a second fresh run, a run
 resumed from its state_dict at a random step, num_workers 0 against 2, and, for evaluation, one
 rank against the union of two simulated ranks. Exits 1 on any difference.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

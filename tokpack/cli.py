@@ -7,6 +7,8 @@ A user error is an exception of ``USER_ERRORS``: tokpack raises ``ValueError`` (
 operating system raises ``OSError`` for a file it cannot read or write. ``run_cli`` turns one into a
 ``tokpack: ...`` line on stderr and exit code 2; the torchrun ranks of a prepare run share it
 with ``error_line``.
+
+See docs/bad-input.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 for the prepare and evaluate commands and ``scripts/train_gpt.py`` alike, and leaves it again;
 ``probe`` tells the rank and world size of a running group. Neither imports torch unless a
 group is asked for or already exists, so the prepare wing stays torch-free on one process.
+
+See docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ batches (``PackedDocuments``) carry their documents to the model, so each is sco
 ``sweep`` runs it over checkpoints, baselines and strides (with ``--documents``, also document by
 document); the command line runs ``sweep`` and, under torchrun, initialises the process group
 itself.
+
+See docs/evaluation.md.
 """
 
 from __future__ import annotations

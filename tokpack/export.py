@@ -13,6 +13,8 @@ command prints the dataset arguments to use, and how each of OLMo-core's dataset
 the boundaries (an argument, an environment variable, or not at all). Cost: O(documents) (the
 index read, the offsets written); a copy adds O(tokens). Rerun it after a new prepare of the
 folder: the links keep the files they were made from.
+
+See docs/clients.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 
 Local files come as ``LocalFile`` and remote objects as ``RemoteFile`` (``tokpack.storage``):
 both are ``InputFile``s, which is all a run asks of an input.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

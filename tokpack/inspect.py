@@ -5,6 +5,8 @@
     python -m tokpack.inspect data/sample --lengths --block-size 1024          # document lengths as text
     python -m tokpack.inspect data/sample --lengths lengths.png               # and as a figure (tokpack[plot])
     python -m tokpack.inspect s3://bucket/edu --split val --at 5000           # a remote folder: the peek alone
+
+See docs/formats.md.
 """
 
 from __future__ import annotations

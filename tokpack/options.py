@@ -7,6 +7,8 @@ field's help (and its choices) live in its metadata (``option(...)``); ``add_opt
 flags from them. ``configs/NAME.toml`` sets any field, the command line overrides the file, and an
 unknown key, or a value of the wrong type (in the file even where a flag overrides it), is an error
 naming the key, the file and what is expected.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

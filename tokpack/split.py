@@ -9,6 +9,8 @@ the data. Opening costs O(files): meta.json is read once per folder and each fil
 once. Readers (datasets, the loader's state, verify, inspect, evaluate, check) take the Split and
 re-derive nothing; a worker that receives one only maps its files, after checking that each is
 still the file that was opened.
+
+See docs/formats.md.
 """
 
 from __future__ import annotations

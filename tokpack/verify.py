@@ -5,6 +5,8 @@
 Checks, per split: every token file's size and sha256 against meta.json (a flat .bin, or llm.c
 shards with their headers), the token counts, every id below n_vocab, and the document index
 (count, first offset 0, strictly increasing, inside the split).
+
+See docs/formats.md.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ without replacing torch:
 
     pip install datasets
     pip install --no-deps litdata lightning-utilities && pip install boto3 tifffile obstore
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Baselines run in the same process on the same memmap: nanoGPT's get_batch (memmap reopened per
 batch, a Python slice per row, torch.stack) and the raw limit (one numpy fancy-index gather plus
 the int64 widening, no DataLoader).
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

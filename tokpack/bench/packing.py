@@ -9,6 +9,8 @@ loader's batches per second against plain windows; and each packing's utilisatio
 share. Costs: a choice is O(log buffer) (nanochat's scan is O(buffer)); a batch's structure
 O(B * T); a resume starts from the packer's saved state, O(buffer) (``python -m tokpack.bench
 resume``).
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

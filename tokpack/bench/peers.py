@@ -6,6 +6,8 @@
 Each peer is written the way its own documentation or recipe uses it. A peer that is not
 installed is skipped with one line; installing them as above never replaces the installed torch
 (litdata's own requirements would pull torchvision and another torch).
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

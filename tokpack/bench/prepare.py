@@ -6,6 +6,8 @@ On one synthetic jsonl corpus, in interleaved rounds: one-thread ``encode_ordina
 ``encode_ordinary_batch``, tokpack.prepare, the read-and-hash of the input that a resumed run
 adds per kept unit, and the installed peers; then tokpack's peak memory in a fresh process.
 Cost: O(corpus) time, memory bounded by the pieces in flight.
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ memory per open input. Then the prepared folder is published to the store
 and read back through the cache (``tokpack.storage.cache``): the split's fetch (its time, rate and
 disk use), and a loader's batches/s from a cold cache, a warm one, and in order through a cache
 limited to half the split (its peak disk use), against the local folder's, 0 and 2 workers.
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

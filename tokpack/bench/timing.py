@@ -4,6 +4,8 @@
 
 Absolute times are noise on a shared machine; ratios of runs interleaved in the same rounds are
 the result, since a noisy stretch falls on all of them alike.
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ same cropped documents already in memory; wall time and peak memory of both. Com
 vocabulary of ``--compression-vocab`` trained on 80 % of the Python docs topics (English prose
 that ships with CPython), its bytes per token on the other 20 % beside gpt2's and cl100k_base's.
 Cost: O(corpus) reading, overlapped with the counting, flat in memory on the reading side.
+
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

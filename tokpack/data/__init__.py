@@ -6,4 +6,6 @@
 ``streams`` are the datasets; ``samplers`` and ``permutation`` decide the order; ``loader`` builds
 the resumable DataLoader; ``runtime`` holds what a process needs to know about where it runs. The public names are
 re-exported by ``tokpack``.
+
+See docs/loading.md.
 """

@@ -9,6 +9,8 @@
 (``docs.pad_id``: set a Hugging Face model's ``pad_token_id`` to it); ``BucketBatchSampler`` (in
 ``tokpack.data.samplers``) groups documents of similar length so that little of each batch is padding.
 Both keep the loader's seed, workers, pinning and exact resume.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ shuffled per epoch for everything else) and its default collate function. The lo
 batches it has handed out; a loader restored from that count yields exactly the batches the
 uninterrupted one would have yielded next, by starting its sampler there (no data is fetched and
 thrown away).
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
 Each sample first picks a corpus with probability ``weights``, then a uniform random window in it
 (nanoGPT's random starts), all drawn chunk by chunk from seeded generators: reproducible from the
 seed, resumable from any batch, O(batch) memory whatever the corpus sizes.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

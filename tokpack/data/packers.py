@@ -7,6 +7,8 @@ document -1 is evaluation padding; a row is a tuple of segments that tile its T 
 Training rows come from one rank's endless document stream, and their packer has a state at every
 row boundary (``PackerState``: rows made, documents taken, best fit's buffer) from which it goes
 on exactly as it would have, in O(buffer_size): a resume at any step costs the same.
+
+See docs/packing.md.
 """
 
 from __future__ import annotations

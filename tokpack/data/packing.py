@@ -5,29 +5,15 @@
     x, y, position_ids, cu_seqlens, max_seqlen = next(iter(build_loader(train, 8, seed=1337)))
     val = PackedDocuments("data/sample", 256, split="val", rows=EvalRows(128))   # every target once, per document
 
-A row is T + 1 tokens (x = row[:-1], y = row[1:]) made of segments, each the head of one document
-(or with ``split_long`` one piece of it) led by the encoding's end-of-text token as BOS (already
-there with ``--eot prepend``, inserted otherwise). The packings:
-
-- ``"aligned"``: documents in order, each cut to ``max_doc_len`` tokens, concatenated; the document
-  that reaches a row's end is cut there and the next row starts at the next document.
-- ``"bestfit"``: from a buffer of ``buffer_size`` documents, the longest that fits the row's space,
-  again and again; when none fits, the shortest is cropped to fill the row. No padding.
-- ``stride=S`` (evaluation): every document whole, a document longer than T + 1 as windows at
-  stride S within it (targets an earlier window scored masked), packed in order and padded, so
-  that with a document mask every target is scored exactly once, as if each document were scored
-  alone.
-
-Packing is a pure function of (seed, rank, position) over the document lengths alone. The sampler
-hands out batches by their place in the row stream; the dataset packs them where it reads them
-(in each worker) and sends stored-width tokens and position ids with the segment starts; the
-training process only widens them. A loader's state holds the packer's state after its last batch
-(the rows made, the documents taken, best fit's buffer, with a checksum), so a resume at any step
-costs O(buffer_size) (``tokpack.data.packers``). The training process keeps that arithmetic on
-the document lengths (no token read) and moves it on only when a state is taken, O(rows since the
-last state). The packing holds O(buffer_size) at any corpus size, beside the document index. A
-batch's structure costs O(B * T).
+The contract: a row is T + 1 tokens of segments, each the head (or a piece) of one document led
+by BOS; which rows (``TrainRows``: aligned or best fit; ``EvalRows``: every target scored once) and
+in what form (``Rows``, ``Flat``, ``HF``) are values of ``tokpack.data.layouts``. Packing is a pure
+function of (seed, rank, position) over the document lengths; a loader's state holds the
+packer's state, so a resume at any step costs O(buffer_size) and every batch is the one an
+unbroken run gives. Memory: O(buffer_size) beside the document index; a batch's structure
+O(B * T). See docs/packing.md.
 """
+
 
 from __future__ import annotations
 

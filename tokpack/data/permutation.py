@@ -8,6 +8,8 @@ A 4-round Feistel network over the smallest even-bit domain that holds n is a bi
 domain; cycle-walking (re-applying it to results >= n, at most a few times on average, since the
 domain is under 4n) turns it into a bijection of 0..n-1. So position p of an epoch's order is
 computed on its own: memory O(batch) and resume O(1) whatever n is.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

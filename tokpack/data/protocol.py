@@ -9,6 +9,8 @@ narrow batches from the workers, the copy the workers read (``worker_copy``) and
 batch is finished in the training process (``finish_batch``). The loader knows no dataset by name:
 ``TokenWindows`` and ``PackedDocuments`` use the whole of it, a plain ``Dataset`` none, and a
 user's own dataset any part (tests/data/test_protocol.py reads one of each under 2 workers).
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 
 One home for what a process needs to know about where it runs, so samplers, streams, the loader,
 evaluation and the training script agree on them.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ without producing the batches before it: resume is exact and O(1). Each speaks t
 new pass (a pass that has handed out a batch), with no ``set_epoch`` call. Every random choice
 comes from a ``torch.Generator`` seeded from (seed, rank, epoch, ...), never the global RNG.
 ``rank``/``world_size`` default to torch.distributed's.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ produced exactly once across all workers and ranks. Shuffling is the shard order
 per epoch from the seed) plus a seeded shuffle buffer. Each shard packs its documents' tokens
 (each followed by <|endoftext|>) into windows and drops its last partial one. Call ``set_epoch`` (build_stream_loader's
 loader does it for you) to reshuffle. There is no exact resume for streams: use TokenWindows.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

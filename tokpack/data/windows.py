@@ -13,6 +13,8 @@ the last, partial window, carry the label -100 (``F.cross_entropy``'s ignore_ind
 Several files (a list, a glob, a prepared folder's split, or a folder of llm.c shards, read per
 split) are served as one corpus whose windows never span two files: each file's windows are its
 own, so a shard boundary is never read across.
+
+See docs/loading.md.
 """
 
 from __future__ import annotations

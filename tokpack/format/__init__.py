@@ -6,6 +6,8 @@ A prepared folder holds ``train.bin`` / ``val.bin`` (flat token ids, no header, 
 format), ``train.idx`` / ``val.idx`` (little-endian uint64 start offset of every document) and
 ``meta.json``, which names the dtype so no reader guesses it. ``meta.json`` is written last, so a
 folder without it is incomplete.
+
+See docs/formats.md.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ The GPT maps token ids (B, T) to logits (B, T, V) in nanoGPT's layout and parame
 causal self-attention, GELU MLP, tied embedding and head, optional biases), so nanoGPT
 checkpoints load into it; its weights are initialised from an explicit ``torch.Generator``, never
 the global RNG. The n-gram models give exact float64 log-probabilities of the targets.
+
+See docs/evaluation.md.
 """
 
 from __future__ import annotations

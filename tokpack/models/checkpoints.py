@@ -10,6 +10,8 @@ beside its checkpoints, or where there is none, the folder's encoding must be GP
 only vocabulary of llm.c's GPT-2 files). Hugging Face: the model folder's ``tokenizer.json``.
 Nothing is unpickled: llm.c's files are raw arrays, Hugging Face's are read offline, with no
 remote code, by transformers' weights-only loading.
+
+See docs/clients.md.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Each figure's numbers come from the data and are returned (or printed) too, so t
 shows can be checked without looking at it. A training run's numbers are gathered by
 ``tokpack.evaluation.draw_run``, which draws with this package: figures never import the
 evaluation.
+
+See docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ count; pieces are tokenized on all cores and written in input order, so the outp
 byte-identical for any ``--workers``. Everything is written to temporary names and renamed when
 complete, meta.json last. Nothing here imports torch, except to join torchrun's process group
 when ``WORLD_SIZE`` > 1.
+
+See docs/prepare.md.
 """
 
 from .config import PrepareConfig

@@ -7,6 +7,8 @@ The input is cut into units, consecutive byte ranges in input order (files whole
 ``.jsonl`` cut at line starts); under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous
 range of them. What the ranks exchange is small (counts, hashes, file names, error lines), so
 gloo is enough.
+
+See docs/cluster.md.
 """
 
 from __future__ import annotations

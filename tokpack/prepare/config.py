@@ -6,6 +6,8 @@
 keys both come from it. ``prepare()`` turns them into one frozen ``Plan`` (the encoder, dtype,
 end-of-text rule, input files, output folder, whether the run is sharded and into how many units)
 that every stage of the run reads instead of deciding again.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

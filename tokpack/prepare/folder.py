@@ -6,6 +6,8 @@ A folder is never written by two runs at once, never overwrites token files anot
 (without --force), and ends whole (verified, meta.json last) or without meta.json and without
 this run's files. Its lock is opened without following a link and is never truncated unless it
 holds a pid; nothing but tokpack's own regular files is ever removed.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

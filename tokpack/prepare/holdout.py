@@ -11,6 +11,8 @@ budget is turned into a hash threshold before tokenizing: the documents with the
 in hash order, until they hold at least N tokens. Finding it reads the corpus once more and
 encodes only documents that enter the running set of smallest hashes (about k ln(n / k) of n
 documents for k in val), holding O(k) numbers.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 A share of whole local files is hashed from the bytes its reader takes, as it takes them
 (``InputTap``): each file is opened and read once, where a second open and read (in a thread of
 its own, as any other share is hashed) cost a folder of small files about a tenth of its run.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

@@ -2,29 +2,15 @@
 
     python -m tokpack.prepare corpus/ --out-dir s3://bucket/edu --spool-dir /nvme/spool
 
-The run is the one the same command makes into a local folder named as the URL's last part
-(so the bucket holds the same files, bytes and names: llm.c shards are named after their
-folder), made in a local spool (``--spool-dir``, default the system's temporary folder; a fresh
-folder inside it, removed at the end, and one a killed run left is removed by the next run there).
-A flat run is made whole in the spool (its token files: about 2 bytes a token), verified, and
-uploaded; like a local flat run it is not resumed. A sharded run (``--shard-tokens``, ``--format
-llmc``) uploads each unit as it finishes, while the next unit is tokenized, then its record (the
-unit's commit), and its shards leave the spool: the spool holds two units' shards at most (about
-2 bytes a token of ``--unit-mb`` MB of text each, 0.6 GB at the default) plus the document index
-parts. At the end the merged indexes are uploaded, then meta.json, the folder's commit: readers
-refuse the folder until it stands, and a sharded run killed before it leaves the uploaded units,
-which the rerun keeps (each unit's record, input and uploaded sizes checked, as a local rerun
-checks its files).
-
-Before any work: a probe object is written and removed (credentials that can read but not write
-fail here, in one line), the folder is locked with ``.tokpack.lock`` created only if absent
-(``If-None-Match: *`` on S3 and stores that honour it; elsewhere the lock is written, read back
-and must be this run's, which narrows but cannot close the race: the docs say so), and a folder
-holding a published corpus or files tokpack did not write is refused without ``--force``. A lock
-left by a killed run of this host (its pid gone) is taken over; one from elsewhere needs
-``--force``. One process writes a remote folder: torchrun and ``--tasks`` refuse a remote
-``--out-dir``.
+The contract: the bucket gets the files, names and bytes the same command writes into a local
+folder named as the URL's last part; the run is made in a local ``Spool`` (a flat run whole, a
+sharded run two units at a time, each uploaded with its record as it finishes, so a rerun keeps
+it); meta.json goes up last. Before any work a probe proves the credentials may write, the
+folder is locked (``.tokpack.lock``, created only if absent) and a folder holding a corpus or
+others' files is refused without ``--force``. Everything goes through the folder's verbs
+(``tokpack.storage.folder``). See docs/prepare.md ("Publishing to object storage").
 """
+
 
 from __future__ import annotations
 

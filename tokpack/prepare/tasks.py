@@ -12,6 +12,8 @@ writes meta.json (as ``--finalize`` does), so the folder reads as whole only onc
 Tasks must share every option and the inputs (checked: a unit recorded under others refuses
 the task). The units are those of one process with the same ``--unit-mb`` (at least ``--tasks``),
 so the folder is byte-identical to it.
+
+See docs/cluster.md.
 """
 
 from __future__ import annotations

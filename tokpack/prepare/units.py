@@ -14,6 +14,8 @@ hashes the same (a read, no tokenizing) and whose files still have those sizes a
 records of other inputs or options are dropped, with their files, in one warning, and a record
 that cannot be read takes only its own unit with it. The records go once meta.json is written.
 Every name a record gives is checked against the names a unit writes before it is used.
+
+See docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
 Every file is written under a temporary name and renamed only when complete; a document's
 tokens wait (in memory, or on disk past ``SPILL_TOKENS``) until its split is known from a seeded
 hash of its text.
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

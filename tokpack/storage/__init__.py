@@ -16,6 +16,8 @@ line naming the URL and the fix. Every range is read from the version the object
 ``AWS_ENDPOINT_URL``), or as ``--storage-options JSON``; a URL is shown and recorded without its
 user information (a web URL without its query and fragment too), and no message shows them
 (``scrub``); credentials in a store's URL are refused (``check_url``).
+
+See docs/prepare.md.
 """
 
 from __future__ import annotations

@@ -3,37 +3,17 @@
     from tokpack import TokenWindows, open_split
     train = TokenWindows("s3://bucket/edu", 1024, split="train")            # cache: $TOKPACK_CACHE_DIR
     val = open_split("s3://bucket/edu", "val", cache_dir="/nvme/tokpack", cache_limit=200 << 30)
-    python -m tokpack.evaluate s3://bucket/edu --checkpoint out/ckpt.pt     # verify, inspect too
 
-A remote folder (any URL ``tokpack[remote]`` reaches) is read only once its meta.json is there:
-prepare writes it last, so a folder still being published is refused, as a local one is. A split
-opened from it lists its files from meta.json alone; each token file is fetched whole into the
-cache when a reader (the training process, or each loader worker) first touches it, checked against
-meta.json's sha256 on the way (an object replaced after publishing is refused), renamed into place,
-and memory-mapped as a local file would be: batches, resume states and fingerprints are the local
-folder's. A copy found in the cache is hashed again by each process that opens it, once (a forked
-loader worker inherits what its parent hashed): the cache folder can be written by anyone who can
-write it, and its record of what was fetched vouches for nothing, so a copy whose bytes are not
-meta.json's is fetched again over it, never served. That costs one read of each file a process
-opens, O(split bytes) a process, beside the memory map's own reads. Behind the first touch, a
-thread of the reading process fetches the files that come next, so a loop over a split that fits
-the cache waits on the network for its first file only, and one that walks a larger split in order
-finds the next file fetched.
-
-The cache (``cache_dir``, default ``$TOKPACK_CACHE_DIR`` or ``~/.cache/tokpack``) holds at most
-``cache_limit`` bytes (default ``$TOKPACK_CACHE_LIMIT``, else no limit), which must fit a split's
-largest file with its index; a cache over the limit (lowered since) is trimmed when a folder is
-opened. Where the split fits, every file is fetched once and kept; where it does not, a reader
-keeps one file of the split open and the least recently used files go to make room, never one a
-live process holds (its lease file names them). Random windows over a split larger than the limit
-fetch a file each time they land in another one: give such a loop a limit that fits the split, or
-read it in order (stride windows, evaluation, ``ranks="rows"`` packing). Processes share a cache
-folder safely: bookkeeping happens under one file lock, a file being fetched under a lock of its
-own (so it is fetched once), and files arrive by rename.
-
-Cost: O(split bytes) fetched once where the split fits (then nothing but the local folder's); in
-order through a smaller limit, O(split bytes) per pass.
+The contract: a folder is read only once its meta.json stands; each token file is fetched whole
+when a process first touches it, checked against meta.json's sha256, renamed into place and
+memory-mapped, so batches, resume states and fingerprints are the local folder's; a copy found
+in the cache is hashed once a process before it is served (the cache folder vouches for
+nothing); the cache holds at most ``cache_limit`` bytes, evicting the least recently used files
+no live process leases; processes share it under file locks. Cost: O(split bytes) fetched once
+where the split fits, once per pass in order through a smaller limit, and one hash of each file
+a process opens. See docs/loading.md ("Prepared folders in object storage").
 """
+
 
 from __future__ import annotations
 

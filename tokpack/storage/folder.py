@@ -60,8 +60,8 @@ class Folder(Protocol):
         """``name`` copied out to the local path ``local``, which appears whole or not at all."""
         ...
 
-    def remove(self, name: str) -> bool:
-        """Remove ``name``; whether it was there to remove."""
+    def remove(self, name: str) -> None:
+        """Remove ``name`` if it is there (a store says nothing of a name that was not)."""
         ...
 
 

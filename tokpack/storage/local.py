@@ -177,8 +177,8 @@ class LocalFolder:
         with self._open(name) as src, replacing(local) as out:
             shutil.copyfileobj(src, out, 1 << 20)
 
-    def remove(self, name: str) -> bool:
-        return remove_own(self._file(name))
+    def remove(self, name: str) -> None:
+        remove_own(self._file(name))
 
     def __repr__(self) -> str:
         return f"LocalFolder({self.where})"

@@ -81,13 +81,12 @@ class RemoteFolder:
         with self.open(name) as src, replacing(local) as out:
             shutil.copyfileobj(src, out, 1 << 20)
 
-    def remove(self, name: str) -> bool:
+    def remove(self, name: str) -> None:
         key, fs = self._key(name), self.store.fs
         try:
             self.store.call(name, lambda: fs.rm_file(key))
         except Missing:
-            return False
-        return True
+            pass
 
     def __repr__(self) -> str:
         return f"RemoteFolder({self.where})"

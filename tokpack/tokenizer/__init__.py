@@ -12,6 +12,8 @@ vocabulary is refused); a spec file (``.toml``, or ``.json`` holding ranks, patt
 tokens and eot) any other tiktoken encoding, nanochat's for one; a Hugging Face
 ``tokenizer.json`` (whatever its file name) or its folder, a Hugging Face tokenizer. Local files
 are read by tokpack itself (``tokenizer.vocab``), never through tiktoken's cache.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

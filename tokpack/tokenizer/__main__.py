@@ -5,6 +5,8 @@
     python -m tokpack.prepare corpus/ --encoding tok/tokenizer.toml --out-dir data/mine
 
 ``train`` needs ``pip install "tokpack[train]"`` (rustbpe, and tokenizers for tokenizer.json).
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

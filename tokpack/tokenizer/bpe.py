@@ -4,6 +4,8 @@
 
 Built-in names, ``NAME.tiktoken`` files and spec files all load into this class (see
 ``tokpack.tokenizer``); only where they come from differs.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Each tokenizer encodes the same documents (read by tokpack's reader, each whole,
 text as ordinary text); a table and a JSON line give, per tokenizer, its vocabulary, the tokens,
 the bytes per token (higher compresses better) and the tokens per document, and each one's tokens
 against the first's.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
 Three kinds implement it: tiktoken encodings (built-in names, ``NAME.tiktoken`` files and spec
 files, with an accelerated backend as an option), and Hugging Face ``tokenizer.json`` files.
 No caller asks which kind it holds.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ hash-checked ranks with splintr's own pattern for the encoding (its regex engine
 tiktoken's) and no special tokens, so ``<|endoftext|>`` in text stays text; lone surrogates become
 U+FFFD first, as tiktoken does. During prepare a seeded share of the pieces is encoded with
 tiktoken too, and any difference stops the run.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

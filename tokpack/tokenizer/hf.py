@@ -8,6 +8,8 @@ the end-of-text (or, with ``--eot prepend``, beginning-of-text) id the tokenizer
 GPT-2's own pipeline is proven cut-safe (tests/tokenizer/test_hf.py); with any other, documents are never
 cut inside. Pieces are encoded in batches by the library's own ``encode_batch``, which releases
 the GIL and uses every core.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

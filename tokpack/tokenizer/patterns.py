@@ -1,6 +1,8 @@
 """The split patterns of the public tiktoken encodings, whose cut points tokpack has proven safe.
 
     python -c "from tokpack.tokenizer.patterns import CL100K_PATTERN; print(CL100K_PATTERN)"
+
+See docs/tokenizers.md.
 """
 
 ENDOFTEXT = "<|endoftext|>"

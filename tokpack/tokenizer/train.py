@@ -15,6 +15,8 @@ BPE, its merges derived from the ranks), ``tokenizer_config.json`` (its end-of-t
 special-token text read as text, as prepare reads it) and
 ``training.json`` (the inputs, the budget, the pattern and the vocabulary's hash).
 Memory on the reading side is one buffer of documents; the counting is rustbpe's.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations

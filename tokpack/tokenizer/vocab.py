@@ -7,6 +7,8 @@ No file goes through tiktoken's download cache, which is keyed by the path's str
 temporary folder: another file at the same path, or a file changed since, would be served the
 first one's vocabulary. Each file is read whole (under a size cap) from a regular file, parsed
 here, and every check names the file and the line, never the file's content.
+
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import regex
 import tiktoken
 
-from ..format import load_json, read_file as read_bounded
+from ..format import read_file as read_bounded
 from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
 from .patterns import KNOWN_SETTINGS
 
