@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta
+from ..format import IDX_NAME, INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta
 from ..storage.local import remove_own
 from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
@@ -225,7 +225,7 @@ def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]])
     the units before), written to a temporary name and entered in ``meta``; the renames to make."""
     renames = []
     for split in SPLITS:
-        merged = HashingWriter(out / f"{split}.idx")
+        merged = HashingWriter(out / IDX_NAME.format(split=split))
         offset = 0
         for part in parts:
             entry = part["splits"][split]

@@ -37,8 +37,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, documents, pieces, split_runs
-from ..format import (MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX_GLOB, UNIT_INDEX_NAME,
-                      UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json)
+from ..format import (IDX_NAME, MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX, UNIT_INDEX_GLOB,
+                      UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord,
+                      load_json)
 from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
@@ -260,7 +261,7 @@ def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
     try:
         for s in SPLITS:
             writers[s] = SplitWriter(plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
-                                     f"{s}.idx.u{unit:05d}" if plan.sharded else f"{s}.idx",
+                                     UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s),
                                      f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
     except BaseException:
         for writer in writers.values():
@@ -325,7 +326,6 @@ def _closed(plan: Plan, writer: SplitWriter) -> UnitPart:
     info = writer.close()
     idx = info.pop("idx")
     if plan.sharded:
-        idx["file"] = f".{idx['file']}"
         return {"info": info, "idx": idx}
     part: UnitPart = {"info": info, "idx": idx, "renames": writer.renames()}
     if plan.config.format == "megatron":  # Megatron's own index beside tokpack's, from the starts just written

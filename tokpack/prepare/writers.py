@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, TMP_SUFFIX
+from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS,
+                      TMP_SUFFIX)
 from ..storage.local import open_new, remove_own, replacing, tmp_path
 from .holdout import document_hash, document_key
 
@@ -357,8 +358,8 @@ class SplitWriter:
         if self.layout is not None:
             self.bin = ShardWriter(self.folder, self.layout, self.dtype)
         else:
-            self.bin = HashingWriter(self.folder / (self.bin_name or f"{self.split}.bin"))
-        self.idx = HashingWriter(self.folder / (self.idx_name or f"{self.split}.idx"))
+            self.bin = HashingWriter(self.folder / (self.bin_name or BIN_NAME.format(split=self.split)))
+        self.idx = HashingWriter(self.folder / (self.idx_name or IDX_NAME.format(split=self.split)))
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
