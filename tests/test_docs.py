@@ -4,6 +4,7 @@ checks the result). Every Python block is an example or says why it is not run."
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, make_docs, write_docs
+from helpers import ROOT, make_chats, make_docs, write_docs, write_jsonl
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:<!-- (example: [\w-]+|not run: [^>]+) -->\n)?```(\w*)\n(.*?)```", re.S)
@@ -41,7 +42,7 @@ def run(tmp_path: Path, prepared: Path, code: str) -> subprocess.CompletedProces
 
 
 RUN_BY_TESTS = {"nanogpt", "torchdata", "packed", "tour-prepare", "tour-packed", "tour-evaluate", "prepare-api",
-                "documents", "train-tokenizer"}
+                "documents", "train-tokenizer", "tour-chat"}
 
 
 def test_every_python_block_is_run_or_says_why_not_and_every_example_is_run():
@@ -60,6 +61,17 @@ def test_the_tour_commands_run_as_typed(tmp_path):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 0, (argv, done.stderr[-2000:])
     assert (tmp_path / "data" / "web" / "meta.json").is_file() and list((tmp_path / "data" / "shards").glob("*.bin"))
+
+
+def test_the_tour_chat_commands_run_as_typed(tmp_path):
+    pytest.importorskip("rustbpe")
+    write_docs(tmp_path / "corpus", make_docs(40, words=120))
+    write_jsonl(tmp_path / "chats.jsonl", make_chats(40))
+    for argv in _commands("tour-chat"):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+    meta = json.loads((tmp_path / "data" / "sft" / "meta.json").read_text())
+    assert meta["chat"]["conversations"] == 40 and (tmp_path / "data" / "sft" / "train.mask").is_file()
 
 
 def _commands(name: str) -> list[list[str]]:

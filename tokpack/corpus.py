@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from .format import load_json
 from .storage import InputFile, as_input
 
 # (text, lo, hi, last) -> the last (or first) position in [lo, hi] where a cut leaves the tokens
@@ -283,8 +284,8 @@ def _json_text(path: InputFile, number: int, cut: bool, line: bytes, start: int,
     return value
 
 
-def _jsonl_documents(path: InputFile, errors: str, key: str, lo: int = 0, hi: int | None = None) -> Iterator[Iterator[str]]:
-    """The records of a jsonl file; with ``lo``/``hi``, those whose line starts in [lo, hi)."""
+def _jsonl_lines(path: InputFile, lo: int, hi: int | None) -> Iterator[tuple[int, int, bytes]]:
+    """(number, first byte, line) of each non-blank line of a jsonl file that starts in [lo, hi)."""
     with _readable(path), _open(path) as f:
         offset = 0
         if lo:  # a line that began before lo belongs to whoever reads the bytes before lo
@@ -297,7 +298,48 @@ def _jsonl_documents(path: InputFile, errors: str, key: str, lo: int = 0, hi: in
             if hi is not None and start >= hi:
                 return
             if not line.isspace():  # the whitespace strip() would remove, without copying the line
-                yield iter((_jsonl_text(path, number, bool(lo), line, start, errors, key),))
+                yield number, start, line
+
+
+def _jsonl_documents(path: InputFile, errors: str, key: str, lo: int = 0, hi: int | None = None) -> Iterator[Iterator[str]]:
+    """The records of a jsonl file; with ``lo``/``hi``, those whose line starts in [lo, hi)."""
+    for number, start, line in _jsonl_lines(path, lo, hi):
+        yield iter((_jsonl_text(path, number, bool(lo), line, start, errors, key),))
+
+
+def records(files: Sequence[InputFile | tuple[InputFile, int, int | None]]) -> Iterator[tuple[str, Any]]:
+    """Every record of every ``.jsonl`` or ``.parquet`` file (as ``documents`` takes them), in
+    order, with where it is (``file:line``, ``file row N``): a parquet row as a dict, a jsonl line
+    as its bytes, for ``parse_record``."""
+    for entry in files:
+        file, lo, hi = entry if isinstance(entry, tuple) else (entry, 0, None)
+        path = as_input(file)
+        if is_parquet(path):
+            with _parquet(path) as table:
+                row = 0
+                for batch in table.iter_batches(batch_size=256):
+                    for record in batch.to_pylist():
+                        row += 1
+                        yield f"{path} row {row}", record
+        elif is_jsonl(path):
+            for number, start, line in _jsonl_lines(path, lo, hi):
+                yield _where(path, number, start, bool(lo)), line
+        else:
+            raise ValueError(f"{path} is not .jsonl or .parquet, so it holds no chat records; pass conversations "
+                             "as .jsonl or .parquet records")
+
+
+def parse_record(value: Any, where: str, errors: str) -> Any:
+    """A record from ``records``: a jsonl line decoded and parsed (bounded in size and depth), or
+    one ``ValueError`` naming ``where``; a parquet row as it is."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        text = value.decode("utf-8", errors)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where} is not valid UTF-8 (byte {exc.start} of the line); fix the file, pass --errors "
+                         "replace, or leave it out with --skip-bad") from None
+    return load_json(text, where, "fix the line, or leave it out with --skip-bad")
 
 
 def _parquet_documents(path: InputFile, errors: str, column: str) -> Iterator[Iterator[str]]:

@@ -84,7 +84,14 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
         if len(ids) == count:
             break
     lines.append(f"{split}[{at}:{at + len(ids)}] ids: {ids}")
-    lines.append(f"decoded: {folder_encoding(meta).decode(ids)!r}")
+    enc = folder_encoding(meta)
+    lines.append(f"decoded: {enc.decode(ids)!r}")
+    info = meta["splits"][split]
+    if "mask" in info:  # a split of conversations: which of the peek's tokens are trained on
+        mask = as_folder(folder).read(info["mask"]["file"], at, at + len(ids))
+        trained = "".join(enc.decode([i]) if m else "\u2591" for i, m in zip(ids, mask))
+        lines.append(f"trained on ({info['supervised']:,} of {info['tokens']:,} tokens of {split}; \u2591 = not): "
+                     f"{trained!r}")
     return "\n".join(lines)
 
 

@@ -29,8 +29,8 @@ import numpy as np
 
 from .storage.cache import CachedFolder
 from .storage import is_url, redact
-from .format import (INDEX_DTYPE, JSON_LIMIT, LLMC_DOCUMENT_START, META_NAME, SHARD_HEADER_BYTES, UNIT_RECORD_GLOB,
-                     Meta, load_json, read_file, read_meta, shard_header, split_files, token_offset)
+from .format import (INDEX_DTYPE, JSON_LIMIT, LLMC_DOCUMENT_START, MASK_DTYPE, META_NAME, SHARD_HEADER_BYTES,
+                     UNIT_RECORD_GLOB, Meta, load_json, read_file, read_meta, shard_header, split_files, token_offset)
 from .format import megatron
 
 
@@ -76,6 +76,7 @@ class Split:
     fingerprint: str = ""
     cache: CachedFolder | None = field(default=None, repr=False)
     fits: bool = True
+    mask: Split | None = field(default=None, repr=False)  # a split of conversations: its loss mask, file by file
 
     @property
     def lengths(self) -> np.ndarray:
@@ -237,7 +238,29 @@ def _opened(paths: list[Path], facts: dict[Path, _Folder], dtype: str | np.dtype
         listed = {n: [folder / f["file"] for f in split_files(i)] for n, i in facts[folder].meta["splits"].items()}
         name = next((n for n, files in listed.items() if files == paths), name)
     meta = facts[folder].meta if folder is not None else None
-    return Split(tuple(files), files[0].dtype, name, folder, meta, _fingerprint(files))
+    mask = _mask(folder, meta, name, files)
+    return Split(tuple(files), files[0].dtype, name, folder, meta, _fingerprint(files, mask), mask=mask)
+
+
+def _mask(folder: Path | None, meta: Meta | None, name: str | None, files: list[TokenFile]) -> Split | None:
+    """The loss mask of a prepared split of conversations, one byte a token, checked to be the
+    mask file of a regular file's size; None for a split without one."""
+    info = meta["splits"][name] if meta is not None and name is not None and name in meta["splits"] else None
+    if folder is None or info is None or "mask" not in info:
+        return None
+    entry = info["mask"]
+    path = folder / entry["file"]
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: the split's loss mask; rerun python -m tokpack.prepare --force") \
+            from None
+    if not stat.S_ISREG(found.st_mode) or found.st_size != files[0].tokens or len(files) != 1:
+        raise ValueError(f"{path} is not the plain file of one byte a token of {files[0].path} that meta.json "
+                         "records; rerun python -m tokpack.prepare --force")
+    identity = (found.st_size, found.st_ino, found.st_mtime_ns)
+    mask = TokenFile(path, MASK_DTYPE, 0, found.st_size, entry["sha256"], identity)
+    return Split((mask,), MASK_DTYPE, name, folder, None, _fingerprint([mask]))
 
 
 def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split]:
@@ -268,11 +291,17 @@ def _cached(cached: CachedFolder, name: str) -> Split:
                             (e["bytes"], 0, 0)) for e in split_files(info))
     cached.hold([info["idx"]["file"]])
     cached.path(info["idx"]["file"])
-    return Split(files, dtype, name, cached.mirror, meta, _fingerprint(files), cached, fits)
+    mask = None
+    if "mask" in info:  # fetched through the cache like a token file, when first read
+        e = info["mask"]
+        masks = (TokenFile(cached.mirror / e["file"], MASK_DTYPE, 0, e["bytes"], e["sha256"], (e["bytes"], 0, 0)),)
+        mask = Split(masks, MASK_DTYPE, name, cached.mirror, None, _fingerprint(masks), cached, fits)
+    return Split(files, dtype, name, cached.mirror, meta, _fingerprint(files, mask), cached, fits, mask)
 
 
-def _fingerprint(files: Sequence[TokenFile]) -> str:
-    return hashlib.sha256(json.dumps([[f.path.name, f.identity[0], f.sha256] for f in files]).encode()).hexdigest()
+def _fingerprint(files: Sequence[TokenFile], mask: Split | None = None) -> str:
+    every = [*files, *(mask.files if mask is not None else ())]  # a mask changes the targets too
+    return hashlib.sha256(json.dumps([[f.path.name, f.identity[0], f.sha256] for f in every]).encode()).hexdigest()
 
 
 def open_tokens(path: str | Path, dtype: str | np.dtype | None = None) -> np.memmap:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import INDEX_DTYPE, FileEntry, Meta, SplitInfo, parse_shard_header, split_files, token_offset
+from .format import INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, parse_shard_header, split_files, token_offset
 from .format.megatron import parse_starts
 from .storage import Missing, is_url
 from .storage.folder import Folder, as_folder, published
@@ -35,13 +35,13 @@ class VerifyError(Exception):
 
 
 def check_entry(folder: Folder, entry: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
-                n_vocab: int = 0) -> None:
+                n_vocab: int = 0) -> int:
     """A file of ``folder`` against its entry in meta.json (or a unit record): its size and sha256
     and, for a token file (``dtype`` given), every id below ``n_vocab``: one streaming read in
     fixed blocks, so memory does not grow with the file."""
     _sized(folder, entry)
     with folder.open(entry["file"]) as f:
-        check_stream(f, f"{folder.where}/{entry['file']}", entry, dtype, offset, n_vocab)
+        return check_stream(f, f"{folder.where}/{entry['file']}", entry, dtype, offset, n_vocab)
 
 
 def _sized(folder: Folder, entry: FileEntry) -> int:
@@ -59,11 +59,12 @@ def _sized(folder: Folder, entry: FileEntry) -> int:
 
 
 def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
-                 n_vocab: int = 0) -> None:
-    """``check_entry`` of an open stream. A block is hashed in a thread while the next is read and
-    its ids checked: sha256 is the slow part, and it lets go of the GIL."""
+                 n_vocab: int = 0) -> int:
+    """``check_entry`` of an open stream; returns how many of its values are not 0. A block is
+    hashed in a thread while the next is read and its ids checked: sha256 is the slow part, and
+    it lets go of the GIL."""
     digest = hashlib.sha256()
-    done = 0
+    done = nonzero = 0
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-verify") as hashing:
         hashed: Future[None] | None = None
         while chunk := f.read(CHUNK_BYTES):
@@ -76,9 +77,14 @@ def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | Non
                 hashed = hashing.submit(digest.update, chunk)
             body = chunk[max(offset - done, 0):]
             if dtype is not None and body:
-                top = int(np.frombuffer(body, dtype=dtype).max())
+                values = np.frombuffer(body, dtype=dtype)
+                top = int(values.max())
                 if top >= n_vocab:
-                    raise VerifyError(f"{where} holds id {top} near byte {done}, n_vocab is {n_vocab}")
+                    limit = "a mask holds 0 and 1" if dtype == MASK_DTYPE else f"n_vocab is {n_vocab}"
+                    raise VerifyError(f"{where} holds {'value' if dtype == MASK_DTYPE else 'id'} {top} near byte "
+                                      f"{done}, {limit}")
+                if dtype == MASK_DTYPE:
+                    nonzero += int(np.count_nonzero(values))
             done += len(chunk)
         if hashed is not None:
             hashed.result()
@@ -86,6 +92,7 @@ def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | Non
         raise VerifyError(f"{where} is {done} bytes, meta.json says {info['bytes']}")
     if digest.hexdigest() != info["sha256"]:
         raise VerifyError(f"{where} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
+    return nonzero
 
 
 def check_index(folder: Folder, entry: FileEntry, documents: int, tokens: int, what: str) -> None:
@@ -141,6 +148,18 @@ def _check_megatron(folder: Folder, info: SplitInfo, itemsize: int) -> None:
         raise VerifyError(f"{where} names other documents than {folder.where}/{idx['file']}")
 
 
+def _check_mask(folder: Folder, info: SplitInfo) -> None:
+    """A loss mask: one byte a token, each 0 or 1, as many 1s as meta.json's supervised count."""
+    entry = info["mask"]
+    if entry["bytes"] != info["tokens"]:
+        raise VerifyError(f"{folder.where}/{entry['file']} is {entry['bytes']} bytes for {info['tokens']} tokens; a "
+                          "mask holds one byte a token")
+    ones = check_entry(folder, entry, MASK_DTYPE, 0, 2)
+    if ones != info["supervised"]:
+        raise VerifyError(f"{folder.where}/{entry['file']} trains on {ones} tokens, meta.json says "
+                          f"{info['supervised']}")
+
+
 def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
     """Raise VerifyError unless ``folder`` is whole; returns tokens per split. A remote folder (its
     URL) is streamed the same way: each listed object read once in ranges, nothing stored.
@@ -165,9 +184,12 @@ def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = N
     for name, info in meta["splits"].items():
         for entry in split_files(info):
             check_entry(where, entry, dtype, token_offset(meta), n_vocab)
-        check_index(where, info["idx"], info["documents"], info["tokens"], f"the {name} split ({info['tokens']} tokens)")
+        check_index(where, info["idx"], info["documents"], info["tokens"],
+                    f"the {name} split ({info['tokens']} tokens)")
         if "megatron_idx" in info:
             _check_megatron(where, info, dtype.itemsize)
+        if "mask" in info:
+            _check_mask(where, info)
         counts[name] = info["tokens"]
     return counts
 

@@ -12,7 +12,8 @@ import tiktoken
 from helpers import ADVERSARIAL_ATOMS, byte_unigram, make_docs, write_docs
 from tokpack.tokenizer import NANOCHAT_PATTERN, load_encoding
 from tokpack.tokenizer.__main__ import main
-from tokpack.tokenizer.train import NANOCHAT_SPECIALS, FILES
+from tokpack.chat import NANOCHAT_TOKENS
+from tokpack.tokenizer.train import FILES
 
 rustbpe = pytest.importorskip("rustbpe", reason='training needs rustbpe: pip install "tokpack[train]"')
 
@@ -54,9 +55,9 @@ def _nanochat_tok_train(texts, max_chars, doc_cap, vocab_size):
                 return
 
     tokenizer = rustbpe.Tokenizer()
-    tokenizer.train_from_iterator(text_iterator(), vocab_size - len(NANOCHAT_SPECIALS), pattern=NANOCHAT_PATTERN)
+    tokenizer.train_from_iterator(text_iterator(), vocab_size - len(NANOCHAT_TOKENS), pattern=NANOCHAT_PATTERN)
     ranks = {bytes(k): v for k, v in tokenizer.get_mergeable_ranks()}
-    specials = {name: len(ranks) + i for i, name in enumerate(NANOCHAT_SPECIALS)}
+    specials = {name: len(ranks) + i for i, name in enumerate(NANOCHAT_TOKENS)}
     return tiktoken.Encoding(name="rustbpe", pat_str=tokenizer.get_pattern(), mergeable_ranks=ranks,
                              special_tokens=specials)
 

@@ -25,20 +25,35 @@ BUFFER_SIZE = 1000  # nanochat's best-fit buffer
 class Packing(enum.StrEnum):
     """How training rows are filled: ``ALIGNED``, documents in order, each cut to ``max_doc_len``
     and the one reaching a row's end cut there; ``BESTFIT``, nanochat's rule, from a buffer the
-    longest document that fits, the shortest cropped when none does."""
+    longest document that fits, the shortest cropped when none does; ``BESTFIT_PAD``, nanochat's
+    SFT rule, the same but a row that nothing fits is padded (BOS, its targets ignored), so no
+    document is ever cut."""
 
     ALIGNED = "aligned"
     BESTFIT = "bestfit"
+    BESTFIT_PAD = "bestfit-pad"
+
+
+class LongDocuments(enum.StrEnum):
+    """What ``bestfit-pad`` does with a document longer than a row, which no row could take whole
+    (nanochat's loader keeps it in its buffer for ever, and pads every row after): ``CROP`` it to
+    the row, or ``DROP`` it; either way it is counted (``PackedDocuments.long_documents``)."""
+
+    CROP = "crop"
+    DROP = "drop"
 
 
 class RankShare(enum.StrEnum):
     """How ranks share training documents: ``DOCUMENTS``, every world_size-th of a shuffled epoch;
     ``ROWS``, one stream whose steps of world_size rows give rank r the r-th (modded-nanogpt's);
-    ``GROUPS``, each rank its parquet row groups of every input file, in order (nanochat's)."""
+    ``GROUPS``, each rank its parquet row groups of every input file, in order (nanochat's);
+    ``CURSOR``, the stored order dealt as nanochat's SFT cursor deals it, document i to rank i mod
+    world_size, round and round the split."""
 
     DOCUMENTS = "documents"
     ROWS = "rows"
     GROUPS = "groups"
+    CURSOR = "cursor"
 
 
 class ShardEnd(enum.StrEnum):
@@ -77,6 +92,7 @@ class TrainRows:
         mask_boundary: y = -100 on the target across each document boundary.
         ranks: how ranks share the documents.
         shard_end: what a step does at a token file's end.
+        long_documents: what bestfit-pad does with a document longer than a row.
     """
 
     packing: Packing = Packing.ALIGNED
@@ -87,14 +103,21 @@ class TrainRows:
     mask_boundary: bool = False
     ranks: RankShare = RankShare.DOCUMENTS
     shard_end: ShardEnd = ShardEnd.CONTINUE
+    long_documents: LongDocuments = LongDocuments.CROP
 
     def __post_init__(self) -> None:
-        for name, kind in (("packing", Packing), ("ranks", RankShare), ("shard_end", ShardEnd)):
+        for name, kind in (("packing", Packing), ("ranks", RankShare), ("shard_end", ShardEnd),
+                           ("long_documents", LongDocuments)):
             object.__setattr__(self, name, _choice(kind, name, getattr(self, name)))
         _at_least("buffer_size", self.buffer_size, 1)
         _at_least("refill", self.refill, 1, " (the documents best fit adds to its buffer at a time)")
         if self.max_doc_len is not None:
             _at_least("max_doc_len", self.max_doc_len, 1)
+        if self.packing == Packing.BESTFIT_PAD and (self.max_doc_len is not None or self.split_long):
+            raise ValueError("packing='bestfit-pad' never cuts a document (long_documents says what it does with "
+                             "one longer than a row); drop max_doc_len and split_long")
+        if self.long_documents != LongDocuments.CROP and self.packing != Packing.BESTFIT_PAD:
+            raise ValueError(f"long_documents={self.long_documents.value!r} applies to packing='bestfit-pad'; drop it")
         if self.refill > 1 and self.packing != Packing.BESTFIT:
             raise ValueError(f"refill {self.refill} sizes best fit's buffer refills; packing={self.packing.value!r} "
                              "has no buffer: drop it")
@@ -185,6 +208,9 @@ PRESETS: dict[str, Preset] = {
     "nanochat": Preset(TrainRows(Packing.BESTFIT, refill=128, ranks=RankShare.GROUPS), Rows()),
     "modded": Preset(TrainRows(Packing.ALIGNED, ranks=RankShare.ROWS, shard_end=ShardEnd.DROP), Flat()),
     "hf": Preset(TrainRows(Packing.BESTFIT), HF()),
+    # nanochat's SFT loader (sft_data_generator_bos_bestfit): bestfit-pad from a buffer of 100
+    # conversations, dealt to ranks by its cursor.
+    "nanochat-sft": Preset(TrainRows(Packing.BESTFIT_PAD, buffer_size=100, ranks=RankShare.CURSOR), Rows()),
 }
 
 

@@ -86,7 +86,9 @@ class Order:
     seeded shuffle, or the stored order), equal shares; ``"rows"``, one stream for all ranks packed
     into steps of world_size rows, rank r taking the r-th row of each (modded-nanogpt's layout);
     ``"groups"``, each rank the row groups r, r + world_size, ... of every input parquet file, in
-    stored order (nanochat's). ``refill``: the documents best fit adds at a time when its buffer
+    stored order (nanochat's); ``"cursor"``, the stored order round and round, document i of the
+    endless sequence to rank i mod world_size (nanochat's SFT cursor). ``refill``: the documents
+    best fit adds at a time when its buffer
     runs short (nanochat: 128, its tokenizer batch); a batch never crosses a row group.
     ``groups``: for "groups", each input file's row group sizes in documents, in the split's order.
     ``files``: with ``drop``, the token file of each document: a step that would take a document
@@ -104,7 +106,7 @@ class Order:
         run of its whole share, whose documents ``documents_at`` places. O(row groups)."""
         _, rank, world, _ = stream
         if self.ranks != "groups":
-            return Runs(np.zeros(1, dtype=np.int64), np.array([n if self.ranks == "rows" else n // world]))
+            return Runs(np.zeros(1, dtype=np.int64), np.array([n if self.ranks in ("rows", "cursor") else n // world]))
         firsts, counts, at = [], [], 0
         for sizes in self.groups:
             offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -120,6 +122,8 @@ class Order:
         if self.ranks == "groups":
             run, within = runs.locate(positions)
             return runs.firsts[run] + within
+        if self.ranks == "cursor":  # a rank's epoch is n of its places, wherever they fall in the split
+            return ((epoch * n + positions) * world + rank) % n
         if self.ranks == "rows":
             rank, world = 0, 1
         places = positions.astype(np.uint64) * np.uint64(world) + np.uint64(rank)
@@ -193,6 +197,9 @@ class Packer:
     max_doc_len: int | None
     buffer_size: int
     order: Order = Order()
+    # bestfit-pad: documents never taken (longer than a row with long_documents="drop", or cropped
+    # to a row they would keep nothing to train on)
+    skip: frozenset[int] = frozenset()
 
 
 class TrainingRows:
@@ -201,7 +208,9 @@ class TrainingRows:
     aligned: documents in order, each cut to ``max_doc_len``; the one reaching a row's end is cut
     there (its rest dropped). bestfit: from a buffer refilled to at least ``buffer_size`` documents
     before every choice, the longest that fits whole (the earliest among equals); when none fits,
-    the shortest is cropped to fill the row. O(log buffer_size) a choice, O(buffer_size) memory.
+    the shortest is cropped to fill the row. bestfit-pad: the same, but when none fits the row is
+    padded (a segment of document -1, every target masked); a document longer than a row is
+    cropped to it, or left out (``skip``). O(log buffer_size) a choice, O(buffer_size) memory.
     With ranks="rows" every rank packs each step's rows and keeps its own: O(world_size) the cost.
     """
 
@@ -225,7 +234,8 @@ class TrainingRows:
             # One document at a time unless the refills come in batches: the common case stays lean.
             single = order.refill == 1 and order.ranks != "groups"
             source = order.pairs(lengths, stream, self.taken) if single else order.batches(lengths, stream, self.taken)
-            rows = self._bestfit(source, single, packer.capacity, cap, packer.buffer_size)
+            pad = packer.packing == "bestfit-pad"
+            rows = self._bestfit(source, single, packer.capacity, cap, packer.buffer_size, pad, packer.skip)
             self._rows = rows if step == 1 else self._rank_of_steps(rows, step, rank)
 
     def __iter__(self) -> Iterator[Row]:
@@ -269,8 +279,10 @@ class TrainingRows:
                     yield rows
                     rows, used = [], 0
 
-    def _bestfit(self, source: Iterator[Any], single: bool, capacity: int, cap: float, size: int) -> Iterator[Row]:
-        """Best fit over ``source``: (document, length) pairs when ``single``, else refill batches of them."""
+    def _bestfit(self, source: Iterator[Any], single: bool, capacity: int, cap: float, size: int,
+                 pad: bool = False, skip: frozenset[int] = frozenset()) -> Iterator[Row]:
+        """Best fit over ``source``: (document, length) pairs when ``single``, else refill batches of
+        them; with ``pad``, a row nothing fits is padded; a document in ``skip`` is left out."""
         buffer, taken = self.buffer, self.taken
         insort, bisect_right = bisect.insort, bisect.bisect_right
         row: list[Segment] = []
@@ -278,13 +290,20 @@ class TrainingRows:
         while True:
             while len(buffer) < size:
                 for doc, n in source if single else next(source):
-                    insort(buffer, (n if n < cap else cap) << 2 * _FIELD | (_MASK - taken) << _FIELD | doc)
+                    if doc not in skip:
+                        insort(buffer, (n if n < cap else cap) << 2 * _FIELD | (_MASK - taken) << _FIELD | doc)
                     taken += 1
                     if single and len(buffer) >= size:
                         break
             room = capacity - pos
             # The last entry of a length is its earliest arrival, so these pick the first-come among equals.
             fits = bisect_right(buffer, room << 2 * _FIELD | _LOW) - 1
+            if fits < 0 and pad:
+                row.append((-1, 0, room, room))
+                self.taken = taken
+                yield tuple(row)
+                row, pos = [], 0
+                continue
             key = buffer.pop(fits if fits >= 0 else bisect_right(buffer, buffer[0] | _LOW) - 1)
             n = key >> 2 * _FIELD
             take = n if n < room else room
@@ -307,9 +326,11 @@ def check_state(state: PackerState, lengths: np.ndarray, stream: Stream, packer:
     if not 0 <= state.taken <= MAX_TAKEN or not 0 <= state.row <= 2**62:
         raise ValueError(f"a packing state at row {state.row} with {state.taken} documents taken is out of range")
     placed = state.taken - len(buffer)
-    # The stream never ends, so best fit's buffer is short of full by one at most after its refill.
+    # The stream never ends, so best fit's buffer is short of full by one at most after its refill
+    # (bestfit-pad's is full after a padded row).
+    padded = packer.packing == "bestfit-pad"
     low, high = ((0, 0) if packer.packing == "aligned" or state.row == 0 else
-                 (packer.buffer_size - 1, packer.buffer_size + order.refill - 2))
+                 (packer.buffer_size - 1, packer.buffer_size + order.refill - 2 + padded))
     if not low <= len(buffer) <= high or buffer != sorted(set(buffer)):
         raise ValueError(f"a packing state's buffer holds {len(buffer)} entries where this packing keeps {low} to "
                          f"{high} (sorted and distinct); it is forged or from another packing")

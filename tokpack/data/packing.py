@@ -32,9 +32,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..format import LLMC_DOCUMENT_START
-from ..split import Split, open_split
+from ..split import OpenedFiles, Split, open_split
 from .documents import DocumentIndex
-from .layouts import BUFFER_SIZE, EvalRows, Flat, Form, HF, Packing, TrainRows, resolve
+from .layouts import BUFFER_SIZE, EvalRows, Flat, Form, HF, LongDocuments, Packing, TrainRows, resolve
 from .packers import (Order, Packer, PackerState, Row, Stream, TrainingRows, buffer_entries, buffer_key, check_state,
                       evaluation_rows, file_room, in_order)
 from .protocol import compact_copy
@@ -72,6 +72,7 @@ class PackedRows(NamedTuple):
     form: str
     max_docs: int | None
     hf_extras: tuple[str, ...] = ()  # the hf form's optional keys, as DataCollatorWithFlattening names them
+    ignore_index: int = IGNORE_INDEX
 
     def _hf(self, x: np.ndarray, labels: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:
         """The hf form: the keys, shapes and dtypes Hugging Face's ``DataCollatorWithFlattening``
@@ -90,13 +91,14 @@ class PackedRows(NamedTuple):
         B, width = self.tokens.shape
         T = width - 1
         x, y = self.tokens[:, :-1].astype(np.int64).reshape(-1), self.tokens[:, 1:].astype(np.int64).reshape(-1)
+        ignore = self.ignore_index
         if len(self.masked):
-            y[self.masked] = IGNORE_INDEX
+            y[self.masked] = ignore
         cu_seqlens, position_ids = self.cu_seqlens, self.positions.astype(np.int64)
         if self.form == "hf":
             labels = x.copy()
-            labels[1:][y[:-1] == IGNORE_INDEX] = IGNORE_INDEX
-            labels[cu_seqlens[:-1]] = IGNORE_INDEX  # as DataCollatorWithFlattening: no target across a boundary
+            labels[1:][y[:-1] == ignore] = ignore
+            labels[cu_seqlens[:-1]] = ignore  # as DataCollatorWithFlattening: no target across a boundary
             return self._hf(x, labels, position_ids)
         if self.max_docs is not None:
             if len(cu_seqlens) - 1 > self.max_docs:
@@ -236,7 +238,7 @@ class PackedDocuments(Dataset):
 
     def __init__(self, path: str | Path | Split, block_size: int, split: str | None = None,
                  rows: TrainRows | EvalRows | str = TrainRows(), *, form: Form | str | None = None,
-                 bos_id: int | None = None, **old: Any):
+                 bos_id: int | None = None, ignore_index: int = IGNORE_INDEX, **old: Any):
         """Args:
             path: a split's ``.bin``, a prepared folder (with ``split``), llm.c shards, a Megatron
                 ``.bin``, or a ``Split`` already opened.
@@ -250,6 +252,8 @@ class PackedDocuments(Dataset):
                 preset's, else Rows().
             bos_id: the id that leads every document; None: the encoding's end-of-text from meta.json
                 (llm.c shards: their document-start token).
+            ignore_index: the label of a target not trained on (padding, a masked boundary, and in
+                a split of conversations every target its loss mask leaves out); -1 for nanochat.
             old: tokpack 0.2's keywords (packing=, stride=, buffer_size=, ...), until 0.3.
         """
         if old:
@@ -264,6 +268,7 @@ class PackedDocuments(Dataset):
             raise ValueError(f"stride {self.stride} must lie in 1..block_size ({T}); use stride=block_size for no "
                              "overlap")
         self.form, self.hf_extras = self.output.name, getattr(self.output, "extras", tuple)()
+        self.ignore_index = _whole("ignore_index", ignore_index)
         self.max_docs: int | None = getattr(self.output, "max_docs", None)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
@@ -273,20 +278,25 @@ class PackedDocuments(Dataset):
         self._check_fits(T, train.buffer_size)
         self.insert_bos = bool(lead.any())
         self.block_size = T
-        cut = train.max_doc_len is not None or train.packing == Packing.ALIGNED or train.split_long
+        crop = train.packing == Packing.BESTFIT_PAD and train.long_documents == LongDocuments.CROP
+        cut = train.max_doc_len is not None or train.packing == Packing.ALIGNED or train.split_long or crop
         self.max_doc_len = (T + 1 if train.max_doc_len is None else train.max_doc_len) if cut else None
         if train.split_long and self.max_doc_len < 2:
             raise ValueError(f"max_doc_len {self.max_doc_len} leaves no room after a piece's BOS; use 2 or more")
         self.buffer_size, self.mask_boundary, self.split_long = train.buffer_size, train.mask_boundary, train.split_long
         self.unit_starts, self.unit_bos, lengths = self._units(lead)
         order, self.lengths = self._order(lengths)
-        self.packer = Packer(self.packing, T + 1, self.max_doc_len, self.buffer_size, order)
+        self._mask_files: OpenedFiles | None = None
+        self.long_policy = train.long_documents
+        self.long_documents = int((self.lengths > T + 1).sum())  # what bestfit-pad crops or drops
+        skip = self._check_long(train)
+        self.packer = Packer(self.packing, T + 1, self.max_doc_len, self.buffer_size, order, skip)
         self.default_collate_fn = collate_packed
         self.compact = False  # set on the copy a loader's workers read: they send PackedRows
         self._cursor: tuple[Any, Iterator[Row], int] | None = None  # (stream, its rows, the next row's number)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cursor": None}  # each worker packs its own way forward
+        return {**self.__dict__, "_cursor": None, "_mask_files": None}  # each worker packs and maps its own
 
     def _units(self, lead: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The units rows are made of: documents, or with split_long their pieces. Each is its first
@@ -334,6 +344,30 @@ class PackedDocuments(Dataset):
                                  "or shard_end='continue'")
         return Order(self.ranks, self.refill, groups, files), lengths
 
+    def _check_long(self, train: TrainRows) -> frozenset[int]:
+        """Say how many documents bestfit-pad crops or drops, and return those it leaves out
+        although cropping: a conversation whose first row of tokens trains on nothing (its mask
+        read for those alone, O(their tokens)), which would make a row with no loss. Refuse to
+        leave every document out."""
+        long = np.flatnonzero(self.lengths > self.block_size + 1)
+        if train.packing != Packing.BESTFIT_PAD or not len(long):
+            return frozenset()
+        width, mask, skip = self.block_size + 1, self._masks(), frozenset()
+        if train.long_documents == LongDocuments.DROP:
+            skip = frozenset(long.tolist())
+        elif mask is not None:
+            starts = self.unit_starts
+            skip = frozenset(d for d in long.tolist() if not mask[starts[d]:starts[d] + width].any())
+        if len(skip) == len(self.lengths):
+            raise ValueError(f"every document of {self.split.describe()} is longer than a row of {width} tokens "
+                             "(or trains on nothing in one), and none would be left; raise block_size")
+        unsupervised = f", {len(skip):,} of them left out for training on nothing in a row" \
+            if train.long_documents == LongDocuments.CROP and skip else ""
+        warnings.warn(f"{len(long):,} of the {len(self.lengths):,} documents of {self.split.describe()} are longer "
+                      f"than a row of {width} tokens: each is {train.long_documents.value}ped (long_documents)"
+                      f"{unsupervised}; raise block_size to keep them whole", stacklevel=3)
+        return skip
+
     def _check_fits(self, T: int, buffer_size: int) -> None:
         """Parameters that must fit the data: a row inside the split's tokens, a buffer inside its
         documents, a BOS id inside its vocabulary and its dtype."""
@@ -343,7 +377,7 @@ class PackedDocuments(Dataset):
                              f"({tokens:,}); use a block_size below {tokens}")
         most = max(documents, BUFFER_SIZE)  # a buffer past both would hold the corpus many times over
         for name, value in (("buffer_size", buffer_size), ("refill", self.refill)):
-            if self.packing == "bestfit" and value > most:
+            if self.packing in (Packing.BESTFIT, Packing.BESTFIT_PAD) and value > most:
                 raise ValueError(f"{name} {value:,} is more than the {documents:,} documents of "
                                  f"{self.split.describe()} and than the default {BUFFER_SIZE:,}; use 1..{most}")
         meta = self.split.meta
@@ -357,8 +391,9 @@ class PackedDocuments(Dataset):
         (``--eot prepend`` has it first); elsewhere each document's first token is read (O(documents))."""
         meta, starts = self.split.meta, self.index.starts
         bos_id = None if bos_id is None else _whole("bos_id", bos_id)
-        if bos_id is None and meta is not None:
-            return int(meta["encoding"]["eot_id"]), np.full(len(starts), meta["eot"] != "prepend")
+        if bos_id is None and meta is not None:  # conversations come with their own BOS, as --eot prepend does
+            inserted = meta["eot"] != "prepend" and "chat" not in meta
+            return int(meta["encoding"]["eot_id"]), np.full(len(starts), inserted)
         if bos_id is None:
             if not all(f.offset for f in self.split.files):
                 raise ValueError(f"{self.split.describe()} has no meta.json to name its BOS token; pass bos_id= "
@@ -378,7 +413,8 @@ class PackedDocuments(Dataset):
         return (f"{mode} T={self.block_size} max_doc_len={self.max_doc_len}{' split' if self.split_long else ''} "
                 f"buffer={self.buffer_size}{order} "
                 f"bos={self.bos_id}{'+' if self.insert_bos else ''} mask={self.mask_boundary} {self.form} "
-                f"{self.max_docs}{''.join(f' {name}' for name in self.hf_extras)}")
+                f"{self.max_docs}{''.join(f' {name}' for name in self.hf_extras)}"
+                + (f" long={self.long_policy}" if self.packing == Packing.BESTFIT_PAD else ""))
 
     def fingerprint(self) -> str:
         return self.split.fingerprint
@@ -451,7 +487,7 @@ class PackedDocuments(Dataset):
             raise ValueError("drop_last does not apply to packed rows; leave it off")
         if self.stride is not None and shuffle:
             raise ValueError("evaluation rows are read in order; drop shuffle=")
-        ordered = self.ranks == "groups" or self.shard_end == "drop"
+        ordered = self.ranks in ("groups", "cursor") or self.shard_end == "drop"
         if ordered and shuffle:
             raise ValueError(f"ranks='{self.ranks}' and shard_end='{self.shard_end}' read the documents in stored "
                              "order, as nanochat and modded-nanogpt do; drop shuffle=")
@@ -508,6 +544,8 @@ class PackedDocuments(Dataset):
             self._check_rows(rows)
         files = self.index.tokens()
         single = files[0] if len(files) == 1 else None
+        mask = self._masks()  # a split of conversations (one flat file): each token's loss mask
+        kept = np.zeros(B * width, dtype=np.uint8) if mask is not None else None  # inserted BOS, padding: 0
         unit_starts, unit_bos, bos_id = self.unit_starts, self.unit_bos, self.bos_id
         boundary = self.stride is not None or self.mask_boundary  # a segment's last target is the next one's first token
         out = np.empty(B * width, dtype=self.split.dtype)
@@ -531,6 +569,8 @@ class PackedDocuments(Dataset):
                         out[at + lead:at + n] = single[source:source + n - lead]
                     else:
                         out[at + lead:at + n] = self.index.span(source, source + n - lead)
+                    if kept is not None:
+                        kept[at + lead:at + n] = mask[source:source + n - lead]
                 col = at - r * width
                 if col < T:  # one starting at a row's last token is in y only
                     first, span = at - r, min(col + n, T) - col  # its place in the flattened x
@@ -546,8 +586,30 @@ class PackedDocuments(Dataset):
         # Every row starts a segment, so the starts alone give the positions.
         positions = np.arange(B * T, dtype=np.int32) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
         flat = np.concatenate([*skipped, np.array(last, dtype=np.int64)])
+        if kept is not None:
+            flat = self._untrained(flat, kept.reshape(B, width))
         return PackedRows(tokens, positions.astype(np.uint16 if T <= 2**16 else np.uint32), cu_seqlens, flat,
-                          max(spans), self.form, self.max_docs, self.hf_extras)
+                          max(spans), self.form, self.max_docs, self.hf_extras, self.ignore_index)
+
+    def _untrained(self, masked: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """``masked`` (flat x positions whose target is ignored) with every target the loss mask
+        ``kept`` (B, T + 1) leaves out: x position p predicts the row's token p + 1. A batch left
+        with no target at all is refused: its loss would be NaN."""
+        B, T = kept.shape[0], kept.shape[1] - 1
+        masked = np.union1d(masked, np.flatnonzero(kept[:, 1:].reshape(-1) == 0))
+        if len(masked) == B * T:
+            raise ValueError(f"a batch of {B} rows of {self.split.describe()} holds no target to train on (its "
+                             "conversations' masks are 0 throughout), so its loss would be NaN; prepare the "
+                             "conversations again, which leaves out any with nothing to train on")
+        return masked
+
+    def _masks(self) -> np.ndarray | None:
+        """The loss mask of a split of conversations, mapped on first use in this process."""
+        if self.split.mask is None:
+            return None
+        if self._mask_files is None:
+            self._mask_files = self.split.mask.open()
+        return self._mask_files[0]
 
     def _check_rows(self, rows: Sequence[Row]) -> None:
         count, width = len(self.lengths), self.block_size + 1

@@ -57,26 +57,31 @@ class CompactWindows(NamedTuple):
     valid: np.ndarray | torch.Tensor | None
     later: np.ndarray | torch.Tensor | None
     overlap: int
+    mask: np.ndarray | torch.Tensor | None = None  # a split of conversations: each token's loss mask
+    ignore_index: int = IGNORE_INDEX
 
     def widen(self) -> WindowBatch:
-        t = self.tokens
+        t, ignore = self.tokens, self.ignore_index
         if isinstance(t, np.ndarray):  # numpy widens a strided view faster than torch does
             x, y = torch.from_numpy(t[:, :-1].astype(np.int64)), torch.from_numpy(t[:, 1:].astype(np.int64))
         else:
             x, y = t[:, :-1].to(torch.int64), t[:, 1:].to(torch.int64)  # each a contiguous copy
+        if self.mask is not None:  # a target nobody trains on is ignored
+            y.masked_fill_(torch.as_tensor(self.mask, device=y.device)[:, 1:] == 0, ignore)
         if self.valid is not None:
             valid, later = torch.as_tensor(self.valid, device=x.device), torch.as_tensor(self.later, device=x.device)
             position = torch.arange(x.shape[1], device=x.device)
             x.masked_fill_(position >= valid[:, None], 0)
-            y.masked_fill_(position + 1 >= valid[:, None], IGNORE_INDEX)
+            y.masked_fill_(position + 1 >= valid[:, None], ignore)
             if self.overlap:
-                y[:, : self.overlap].masked_fill_(later[:, None], IGNORE_INDEX)
+                y[:, : self.overlap].masked_fill_(later[:, None], ignore)
         return WindowBatch(x, y)
 
     def to(self, device: torch.device | str) -> CompactWindows:
         """The same windows on ``device``, still in their stored width: the smallest copy."""
         move = lambda a: None if a is None else torch.as_tensor(a).to(device, non_blocking=True)  # noqa: E731
-        return CompactWindows(move(self.tokens), move(self.valid), move(self.later), self.overlap)
+        return CompactWindows(move(self.tokens), move(self.valid), move(self.later), self.overlap, move(self.mask),
+                              self.ignore_index)
 
 
 def _whole(name: str, value: Any) -> int:
@@ -103,6 +108,7 @@ class TokenWindows(Dataset):
         stride: int | None = None,
         dtype: str | np.dtype | None = None,
         split: str | None = None,
+        ignore_index: int = IGNORE_INDEX,
     ):
         """Args:
             path: token files (see ``tokpack.split.open_split``), or a ``Split`` already opened.
@@ -110,6 +116,8 @@ class TokenWindows(Dataset):
             stride: None for training windows at every start; S <= T for evaluation windows.
             dtype: the dtype of bare token files that say nothing of theirs.
             split: the split of a folder.
+            ignore_index: the label of a target not scored (padding, an earlier window's, and in a
+                split of conversations every target its mask leaves out); -1 for nanochat's loss.
         """
         block_size = _whole("block_size", block_size)
         stride = None if stride is None else _whole("stride", stride)
@@ -137,6 +145,9 @@ class TokenWindows(Dataset):
                 f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.ignore_index = _whole("ignore_index", ignore_index)
+        # The loss mask's windows, read beside the tokens' (the same files' shapes, one byte a token).
+        self.masks = None if self.split.mask is None else TokenWindows(self.split.mask, block_size, stride)
         # Set on the copy a loader's workers read: they send CompactWindows, widened in the main process.
         self.compact = False
         self._rng_seed = 0
@@ -231,9 +242,12 @@ class TokenWindows(Dataset):
 
     @property
     def scored_tokens(self) -> int:
-        """Labels that are not -100 over all windows: every target of every file, n - 1 each."""
+        """Labels that are not ignored over all windows: every target of every file, n - 1 each (of
+        a split of conversations in evaluation mode, every target its mask keeps, read once)."""
         if self.stride is None:
             return int((self.first[1:] - self.first[:-1]).sum() * self.block_size)
+        if self.masks is not None:
+            return sum(int(np.count_nonzero(m[1:])) for m in self.masks.tokens())
         return int(np.maximum(self.lengths - 1, 0).sum())
 
     def __len__(self) -> int:
@@ -276,7 +290,7 @@ class TokenWindows(Dataset):
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
         if len(self.split.files) == 1:  # the usual case: one file, one gather, no per-file copy
             gathered, valid = self._read(0, idx if self.stride is None else idx * self.stride)
-            return self._compact(gathered, valid, idx)
+            return self._compact(gathered, valid, idx, idx)
         file_of = np.searchsorted(self.first, idx, side="right") - 1
         local = idx - self.first[file_of]
         starts = local * (self.stride or 1)
@@ -291,13 +305,15 @@ class TokenWindows(Dataset):
                 gathered[rows], file_valid = self._read(int(f), starts[rows])
                 if valid is not None:
                     valid[rows] = file_valid
-        return self._compact(gathered, valid, local)
+        return self._compact(gathered, valid, local, idx)
 
-    def _compact(self, gathered: np.ndarray, valid: np.ndarray | None, local: np.ndarray) -> CompactWindows:
+    def _compact(self, gathered: np.ndarray, valid: np.ndarray | None, local: np.ndarray,
+                 idx: np.ndarray) -> CompactWindows:
         self.split.check_ids(gathered)
+        mask = None if self.masks is None else self.masks.gather(idx).tokens
         if self.stride is None:
-            return CompactWindows(gathered, None, None, 0)
-        return CompactWindows(gathered, valid, local > 0, self.block_size - self.stride)
+            return CompactWindows(gathered, None, None, 0, mask, self.ignore_index)
+        return CompactWindows(gathered, valid, local > 0, self.block_size - self.stride, mask, self.ignore_index)
 
     def __repr__(self) -> str:
         mode = f"stride={self.stride}" if self.stride else "every start"

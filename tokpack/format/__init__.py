@@ -24,6 +24,7 @@ import numpy as np
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 INDEX_DTYPE = np.dtype("<u8")
+MASK_DTYPE = np.dtype("uint8")  # a loss mask: one byte a token, 1 = trained on
 
 # Every name tokpack gives a file, in one table. What tokpack reads back from disk (meta.json,
 # unit records, a cache's records) may be forged, so a name found there is used only if it
@@ -35,12 +36,13 @@ INDEX_DTYPE = np.dtype("<u8")
 META_NAME = "meta.json"
 BIN_NAME = "{split}.bin"  # a flat split, nanoGPT's name
 IDX_NAME = "{split}.idx"  # tokpack's document index
+MASK_NAME = "{split}.mask"  # a conversation split's loss mask: one byte a token, 1 = trained on
 # Shards: bare (``train_UUUUU_KKKKKK.bin``, unit and shard) or llm.c's, the folder's name first,
 # which may itself start with a dot.
 SHARD_NAME = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
-DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|{SHARD_NAME}")
+DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}")
 LOCK_NAME = ".tokpack.lock"
 TMP_SUFFIX = ".tokpack-tmp"  # ".NAME.PID" + this: a file being written, renamed to NAME when whole
 # A sharded run's record of each finished unit (while one stands without meta.json, the folder is
@@ -104,6 +106,9 @@ class SplitInfo(TypedDict):
     shards: NotRequired[list[FileEntry]]
     idx: NotRequired[FileEntry]
     megatron_idx: NotRequired[FileEntry]
+    # Of a split of conversations (--chat): the loss mask beside the tokens, and its 1s.
+    mask: NotRequired[FileEntry]
+    supervised: NotRequired[int]
     # Of a split that holds whole parquet files: each file's row group sizes, in documents.
     row_groups: NotRequired[list[list[int]]]
 
@@ -138,6 +143,7 @@ class Meta(TypedDict):
     splits: dict[str, SplitInfo]
     inputs: InputsInfo
     options: dict[str, Any]
+    chat: NotRequired[dict[str, Any]]  # of conversations (--chat): the renderer and the counts
 
 
 class UnitPart(TypedDict):
@@ -156,6 +162,7 @@ class UnitRecord(TypedDict):
     unit: NotRequired[int]
     input_sha256: str
     splits: dict[str, UnitPart]
+    chat: NotRequired[dict[str, int]]  # of conversations: how many were written, skipped and cut
 
 
 def token_offset(meta: Meta) -> int:
@@ -171,7 +178,7 @@ def split_files(info: SplitInfo) -> list[FileEntry]:
 def every_file(info: SplitInfo) -> list[FileEntry]:
     """Every file a split's meta.json entry lists: token files, the index, and with --format
     megatron Megatron's index."""
-    return [*split_files(info), info["idx"], *([info["megatron_idx"]] if "megatron_idx" in info else [])]
+    return [*split_files(info), info["idx"], *[info[key] for key in ("megatron_idx", "mask") if key in info]]
 
 
 # The most bytes of JSON tokpack reads as one of its own records (meta.json, a unit record, a
@@ -261,7 +268,7 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     for name, info in splits.items():
         if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
             return f"split {name!r} needs tokens and documents counts"
-        entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"),
+        entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"), info.get("mask"),
                    *(info["shards"] if isinstance(info.get("shards"), list) else [])]
         for entry in entries:
             file = entry.get("file") if isinstance(entry, dict) else None
@@ -277,6 +284,9 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
             return f"split {name!r} has no valid bin entry"
         if "megatron_idx" in info and bad_file(info["megatron_idx"]):
             return f"split {name!r} has an invalid megatron_idx entry"
+        if "mask" in info and not (not bad_file(info["mask"]) and _is_count(info.get("supervised"))
+                                   and info["mask"]["bytes"] == info["tokens"] and "bin" in info):
+            return f"split {name!r} has a mask entry that is not one byte a token of a flat split, with its count"
         groups = info.get("row_groups")
         if groups is not None and not (isinstance(groups, list) and all(
                 isinstance(sizes, list) and all(_is_count(n) for n in sizes) for sizes in groups)

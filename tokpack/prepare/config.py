@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..chat import Nanochat, Renderer
 from ..corpus import ReadOptions
 from ..options import default_of, option
 from ..storage import is_url
@@ -35,6 +36,7 @@ FORMATS = ("flat", "llmc", "megatron")
 # The options that change the output: meta.json records them, and a rerun's units must match them.
 OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
                   "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "shard_boundary", "unit_mb")
+CHAT_OPTIONS = ("chat", "max_tokens", "skip_bad")
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,13 @@ class PrepareConfig:
                                  "longer than a shard runs on); token, at exactly --shard-tokens (default: auto: "
                                  "document with --format llmc, as modded-nanogpt reads them, else token)",
                                  ("auto", "document", "token"))
+    chat: str = option("none", "read the inputs (.jsonl or .parquet) as conversations ('messages', or TRL's 'prompt' "
+                       "and 'completion') and write a loss mask a token beside the tokens (SPLIT.mask): nanochat "
+                       "renders them as nanochat does, with its special tokens", tuple(Renderer))
+    max_tokens: int = option(2048, "with --chat, a conversation's tokens at most, the rest cut (nanochat's 2048); "
+                             "0 keeps every token")
+    skip_bad: bool = option(False, "with --chat, leave out a record that is not a valid conversation, counted in "
+                            "meta.json, instead of stopping at it")
     spool_dir: str | None = option(None, "with a URL as --out-dir, the local folder a unit's shards wait in until "
                                    "they are uploaded (default: the system's temporary folder)")
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
@@ -152,9 +161,32 @@ class PrepareConfig:
             raise ValueError(f"--unit-mb {self.unit_mb} must be positive; try 1024")
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
+        self._check_chat()
+
+    def _check_chat(self) -> None:
+        """Conversations are written flat, by one process, each starting with its own BOS."""
+        if self.chat not in tuple(Renderer):
+            raise ValueError(f"--chat {self.chat!r} is not one of {', '.join(Renderer)}")
+        if self.chat == Renderer.NONE:
+            for name in ("max_tokens", "skip_bad"):
+                if getattr(self, name) != default_of(PrepareConfig, name):
+                    raise ValueError(f"--{name.replace('_', '-')} applies to conversations: pass --chat, or drop it")
+            return
+        if self.max_tokens < 0:
+            raise ValueError(f"--max-tokens {self.max_tokens} is negative; use 0 to keep every token")
+        unsupported = [flag for flag, used in (("--format " + self.format, self.format != "flat"),
+                                                ("--shard-tokens", bool(self.shard_tokens)),
+                                                ("--tasks", self.tasks is not None),
+                                                ("--val-tokens", bool(self.val_tokens)),
+                                                ("--eot " + self.eot, self.eot not in ("auto", "none")))
+                       if used]
+        if unsupported:
+            raise ValueError(f"--chat writes flat train.bin/val.bin with their masks, each conversation led by its "
+                             f"own BOS, and does not take {', '.join(unsupported)} yet; drop it")
 
     def output_options(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in OUTPUT_OPTIONS}
+        chat = CHAT_OPTIONS if self.chat != Renderer.NONE else ()  # a text run's record stays as it was
+        return {k: getattr(self, k) for k in OUTPUT_OPTIONS + chat}
 
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.errors, self.doc_sep, self.jsonl_key, self.text_column)
@@ -180,3 +212,4 @@ class Plan:
     started: float
     holdout: Holdout  # the val rule
     read: ReadOptions
+    chat: Nanochat | None = None  # how conversations are rendered (--chat), or None for text

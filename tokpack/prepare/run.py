@@ -25,6 +25,7 @@ from typing import Any
 from ..version import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
+from ..chat import Nanochat
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import launched_world, process_group
 from ..format import FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file
@@ -36,6 +37,7 @@ from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, merged_indexes, publish_parts, retire
+from .chats import CHAT_COUNTS
 from .remote import Publisher, Spool
 from .writers import remove_temporaries
 
@@ -235,7 +237,7 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     _warn_unused(config, files)
     # llm.c's convention is an <|endoftext|> before every document.
     eot = config.eot if config.eot != "auto" else ("prepend" if config.format == "llmc" else
-                                                   "none" if single else "append")
+                                                   "none" if single or config.chat != "none" else "append")
     # Documents led by the token take a Hugging Face config's BOS token, where it names one.
     enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
     dtype = token_dtype(enc, config.dtype)
@@ -253,6 +255,9 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
         raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
                          f"give at most {max(total, 1):,}")
     sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1 or independent
+    if config.chat != "none" and world > 1:
+        raise ValueError(f"--chat writes flat files, which one process writes; run it without torchrun (this is "
+                         f"{world} processes)")
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
@@ -263,7 +268,8 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     return Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
                 sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
-                started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options())
+                started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
+                chat=Nanochat(enc.specials, config.max_tokens) if config.chat == "nanochat" else None)
 
 
 def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:
@@ -360,7 +366,7 @@ def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
 
 
 def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
-    return {
+    meta: Meta = {
         "format_version": FORMAT_VERSION,
         "tokpack_version": __version__,
         "encoding": plan.enc.describe(),  # type: ignore[typeddict-item]
@@ -373,6 +379,10 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
         "inputs": {**plan.inputs, "units_sha256": [part["input_sha256"] for part in parts]},
         "options": plan.config.output_options(),
     }
+    if plan.chat is not None:
+        counts = {key: sum(part["chat"][key] for part in parts) for key in CHAT_COUNTS}
+        meta["chat"] = {"renderer": plan.config.chat, "max_tokens": plan.config.max_tokens, **counts}
+    return meta
 
 
 def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
@@ -402,8 +412,9 @@ def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, Split
         info: SplitInfo = {"tokens": sum(i["tokens"] for i in infos), "documents": sum(i["documents"] for i in infos)}
         if "bin" in infos[0]:
             info["bin"] = infos[0]["bin"]
-            if "megatron_idx" in infos[0]:
-                info["megatron_idx"] = infos[0]["megatron_idx"]
+            for key in ("megatron_idx", "mask", "supervised"):
+                if key in infos[0]:
+                    info[key] = infos[0][key]  # type: ignore[literal-required]
         else:
             info["shards"] = [shard for i in infos for shard in i["shards"]]
         splits[split] = info

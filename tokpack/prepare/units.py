@@ -45,6 +45,7 @@ from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
 from ..verify import VerifyError, check_entry, check_index
 from .cluster import Entry, share_of
+from .chats import chat_counts, tokenize_chats
 from .config import LLMC_SHARD_TOKENS, Plan
 from .input_hash import InputTap, input_sha256
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
@@ -239,14 +240,21 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-input-hash") as hashing:
         digest = tap.hexdigest if tap else hashing.submit(input_sha256, share, stop).result
         writers: dict[str, SplitWriter] = {}
+        counts = chat_counts()
         try:
             writers = open_writers(plan, unit)
             for only, entries in passes:
+                if plan.chat is not None:
+                    tokenize_chats(plan, tap.share if tap else entries, writers, only, counts)
+                    continue
                 tokenize(_encoded(plan, tap.share if tap else entries), writers,
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
                          only)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
-            return finish(plan, unit, digest(), writers)
+            record = finish(plan, unit, digest(), writers)
+            if plan.chat is not None:
+                record["chat"] = counts
+            return record
         except BaseException:
             stop.set()
             for writer in writers.values():
@@ -262,7 +270,8 @@ def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
         for s in SPLITS:
             writers[s] = SplitWriter(plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
                                      UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s),
-                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "")
+                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "",
+                                     masked=plan.chat is not None)
     except BaseException:
         for writer in writers.values():
             writer.discard()

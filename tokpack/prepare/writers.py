@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS,
+from ..format import (BIN_NAME, IDX_NAME, MASK_DTYPE, MASK_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS,
                       TMP_SUFFIX)
 from ..storage.local import open_new, remove_own, replacing, tmp_path
 from .holdout import document_hash, document_key
@@ -350,8 +350,10 @@ class SplitWriter:
     layout: ShardLayout | None = None
     idx_name: str = ""
     bin_name: str = ""
+    masked: bool = False  # a loss mask beside the tokens (SPLIT.mask), one byte a token
     tokens: int = 0
     documents: int = 0
+    supervised: int = 0  # tokens whose mask is 1
 
     def __post_init__(self) -> None:
         self.bin: HashingWriter | ShardWriter
@@ -360,6 +362,7 @@ class SplitWriter:
         else:
             self.bin = HashingWriter(self.folder / (self.bin_name or BIN_NAME.format(split=self.split)))
         self.idx = HashingWriter(self.folder / (self.idx_name or IDX_NAME.format(split=self.split)))
+        self.mask = HashingWriter(self.folder / MASK_NAME.format(split=self.split)) if self.masked else None
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
@@ -377,9 +380,13 @@ class SplitWriter:
         self.idx.write(np.frombuffer(self._starts, dtype=np.uint64).astype(INDEX_DTYPE))
         self._starts = array.array("Q")
 
-    def write(self, tokens: np.ndarray) -> None:
+    def write(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """``tokens``, and with a mask file their ``mask`` (None: 0, trained on none)."""
         self.bin.write(tokens)
         self.tokens += len(tokens)
+        if self.mask is not None:
+            self.mask.write(mask if mask is not None else np.zeros(len(tokens), MASK_DTYPE))
+            self.supervised += int(np.count_nonzero(mask)) if mask is not None else 0
 
     def end_document(self) -> None:
         if self.eot == "append":
@@ -388,15 +395,20 @@ class SplitWriter:
     def close(self) -> dict[str, Any]:
         self._flush_starts()
         key = "shards" if isinstance(self.bin, ShardWriter) else "bin"
-        return {"tokens": self.tokens, "documents": self.documents, key: self.bin.close(), "idx": self.idx.close()}
+        info = {"tokens": self.tokens, "documents": self.documents, key: self.bin.close(), "idx": self.idx.close()}
+        if self.mask is not None:
+            info.update(mask=self.mask.close(), supervised=self.supervised)
+        return info
 
     def renames(self) -> list[tuple[str, str]]:
-        """(temporary, final) paths of the split's token files and index, once closed."""
-        return self.bin.renames() + self.idx.renames()
+        """(temporary, final) paths of the split's token files, index and mask, once closed."""
+        return self.bin.renames() + self.idx.renames() + (self.mask.renames() if self.mask is not None else [])
 
     def discard(self) -> None:
         self.bin.discard()
         self.idx.discard()
+        if self.mask is not None:
+            self.mask.discard()
 
 
 class DocumentBuffer:

@@ -101,7 +101,8 @@ class TiktokenEncoder:
         self.eot_token = library._special_tokens[eot]
         self.can_cut = library._pat_str in CUT_SAFE_PATTERNS
         self.parallel = backend is not None  # splintr threads itself; tiktoken runs in tokpack's threads
-        self.special_ids = frozenset(library._special_tokens.values())
+        self.specials = dict(library._special_tokens)
+        self.special_ids = frozenset(self.specials.values())
 
     @cached_property
     def vocab_sha256(self) -> str:

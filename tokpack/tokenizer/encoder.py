@@ -33,6 +33,7 @@ class Encoder(Protocol):
     can_cut: bool
     parallel: bool
     special_ids: frozenset[int]
+    specials: dict[str, int]  # the special tokens, by their text
     vocab_sha256: str  # the vocabulary's hash, recorded in meta.json and checked by readers
     library: Any  # the library's own object (a tiktoken Encoding, a tokenizers Tokenizer), for comparisons
 

@@ -37,6 +37,7 @@ from typing import Any
 import regex
 from tqdm import tqdm
 
+from ..chat import NANOCHAT_TOKENS
 from ..corpus import ReadOptions, documents
 from ..storage.local import open_new, remove_own
 from ..inputs import resolve_inputs
@@ -45,9 +46,6 @@ from .bpe import TiktokenEncoder, gpt2_byte_decoder
 from .patterns import ENDOFTEXT, NAMED_PATTERNS
 from .vocab import build
 
-# nanochat's special tokens, by name: <|bos|> starts every document, the others render chats.
-NANOCHAT_SPECIALS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-                     "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
 FILES = ("tokenizer.tiktoken", "tokenizer.toml", "tokenizer.json", "tokenizer_config.json", "training.json")
 
 
@@ -71,7 +69,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
-        specials = NANOCHAT_SPECIALS if self.special == ("nanochat",) else tuple(self.special)
+        specials = NANOCHAT_TOKENS if self.special == ("nanochat",) else tuple(self.special)
         object.__setattr__(self, "special", specials)
         if not specials or len(set(specials)) < len(specials) or not all(specials):
             raise ValueError(f"--special {' '.join(self.special)}: give one or more distinct, non-empty tokens")

@@ -1,0 +1,134 @@
+"""A split of conversations read with its loss mask: nanochat's SFT batches (a faithful miniature
+of its loader) batch for batch on one and two ranks and resumed exactly, no clogging where
+nanochat clogs, masked targets in windows and in every packed form, and a batch with nothing to
+train on refused."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import make_chats, nanochat_render, nanochat_sft_batches, write_jsonl, write_nanochat_spec
+from tokpack.data.layouts import HF, TrainRows
+from tokpack.data.loader import build_loader
+from tokpack.data.packing import PackedDocuments
+from tokpack.data.windows import TokenWindows
+from tokpack.format import read_meta
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.tokenizer import load_encoding
+
+CHATS = make_chats(90, seed=11)
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    """(folder, tokenizer, the train split's conversations in stored order, the longest's tokens)."""
+    root = tmp_path_factory.mktemp("sft")
+    spec = write_nanochat_spec(root / "tok")
+    source = write_jsonl(root / "chats.jsonl", CHATS)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(root / "out"), encoding=str(spec), chat="nanochat",
+                          val_fraction=0.2, quiet=True))
+    enc = load_encoding(str(spec))
+    tokens = np.fromfile(root / "out" / "train.bin", dtype=np.uint16)
+    starts = np.fromfile(root / "out" / "train.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    stored = [tokens[a:b].tolist() for a, b in zip(starts, starts[1:])]
+    train = [c for c in CHATS if nanochat_render(enc, c)[0] in stored]
+    assert [nanochat_render(enc, c)[0] for c in train] == stored  # the stored order is the input order
+    return root / "out", enc, train, max(map(len, stored))
+
+
+def _nanochat_rows(folder, T, **keywords):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # tokpack 0.2's keywords, as the issue spells them
+        return PackedDocuments(folder, T, split="train", **keywords)
+
+
+@pytest.mark.parametrize("spelling", ["keywords", "preset"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_bestfit_pad_gives_nanochats_sft_batches(chats, spelling, world):
+    folder, enc, train, longest = chats
+    T, B = longest + 30, 3  # no conversation longer than a row: nanochat's loader never clogs here
+    for rank in range(world):
+        if spelling == "keywords":
+            data = _nanochat_rows(folder, T, packing="bestfit-pad", buffer_size=100, ignore_index=-1, ranks="cursor")
+        else:
+            data = PackedDocuments(folder, T, split="train", rows="nanochat-sft", ignore_index=-1)
+        loader = build_loader(data, B, seed=0, rank=rank, world_size=world)
+        reference = nanochat_sft_batches(enc, train, B, T, rank, world)
+        served = 0
+        for batch, (inputs, targets) in zip(itertools.islice(loader, 50), reference):  # past the end: round again
+            assert np.array_equal(batch.x.numpy(), inputs) and np.array_equal(batch.y.numpy(), targets)
+            served += 1
+        assert served == 50 and (targets == -1).any()
+
+
+def test_bestfit_pad_resumes_exactly_mid_stream(chats):
+    folder, _, _, longest = chats
+    data = PackedDocuments(folder, longest + 30, split="train", rows="nanochat-sft", ignore_index=-1)
+    first = build_loader(data, 3, seed=0, rank=1, world_size=2)
+    taken = list(itertools.islice(iter(first), 17))
+    state = first.state_dict()
+    ahead = [b.y for b in itertools.islice(iter(first), 9)]
+    again = build_loader(data, 3, seed=0, rank=1, world_size=2)
+    again.load_state_dict(state)
+    assert taken and all(torch.equal(a, b.y) for a, b in zip(ahead, itertools.islice(iter(again), 9)))
+
+
+def test_where_nanochat_clogs_tokpack_crops_or_drops_and_says_so(tmp_path):
+    spec = write_nanochat_spec(tmp_path / "tok")
+    chats = make_chats(60, seed=2, long_every=4)
+    prepare(PrepareConfig(inputs=(str(write_jsonl(tmp_path / "c.jsonl", chats)),), out_dir=str(tmp_path / "out"),
+                          encoding=str(spec), chat="nanochat", quiet=True))
+    enc = load_encoding(str(spec))
+    T = 200  # shorter than the long conversations
+    train = [c for c in chats if len(nanochat_render(enc, c)[0]) > T + 1][:2] + chats[:10]
+    # nanochat's loader: the long conversations never leave its buffer, and rows of padding follow.
+    batches = list(itertools.islice(nanochat_sft_batches(enc, train, 2, T, buffer_size=2), 10))
+    assert all((targets == -1).all() for _, targets in batches[-3:])  # a NaN loss from here on
+    for policy in ("crop", "drop"):
+        with pytest.warns(UserWarning, match=f"longer than a row of {T + 1} tokens: each is {policy}ped"):
+            data = PackedDocuments(tmp_path / "out", T, split="train",
+                                   rows=TrainRows("bestfit-pad", buffer_size=2, long_documents=policy))
+        assert data.long_documents > 0
+        for batch in itertools.islice(build_loader(data, 2, seed=0), 40):
+            assert (batch.y != -100).any()  # every batch trains on something
+
+
+def test_masked_targets_in_windows_and_in_every_packed_form(chats):
+    folder, _, _, longest = chats
+    tokens = np.fromfile(folder / "val.bin", dtype=np.uint16).astype(np.int64)
+    mask = np.fromfile(folder / "val.mask", dtype=np.uint8)
+    windows = TokenWindows(folder, 32, split="val", stride=32, ignore_index=-1)
+    x, y = windows[2]
+    expected = tokens[65:97].copy()
+    expected[mask[65:97] == 0] = -1
+    assert torch.equal(y, torch.from_numpy(expected))
+    assert windows.scored_tokens == int(mask[1:].sum()) == read_meta(folder)["splits"]["val"]["supervised"]
+    rows = PackedDocuments(folder, longest + 1, split="val", rows="bestfit-pad")
+    hf = PackedDocuments(folder, longest + 1, split="val", rows="bestfit-pad", form=HF())
+    for batch, flat in zip(itertools.islice(build_loader(rows, 2, seed=1), 5), itertools.islice(build_loader(hf, 2, seed=1), 5)):
+        x, y = batch.x.reshape(-1), batch.y.reshape(-1)
+        assert torch.equal(flat["input_ids"].reshape(-1), x)
+        # The hf form's labels are the tokens, -100 where y is and at each segment's first position.
+        labels = flat["labels"].reshape(-1)
+        assert torch.equal(labels[1:] == -100, (y[:-1] == -100) | (flat["position_ids"].reshape(-1)[1:] == 0))
+
+
+def test_a_batch_with_nothing_to_train_on_is_refused(chats, tmp_path):
+    folder = tmp_path / "zero"
+    shutil.copytree(chats[0], folder)
+    (folder / "train.mask").write_bytes(bytes((folder / "train.mask").stat().st_size))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["splits"]["train"]["mask"]["sha256"] = hashlib.sha256((folder / "train.mask").read_bytes()).hexdigest()
+    meta["splits"]["train"]["supervised"] = 0
+    (folder / "meta.json").write_text(json.dumps(meta))
+    data = PackedDocuments(folder, chats[3] + 30, split="train", rows="nanochat-sft")
+    with pytest.raises(ValueError, match="holds no target to train on"):
+        next(iter(build_loader(data, 2, seed=0)))

@@ -1,0 +1,188 @@
+"""Conversations prepared with ``--chat nanochat``: the ids and masks of nanochat's own rendering
+(a faithful miniature of it), both record forms, parquet, special-token text kept as text, the
+mask written, verified and shown, and every kind of bad record one line naming it (or skipped and
+counted with --skip-bad)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from helpers import (cli_run, make_chats, nanochat_render, write_jsonl, write_nanochat_spec)
+from tokpack.format import read_meta
+from tokpack.inspect import describe
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare.__main__ import main as prepare_main
+from tokpack.tokenizer import load_encoding
+from tokpack.verify import VerifyError, verify_folder
+
+CHATS = make_chats(120, seed=3)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    return write_nanochat_spec(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def chat_folder(spec, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chat")
+    source = write_jsonl(folder / "chats.jsonl", CHATS)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(folder / "out"), encoding=str(spec), chat="nanochat",
+                          quiet=True))
+    return folder / "out"
+
+
+def _documents(folder, split):
+    tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+    mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
+    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
+
+
+def test_conversations_are_nanochats_rendering_with_its_masks(chat_folder, spec):
+    enc = load_encoding(str(spec))
+    rendered = [nanochat_render(enc, chat) for chat in CHATS]
+    train, val = _documents(chat_folder, "train"), _documents(chat_folder, "val")
+    assert len(train) + len(val) == len(CHATS) and train and val
+    # Each split holds its conversations in input order, and the two together are every one.
+    assert sorted(train + val) == sorted(rendered)
+    assert [rendered.index(d) for d in train] == sorted(rendered.index(d) for d in train)
+    meta = read_meta(chat_folder)
+    assert meta["chat"] == {"renderer": "nanochat", "max_tokens": 2048, "conversations": 120, "skipped": 0,
+                            "cropped": 0, "unsupervised": 0}
+    for split, docs in (("train", train), ("val", val)):
+        assert meta["splits"][split]["supervised"] == sum(sum(m) for _, m in docs)
+    assert meta["eot"] == "none"  # every conversation brings its own <|bos|>
+    assert verify_folder(chat_folder) == {s: meta["splits"][s]["tokens"] for s in ("train", "val")}
+
+
+def test_special_token_text_a_user_typed_stays_text(chat_folder, spec):
+    enc = load_encoding(str(spec))
+    typed = [c for c in CHATS if any("<|assistant_start|>" in m["content"] for m in c["messages"]
+                                     if isinstance(m["content"], str) and m["role"] != "assistant")]
+    assert typed  # the corpus holds the injection this test is about
+    start = enc.specials["<|assistant_start|>"]
+    for ids, _ in _documents(chat_folder, "train") + _documents(chat_folder, "val"):
+        # One control token a real assistant turn, never one from typed text.
+        assert ids.count(start) == ids.count(enc.specials["<|assistant_end|>"])
+
+
+def test_trl_prompt_completion_and_parquet_give_the_same_folder(spec, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    simple = [c for c in CHATS if len(c["messages"]) == 2 and isinstance(c["messages"][1]["content"], str)][:30]
+    trl = [{"prompt": c["messages"][0]["content"], "completion": c["messages"][1]["content"]} for c in simple]
+    pq.write_table(pa.table({"messages": [c["messages"] for c in simple]}), tmp_path / "chats.parquet",
+                   row_group_size=7)
+    outs = {}
+    for name, source in (("messages", write_jsonl(tmp_path / "m.jsonl", simple)),
+                         ("trl", write_jsonl(tmp_path / "t.jsonl", trl)), ("parquet", tmp_path / "chats.parquet")):
+        prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / name), encoding=str(spec),
+                              chat="nanochat", quiet=True))
+        outs[name] = [(tmp_path / name / f).read_bytes() for f in ("train.bin", "train.mask", "val.bin", "val.mask")]
+    assert outs["messages"] == outs["trl"] == outs["parquet"]
+
+
+def test_max_tokens_cuts_and_a_conversation_left_with_nothing_to_train_on_is_left_out(spec, tmp_path):
+    chats = make_chats(40, seed=5, long_every=3)
+    source = write_jsonl(tmp_path / "c.jsonl", chats)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(spec), chat="nanochat",
+                          max_tokens=160, quiet=True))
+    enc = load_encoding(str(spec))
+    rendered = [nanochat_render(enc, c, max_tokens=160) for c in chats]
+    kept = [r for r in rendered if any(r[1])]
+    found = _documents(tmp_path / "out", "train") + _documents(tmp_path / "out", "val")
+    assert sorted(found) == sorted(kept) and len(kept) < len(rendered)
+    counts = read_meta(tmp_path / "out")["chat"]
+    assert counts["unsupervised"] == len(rendered) - len(kept)
+    cut = sum(len(nanochat_render(enc, c, 10**9)[0]) > 160 for c in chats)
+    assert counts["cropped"] == cut and 0 < cut < len(chats)
+
+
+BAD = [
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "of role 'robot'"),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, "where a user turn comes"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, "where an assistant turn"),
+    ({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}, "content is int"),
+    ({"text": "not a chat"}, "has no 'messages'"),
+    ({"messages": []}, "has an empty conversation"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]}, "no text to train on"),
+    ({"messages": [{"role": "user", "content": "a"}]}, "has no assistant turn"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
+                                                      "content": [{"type": "image", "text": "x"}]}]}, "a part"),
+    ("[" * 100_000, "nested too deeply"),
+    ("{not json", "is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("record,reason", BAD, ids=[r for _, r in BAD])
+def test_a_bad_record_is_one_line_naming_it_or_skipped_and_counted(spec, tmp_path, capsys, record, reason):
+    good = CHATS[:6]
+    lines = [json.dumps(c) for c in good[:3]] + [record if isinstance(record, str) else json.dumps(record)] + \
+        [json.dumps(c) for c in good[3:]]
+    source = tmp_path / "c.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    code, err = cli_run(prepare_main, capsys, str(source), "--chat", "nanochat", "--encoding", str(spec),
+                        "--out-dir", str(out), "--quiet")
+    assert code == 2 and f"{source}:4 " in err and reason in err and "\n" not in err.strip(), err
+    assert not out.exists()  # nothing half-written
+    code, err = cli_run(prepare_main, capsys, str(source), "--chat", "nanochat", "--encoding", str(spec),
+                        "--out-dir", str(out), "--quiet", "--skip-bad")
+    assert code == 0, err
+    meta = read_meta(out)
+    assert meta["chat"]["skipped"] == 1 and meta["chat"]["conversations"] == 6
+    assert sum(info["documents"] for info in meta["splits"].values()) == 6
+
+
+def test_a_tokenizer_without_nanochats_tokens_and_options_chat_cannot_take_are_one_line(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "c.jsonl", CHATS[:5])
+    for extra, reason in (([], "lacks <|bos|>"), (["--format", "llmc"], "does not take --format llmc"),
+                          (["--tasks", "2", "--task", "0"], "does not take --tasks"),
+                          (["--eot", "append"], "does not take --eot append")):
+        code, err = cli_run(prepare_main, capsys, str(source), "--chat", "nanochat", "--out-dir", str(tmp_path / "o"),
+                            "--quiet", *extra)
+        assert code == 2 and reason in err and "\n" not in err.strip(), err
+    code, err = cli_run(prepare_main, capsys, str(source), "--max-tokens", "9", "--out-dir", str(tmp_path / "o"))
+    assert code == 2 and "--max-tokens applies to conversations" in err
+
+
+def _rehash(folder, name):
+    meta = json.loads((folder / "meta.json").read_text())
+    data = (folder / name).read_bytes()
+    for info in meta["splits"].values():
+        if info["mask"]["file"] == name:
+            info["mask"].update(sha256=hashlib.sha256(data).hexdigest())
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage,reason", [("value", "holds value 7"), ("flip", "trains on"),
+                                           ("cut", "bytes but meta.json records")])
+def test_verify_checks_the_mask(chat_folder, tmp_path, damage, reason):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(chat_folder, folder)
+    mask = bytearray((folder / "val.mask").read_bytes())
+    if damage == "cut":
+        del mask[-1]
+    else:
+        mask[3] = 7 if damage == "value" else 1 - mask[3]
+    (folder / "val.mask").write_bytes(bytes(mask))
+    if damage != "cut":
+        _rehash(folder, "val.mask")  # consistent but wrong: only the values can tell
+    with pytest.raises(VerifyError, match=reason):
+        verify_folder(folder)
+
+
+def test_inspect_shows_which_tokens_are_trained_on(chat_folder):
+    text = describe(chat_folder, "train", at=0, count=300)
+    line = next(line for line in text.splitlines() if line.startswith("trained on"))
+    meta = read_meta(chat_folder)
+    assert f"{meta['splits']['train']['supervised']:,} of" in line
+    assert "\u2591" in line and line.count("\u2591") < 300  # some tokens trained on, some not

@@ -1,0 +1,88 @@
+"""A unit of conversations (``--chat``): records read, checked, rendered, encoded and written
+with their loss masks, each conversation to the split its text's hash chooses.
+
+    python -m tokpack.prepare chats.jsonl --chat nanochat --encoding tok/tokenizer.json
+
+The texts of many conversations are encoded together, in order, by the run's threads (as
+documents are); special tokens are placed by id, so no text becomes one. A conversation is held
+whole while it is assembled: O(conversation) memory beside the pipeline's batches. A record that
+is not a valid conversation stops the run with one line naming it, or with ``--skip-bad`` is
+left out and counted.
+
+See docs/chat.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..chat import ChatPiece, messages
+from ..corpus import parse_record, records
+from ..tokenizer import encode_in_order
+from .cluster import Entry
+from .config import Plan
+from .holdout import document_hash, document_key
+from .writers import SplitWriter
+
+
+def _pieces(plan: Plan, entries: list[Entry], counts: dict[str, int]) -> Iterator[ChatPiece]:
+    renderer = plan.chat
+    assert renderer is not None
+    for where, value in records(entries):
+        try:
+            found = messages(parse_record(value, where, plan.read.errors), where)
+        except ValueError:
+            if not plan.config.skip_bad:
+                raise
+            counts["skipped"] += 1
+            continue
+        yield from renderer.pieces(found, counts["conversations"])
+        counts["conversations"] += 1
+
+
+def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
+                   counts: dict[str, int]) -> None:
+    """Every conversation of ``entries`` into its split's writer (``only``: all into that split);
+    ``counts`` gains the conversations read, skipped as bad, cut to ``max_tokens``, and left out
+    for having nothing to train on once cut."""
+    renderer = plan.chat
+    assert renderer is not None
+    enc = plan.enc
+
+    def encode(texts: list[str]) -> list[np.ndarray]:
+        return enc.encode_batch(texts)
+
+    workers, in_flight = (2, 2) if enc.parallel else (plan.workers, 2 * plan.workers)
+    key = document_key(plan.config.seed)
+    held: list[tuple[ChatPiece, np.ndarray]] = []
+    for piece, tokens in encode_in_order(_pieces(plan, entries, counts), encode, workers, plan.config.piece_chars,
+                                         in_flight):
+        held.append((piece, tokens))
+        if not piece.last:
+            continue
+        ids, mask, cut = renderer.assemble(held, plan.dtype)
+        counts["cropped"] += cut
+        if not mask.any():  # cut before its first trained token: a row of it would have no loss
+            counts["unsupervised"] += 1
+            held = []
+            continue
+        digest = document_hash(key)
+        for part, _ in held:  # the split goes by the conversation's text, whatever the tokenizer
+            digest.update(part.text.encode("utf-8", "surrogatepass") + b"\0")
+        split = only or ("val" if plan.holdout.is_val(digest.digest()) else "train")
+        writer = writers[split]
+        writer.start_document(len(ids))
+        writer.write(ids, mask)
+        writer.end_document()
+        held = []
+
+
+CHAT_COUNTS = ("conversations", "skipped", "cropped", "unsupervised")
+
+
+def chat_counts() -> dict[str, Any]:
+    """A unit's counts of conversations, as its record and meta.json keep them."""
+    return dict.fromkeys(CHAT_COUNTS, 0)
