@@ -11,9 +11,11 @@ and a checkpoint is written with the model, the optimizer, the step and the load
 torchrun each rank draws its own reproducible stream and DDP averages the gradients.
 
 ``[data] packing`` chooses the rows: ``"none"`` (nanoGPT's windows at random starts, across
-document boundaries), or ``"aligned"`` / ``"bestfit"`` (``PackedDocuments``: every row starts at a
-document, and with ``document_mask`` attention and positions stay inside each document; the val
-split is then also scored document by document).
+document boundaries), or ``"aligned"`` / ``"bestfit"`` / ``"bestfit-pad"`` (``PackedDocuments``:
+every row starts at a document, and with ``document_mask`` attention and positions stay inside
+each document; the val split is then also scored document by document). A folder of
+conversations (``--chat``) is trained and scored on its masked targets alone; ``--init-from
+out/base/ckpt.pt`` starts from a pretrained model's weights (SFT).
 """
 
 from __future__ import annotations
@@ -42,14 +44,14 @@ from tokpack.models import GPT, GPTConfig, gpt_checkpoint, load_gpt
 class DataConfig:
     """``[data]`` in TOML: how training rows are cut from the documents."""
 
-    packing: str = "none"  # none: windows at random starts (nanoGPT); aligned or bestfit: PackedDocuments
+    packing: str = "none"  # none: windows at random starts (nanoGPT); aligned, bestfit or bestfit-pad: PackedDocuments
     document_mask: bool = True  # with packing: attention and positions within each document only
     buffer_size: int = 1000  # documents best fit chooses from
     split_long: bool = False  # with packing: documents longer than a row are served as pieces, not cut
 
     def __post_init__(self) -> None:
-        if self.packing not in ("none", "aligned", "bestfit"):
-            raise ValueError(f"[data] packing {self.packing!r} is not one of none, aligned, bestfit")
+        if self.packing not in ("none", "aligned", "bestfit", "bestfit-pad"):
+            raise ValueError(f"[data] packing {self.packing!r} is not one of none, aligned, bestfit, bestfit-pad")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class TrainConfig:
     num_workers: int = 0
     device: str = "auto"
     stop_at: int = 0  # stop after this step as if interrupted, writing a checkpoint (0: never)
+    init_from: str = ""  # a ckpt.pt whose weights start the run (fine-tuning a pretrained model: SFT)
     log_interval: int = 10
     model: GPTConfig = field(default_factory=GPTConfig)  # [model] in TOML; vocab_size comes from the data
     data: DataConfig = field(default_factory=DataConfig)
@@ -150,6 +153,11 @@ def _train(c: TrainConfig, resume: bool, train_split: Split, val_split: Split, r
                              "resume with the config it was trained with")
         loader.load_state_dict(ckpt["loader"])
         step, evals = ckpt["step"], ckpt["evals"]
+    elif c.init_from:
+        model, _ = load_gpt(Path(c.init_from), device)
+        if model.config != model_args:
+            raise ValueError(f"--init-from {c.init_from} holds {model.config}, the config asks for {model_args}; "
+                             "fine-tune with the pretrained model's shape")
     else:
         model = GPT(model_args, seed=c.seed).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]

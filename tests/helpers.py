@@ -4,7 +4,6 @@ and runs paused at an observed event."""
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import importlib.util
 import os
@@ -378,14 +377,11 @@ def peak_rss_mb_of_prepare(source: str, out: Path | str) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-NANOCHAT_SPECIAL_IDS = {name: 50257 + i for i, name in enumerate(
-    ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>", "<|python_start|>",
-     "<|python_end|>", "<|output_start|>", "<|output_end|>"))}
-
-
 def write_nanochat_spec(folder: Path) -> Path:
     """A tokenizer with nanochat's nine special tokens (gpt2's ranks, ``<|bos|>`` its document start)."""
-    return write_spec(folder, "chat", "gpt2", NANOCHAT_SPECIAL_IDS, eot="<|bos|>")
+    from tokpack.bench.chat import nanochat_tokenizer
+
+    return nanochat_tokenizer(folder)
 
 
 def make_chats(n: int, seed: int = 0, long_every: int = 0) -> list[dict]:
@@ -417,89 +413,3 @@ def write_jsonl(path: Path, records: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
-
-
-def nanochat_render(enc, conversation: dict, max_tokens: int = 2048) -> tuple[list[int], list[int]]:
-    """A faithful miniature of nanochat's ``RustBPETokenizer.render_conversation``: its special
-    tokens, its system-message merge, its masks, its cut; text by ``encode_ordinary``."""
-    ids, mask = [], []
-
-    def add(tokens, value):
-        tokens = [tokens] if isinstance(tokens, int) else tokens
-        ids.extend(tokens)
-        mask.extend([value] * len(tokens))
-
-    special = enc.specials
-    messages = conversation["messages"]
-    if messages[0]["role"] == "system":
-        messages = copy.deepcopy(messages)
-        messages[1]["content"] = messages[0]["content"] + "\n\n" + messages[1]["content"]
-        messages = messages[1:]
-    add(special["<|bos|>"], 0)
-    for message in messages:
-        content = message["content"]
-        if message["role"] == "user":
-            add(special["<|user_start|>"], 0)
-            add(enc.encode_ordinary(content), 0)
-            add(special["<|user_end|>"], 0)
-            continue
-        add(special["<|assistant_start|>"], 0)
-        for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
-            value = enc.encode_ordinary(part["text"])
-            if part["type"] == "text":
-                add(value, 1)
-            elif part["type"] == "python":
-                add(special["<|python_start|>"], 1)
-                add(value, 1)
-                add(special["<|python_end|>"], 1)
-            else:
-                add(special["<|output_start|>"], 0)
-                add(value, 0)
-                add(special["<|output_end|>"], 0)
-        add(special["<|assistant_end|>"], 1)
-    return ids[:max_tokens], mask[:max_tokens]
-
-
-def nanochat_sft_batches(enc, dataset: list[dict], B: int, T: int, rank: int = 0, world: int = 1,
-                         buffer_size: int = 100):
-    """A faithful miniature of nanochat's ``sft_data_generator_bos_bestfit`` (scripts/chat_sft.py):
-    its cursor, its buffer refilled before every choice, the largest conversation that fits (the
-    first among equals), BOS padding when none fits, targets -1 where the mask is 0 and after a
-    row's content. Yields (inputs, targets) as int64 arrays."""
-    capacity, bos = T + 1, enc.specials["<|bos|>"]
-    buffer, cursor = [], rank
-    while True:
-        rows, mask_rows, lengths = [], [], []
-        for _ in range(B):
-            row, mask_row, padded = [], [], False
-            while len(row) < capacity:
-                while len(buffer) < buffer_size:
-                    buffer.append(nanochat_render(enc, dataset[cursor]))
-                    cursor += world
-                    if cursor >= len(dataset):
-                        cursor %= len(dataset)
-                remaining = capacity - len(row)
-                best, best_len = -1, 0
-                for i, (conv, _) in enumerate(buffer):
-                    if best_len < len(conv) <= remaining:
-                        best, best_len = i, len(conv)
-                if best >= 0:
-                    conv, conv_mask = buffer.pop(best)
-                    row.extend(conv)
-                    mask_row.extend(conv_mask)
-                else:
-                    content = len(row)
-                    row.extend([bos] * remaining)
-                    mask_row.extend([0] * remaining)
-                    padded = True
-                    break
-            lengths.append(content if padded else capacity)
-            rows.append(row[:capacity])
-            mask_rows.append(mask_row[:capacity])
-        batch = np.array(rows, dtype=np.int64)
-        inputs, targets = batch[:, :-1], batch[:, 1:].copy()
-        targets[np.array(mask_rows)[:, 1:] == 0] = -1
-        for i, content in enumerate(lengths):
-            if content < capacity:
-                targets[i, content - 1:] = -1
-        yield inputs, targets

@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from helpers import (cli_run, make_chats, nanochat_render, write_jsonl, write_nanochat_spec)
+from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
+from tokpack.bench.chat import nanochat_render
 from tokpack.format import read_meta
 from tokpack.inspect import describe
 from tokpack.prepare import PrepareConfig, prepare

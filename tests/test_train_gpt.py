@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, make_docs, prepare_docs, script
+from helpers import ROOT, make_chats, make_docs, prepare_docs, script, write_jsonl, write_nanochat_spec
+from tokpack.format import read_meta
+from tokpack.prepare import PrepareConfig, prepare
 from tokpack.plot import png_size
 
 
@@ -60,11 +62,29 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, 2 * k + 3))
 
 
+def test_sft_on_conversations_starts_from_a_pretrained_checkpoint_and_scores_what_the_assistant_says(tmp_path):
+    spec = write_nanochat_spec(tmp_path / "tok")
+    text = prepare_docs(tmp_path / "text", make_docs(30, words=100), val_fraction=0.2, encoding=str(spec))
+    chat = tmp_path / "chat"
+    prepare(PrepareConfig(inputs=(str(write_jsonl(tmp_path / "c.jsonl", make_chats(80))),), out_dir=str(chat),
+                          encoding=str(spec), chat="nanochat", quiet=True))
+    train(text, tmp_path / "base", "--max-iters", "2")
+    # With a learning rate of 0 the fine-tuned weights stay the pretrained ones: they were loaded.
+    train(chat, tmp_path / "sft", "--max-iters", "2", "--init-from", str(tmp_path / "base" / "ckpt.pt"),
+          "--learning-rate", "0", "--min-lr", "0", "--packing", "bestfit-pad", "--buffer-size", "8")
+    base = torch.load(tmp_path / "base" / "ckpt.pt", weights_only=True)["model"]
+    sft = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)
+    assert all(torch.equal(base[name], sft["model"][name]) for name in base)
+    evals = [e for e in sft["evals"] if "scope" not in e]
+    assert evals[-1]["tokens"] == read_meta(chat)["splits"]["val"]["supervised"]  # the assistant's targets alone
+    assert all(r["loss"] == r["loss"] for r in losses(tmp_path / "sft"))  # never NaN
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--resume"], "--resume needs"),
     (["--device", "cuda"], "this torch has no CUDA device"),
     (["--n-layer", "x"], "argument --n-layer: invalid int value"),
-    (["--packing", "greedy"], "[data] packing 'greedy' is not one of none, aligned, bestfit"),
+    (["--packing", "greedy"], "[data] packing 'greedy' is not one of none, aligned, bestfit, bestfit-pad"),
 ])
 def test_bad_runs_are_one_line_and_leave_no_folder(prepared, tmp_path, args, fragment, capsys):
     if args[0] == "--device" and torch.cuda.is_available():

@@ -19,9 +19,8 @@ See docs/chat.md.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -107,16 +106,15 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     return found
 
 
-@dataclass(frozen=True)
-class ChatPiece:
+class ChatPiece(NamedTuple):
     """One text of a conversation to encode (``mask`` on each of its tokens), led by special
     tokens (``lead``, with their masks); ``last`` ends the conversation ``doc``."""
 
     doc: int
     text: str
     mask: int
-    lead: tuple[int, ...] = ()
-    lead_mask: tuple[int, ...] = ()
+    lead: list[int]
+    lead_mask: list[int]
     last: bool = False
 
 
@@ -142,43 +140,41 @@ class Nanochat:
         t = self.ids
         if found[0]["role"] == "system":  # merged into the first user turn, as nanochat does
             found = [{"role": "user", "content": found[0]["content"] + "\n\n" + found[1]["content"]}, *found[2:]]
-        lead: list[tuple[int, int]] = [(t["bos"], 0)]
+        lead, masks = [t["bos"]], [0]  # the special tokens before the next text, and their masks
         for message in found:
             content = message["content"]
             if message["role"] == "user":
-                yield self._piece(doc, lead + [(t["user_start"], 0)], content, 0)
-                lead = [(t["user_end"], 0)]
+                yield ChatPiece(doc, content, 0, lead + [t["user_start"]], masks + [0])
+                lead, masks = [t["user_end"]], [0]
                 continue
-            lead.append((t["assistant_start"], 0))
+            lead.append(t["assistant_start"])
+            masks.append(0)
             for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
                 if part["type"] == "text":
-                    yield self._piece(doc, lead, part["text"], 1)
-                    lead = []
+                    yield ChatPiece(doc, part["text"], 1, lead, masks)
+                    lead, masks = [], []
                 elif part["type"] == "python":
-                    yield self._piece(doc, lead + [(t["python_start"], 1)], part["text"], 1)
-                    lead = [(t["python_end"], 1)]
+                    yield ChatPiece(doc, part["text"], 1, lead + [t["python_start"]], masks + [1])
+                    lead, masks = [t["python_end"]], [1]
                 else:
-                    yield self._piece(doc, lead + [(t["output_start"], 0)], part["text"], 0)
-                    lead = [(t["output_end"], 0)]
-            lead.append((t["assistant_end"], 1))
-        yield ChatPiece(doc, "", 0, *_split(lead), last=True)
+                    yield ChatPiece(doc, part["text"], 0, lead + [t["output_start"]], masks + [0])
+                    lead, masks = [t["output_end"]], [0]
+            lead.append(t["assistant_end"])
+            masks.append(1)
+        yield ChatPiece(doc, "", 0, lead, masks, last=True)
 
-    @staticmethod
-    def _piece(doc: int, lead: list[tuple[int, int]], text: str, mask: int) -> ChatPiece:
-        return ChatPiece(doc, text, mask, *_split(lead))
-
-    def assemble(self, encoded: list[tuple[ChatPiece, np.ndarray]],
+    def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
         """A conversation's ids (of ``dtype``) and mask from its pieces and their tokens, cut to
         ``max_tokens``; and whether it was cut."""
-        ids = [np.asarray(piece.lead, dtype=dtype) if i % 2 == 0 else tokens.astype(dtype, copy=False)
-               for piece, tokens in encoded for i in (0, 1)]
-        masks = [np.asarray(piece.lead_mask, dtype=MASK_DTYPE) if i % 2 == 0 else
-                 np.full(len(tokens), piece.mask, dtype=MASK_DTYPE) for piece, tokens in encoded for i in (0, 1)]
-        tokens, mask = np.concatenate(ids), np.concatenate(masks)
-        cut = bool(self.max_tokens) and len(tokens) > self.max_tokens
-        return (tokens[:self.max_tokens], mask[:self.max_tokens], True) if cut else (tokens, mask, False)
-
-
-def _split(lead: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(i for i, _ in lead), tuple(m for _, m in lead)
+        ids: list[int] = []
+        mask: list[int] = []
+        for piece, tokens in encoded:
+            ids += piece.lead
+            ids += tokens
+            mask += piece.lead_mask
+            mask += [piece.mask] * len(tokens)
+        cut = bool(self.max_tokens) and len(ids) > self.max_tokens
+        if cut:
+            ids, mask = ids[:self.max_tokens], mask[:self.max_tokens]
+        return np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), cut

@@ -103,3 +103,11 @@ def test_bench_evaluate_compares_with_estimate_loss(prepared, capsys):
     assert [row["run"] for row in figures["rows"]][:2] == ["nanoGPT estimate_loss (batches built)",
                                                            "nanoGPT estimate_loss (get_batch)"]
     assert figures["tokens"] > 0 and all(row["vs built"] > 0 and row["vs get_batch"] > 0 for row in figures["rows"])
+
+
+def test_bench_chat_matches_nanochats_rendering_and_rows(capsys):
+    figures = _figures(capsys, ["chat", "--mb", "0.2", "--block-size", "2048", "--batch-size", "2", "--batches", "5",
+                                "--rounds", "1"])
+    assert figures["identical"] is True and figures["rows_identical"] is True
+    assert figures["prepare_vs_nanochat"] > 0 and figures["rows_vs_nanochat"] > 0 and figures["peak_rss_mb"] > 0
+    assert 0 <= figures["padding"] < 1 and figures["conversations"] > 10

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import make_chats, nanochat_render, nanochat_sft_batches, write_jsonl, write_nanochat_spec
+from helpers import make_chats, write_jsonl, write_nanochat_spec
+from tokpack.bench.chat import nanochat_render, nanochat_sft_batches
 from tokpack.data.layouts import HF, TrainRows
 from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
@@ -132,3 +133,32 @@ def test_a_batch_with_nothing_to_train_on_is_refused(chats, tmp_path):
     data = PackedDocuments(folder, chats[3] + 30, split="train", rows="nanochat-sft")
     with pytest.raises(ValueError, match="holds no target to train on"):
         next(iter(build_loader(data, 2, seed=0)))
+
+
+def test_the_hf_form_is_the_real_flattening_collators_batch_of_masked_conversations(chats):
+    transformers = pytest.importorskip("transformers")
+    folder, _, _, longest = chats
+    tokens = np.fromfile(folder / "train.bin", dtype=np.uint16)
+    mask = np.fromfile(folder / "train.mask", dtype=np.uint8)
+    starts = np.fromfile(folder / "train.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    # A conversation by its tokens, and without its last (x leaves out a row's last token).
+    masks = {tuple(tokens[a:b - cut].tolist()): mask[a:b - cut] for a, b in zip(starts, starts[1:]) for cut in (1, 0)}
+    T = longest + 30
+    hf = PackedDocuments(folder, T, split="train", rows="nanochat-sft", form="hf")
+    rows = PackedDocuments(folder, T, split="train", rows="nanochat-sft")
+    collator = transformers.DataCollatorWithFlattening(return_tensors="pt")
+    padded = 0
+    for batch, reference in zip(itertools.islice(build_loader(hf, 3, seed=0), 4),
+                                itertools.islice(build_loader(rows, 3, seed=0), 4)):
+        x, cu = reference.x.reshape(-1).tolist(), reference.cu_seqlens.tolist()
+        features = []
+        for s, e in zip(cu[:-1], cu[1:]):
+            ids = x[s:e]
+            # A conversation is labelled where it is trained on; a row's padding (all BOS) nowhere.
+            kept = masks.get(tuple(ids), np.zeros(len(ids), dtype=np.uint8))
+            padded += tuple(ids) not in masks
+            features.append({"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, kept)]})
+        expected = collator(features)
+        for key in ("input_ids", "labels", "position_ids"):
+            assert torch.equal(batch[key], expected[key]), key
+    assert padded  # padding rows were compared too

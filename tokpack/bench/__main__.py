@@ -6,6 +6,7 @@
     python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024]
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
     python -m tokpack.bench remote [--mb 32]            # needs tokpack[remote] and moto[server]
+    python -m tokpack.bench chat [--mb 8] [--rss-mb 300]
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result: medians over rounds in which the runs take turns.
@@ -28,6 +29,7 @@ from typing import Any
 
 from ..cli import parser, run_cli
 from ..prepare.run import default_workers
+from .chat import bench_chat
 from .loops import bench_evaluate, bench_loader, bench_open, bench_train
 from .packing import bench_packing, bench_resume
 from .prepare import bench_prepare
@@ -103,6 +105,14 @@ def _add_others(sub: Any) -> None:
     mp = sub.add_parser("remote", help="prepare from moto's S3 server against the same files on disk")
     mp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB (default: 32)")
     mp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    cp = sub.add_parser("chat", help="prepare --chat nanochat and bestfit-pad rows against nanochat's own loops")
+    cp.add_argument("--mb", type=float, default=8.0, help="conversations in MB of jsonl (default: 8)")
+    cp.add_argument("--rss-mb", type=float, default=None,
+                    help="MB of conversations for the peak-RSS run (default: the same); try 300")
+    cp.add_argument("--block-size", type=int, default=2048, help="T (default: 2048, nanochat's)")
+    cp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
+    cp.add_argument("--batches", type=int, default=200, help="batches per run (default: 200)")
+    cp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -149,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.what == "remote":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_remote(Path(tmp), args.mb, args.rounds)
+        elif args.what == "chat":
+            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+                figures = bench_chat(Path(tmp), args.mb, args.rss_mb, args.block_size, args.batch_size,
+                                     args.batches, args.rounds)
         elif args.what == "open":
             with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
                 figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)

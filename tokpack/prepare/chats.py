@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 
 from ..chat import ChatPiece, messages
 from ..corpus import parse_record, records
@@ -52,12 +51,15 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     assert renderer is not None
     enc = plan.enc
 
-    def encode(texts: list[str]) -> list[np.ndarray]:
-        return enc.encode_batch(texts)
+    def encode(texts: list[str]) -> list[list[int]]:
+        # Lists: a conversation is assembled from a handful of short texts, cheaper as lists.
+        if enc.parallel:
+            return [ids.tolist() for ids in enc.encode_batch(texts)]
+        return [enc.encode_ordinary(text) for text in texts]
 
     workers, in_flight = (2, 2) if enc.parallel else (plan.workers, 2 * plan.workers)
     key = document_key(plan.config.seed)
-    held: list[tuple[ChatPiece, np.ndarray]] = []
+    held: list[tuple[ChatPiece, list[int]]] = []
     for piece, tokens in encode_in_order(_pieces(plan, entries, counts), encode, workers, plan.config.piece_chars,
                                          in_flight):
         held.append((piece, tokens))

@@ -1,0 +1,261 @@
+"""``python -m tokpack.bench chat``: conversations prepared and packed, against nanochat's own loops.
+
+    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--block-size 2048] [--batch-size 8]
+
+On synthetic conversations in nanochat's record form (a nanochat tokenizer: gpt2's ranks with
+its nine special tokens): ``prepare --chat nanochat`` against nanochat's loop of
+``render_conversation`` over the same records (a faithful miniature: json per line, tiktoken's
+``encode_ordinary`` per message, as nanochat's tokenizer runs it), ids and masks compared; the
+prepare's peak RSS on ``--rss-mb`` of conversations in a fresh process; and ``bestfit-pad`` batches
+(the loader's, resumable) against nanochat's ``sft_data_generator_bos_bestfit`` on the same
+conversations already rendered, with each one's share of padding. Costs: prepare is O(corpus)
+in time, O(batch) in memory beside one conversation; a row's choice is O(log buffer) where
+nanochat scans its buffer, O(buffer).
+
+See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..chat import NANOCHAT_TOKENS
+from ..cli import table
+from ..tokenizer import load_encoding
+from .timing import interleaved, ratio, ratio_range
+
+WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which this be or "
+         "have not but had they you he she we there been one all would their what so if about can no more "
+         "when who will out up into time only could new some them these than two may first then do any like "
+         "my now over such our man me even most made after also did many before must through back years "
+         "where much your way well down should because each just those people how too little state good very "
+         "make world still own see men work long get here between both life being under never day same another "
+         "know while last might us great old year off come since against go came right used take three").split()
+
+
+def nanochat_tokenizer(folder: Path) -> Path:
+    """A spec file for gpt2's ranks with nanochat's nine special tokens after them (``<|bos|>``
+    first, every document's start): what ``--chat nanochat`` needs, with no training."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gpt2 = load_encoding("gpt2")
+    (folder / "chat.tiktoken").write_bytes(b"".join(base64.b64encode(gpt2.token_bytes(rank)) + b" %d\n" % rank
+                                                   for rank in range(gpt2.eot_token)))
+    specials = "\n".join(f'"{name}" = {gpt2.eot_token + 1 + i}' for i, name in enumerate(NANOCHAT_TOKENS))
+    spec = folder / "chat.toml"
+    spec.write_text(f'ranks = "chat.tiktoken"\npattern = "gpt2"\neot = "<|bos|>"\n[special_tokens]\n{specials}\n')
+    return spec
+
+
+def synthetic_chats(path: Path, megabytes: float, seed: int = 0) -> int:
+    """``megabytes`` of conversations as jsonl (a system message in one of four, one to four turns,
+    a python call in one of five); returns how many."""
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS)
+
+    def text(mean: int) -> str:
+        return " ".join(words[rng.integers(0, len(words), max(1, int(rng.exponential(mean))))])
+
+    count = size = 0
+    with open(path, "w") as out:
+        while size < megabytes * 1e6:
+            messages = [{"role": "system", "content": text(20)}] if count % 4 == 0 else []
+            for _ in range(int(rng.integers(1, 5))):
+                messages.append({"role": "user", "content": text(40)})
+                content: Any = text(120)
+                if count % 5 == 0:
+                    content = [{"type": "text", "text": text(10)}, {"type": "python", "text": "print(6 * 7)"},
+                               {"type": "python_output", "text": "42"}, {"type": "text", "text": text(30)}]
+                messages.append({"role": "assistant", "content": content})
+            line = json.dumps({"messages": messages}) + "\n"
+            out.write(line)
+            count, size = count + 1, size + len(line)
+    return count
+
+
+def nanochat_render(enc: Any, conversation: dict[str, Any], max_tokens: int = 2048) -> tuple[list[int], list[int]]:
+    """A faithful miniature of nanochat's ``RustBPETokenizer.render_conversation``: its special
+    tokens, its system-message merge, its masks, its cut; text by ``encode_ordinary``."""
+    ids, mask = [], []
+
+    def add(tokens, value):
+        tokens = [tokens] if isinstance(tokens, int) else tokens
+        ids.extend(tokens)
+        mask.extend([value] * len(tokens))
+
+    special = enc.specials
+    messages = conversation["messages"]
+    if messages[0]["role"] == "system":
+        messages = copy.deepcopy(messages)
+        messages[1]["content"] = messages[0]["content"] + "\n\n" + messages[1]["content"]
+        messages = messages[1:]
+    add(special["<|bos|>"], 0)
+    for message in messages:
+        content = message["content"]
+        if message["role"] == "user":
+            add(special["<|user_start|>"], 0)
+            add(enc.encode_ordinary(content), 0)
+            add(special["<|user_end|>"], 0)
+            continue
+        add(special["<|assistant_start|>"], 0)
+        for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            value = enc.encode_ordinary(part["text"])
+            if part["type"] == "text":
+                add(value, 1)
+            elif part["type"] == "python":
+                add(special["<|python_start|>"], 1)
+                add(value, 1)
+                add(special["<|python_end|>"], 1)
+            else:
+                add(special["<|output_start|>"], 0)
+                add(value, 0)
+                add(special["<|output_end|>"], 0)
+        add(special["<|assistant_end|>"], 1)
+    return ids[:max_tokens], mask[:max_tokens]
+
+
+def nanochat_sft_batches(enc: Any, dataset: list[Any], B: int, T: int, rank: int = 0, world: int = 1,
+                         buffer_size: int = 100, rendered: bool = False,
+                         counts: dict[str, int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """A faithful miniature of nanochat's ``sft_data_generator_bos_bestfit`` (scripts/chat_sft.py):
+    its cursor, its buffer refilled before every choice, the largest conversation that fits (the
+    first among equals), BOS padding when none fits, targets -1 where the mask is 0 and after a
+    row's content. Yields (inputs, targets) as int64 arrays. ``rendered``: the dataset holds
+    (ids, mask) already; ``counts`` gathers the row tokens and the padding among them."""
+    capacity, bos = T + 1, enc.specials["<|bos|>"]
+    buffer, cursor = [], rank
+    counts = {} if counts is None else counts
+    counts.update(tokens=0, padding=0)
+    while True:
+        rows, mask_rows, lengths = [], [], []
+        for _ in range(B):
+            row, mask_row, padded = [], [], False
+            while len(row) < capacity:
+                while len(buffer) < buffer_size:
+                    buffer.append(dataset[cursor] if rendered else nanochat_render(enc, dataset[cursor]))
+                    cursor += world
+                    if cursor >= len(dataset):
+                        cursor %= len(dataset)
+                remaining = capacity - len(row)
+                best, best_len = -1, 0
+                for i, (conv, _) in enumerate(buffer):
+                    if best_len < len(conv) <= remaining:
+                        best, best_len = i, len(conv)
+                if best >= 0:
+                    conv, conv_mask = buffer.pop(best)
+                    row.extend(conv)
+                    mask_row.extend(conv_mask)
+                else:
+                    content = len(row)
+                    counts["padding"] += remaining
+                    row.extend([bos] * remaining)
+                    mask_row.extend([0] * remaining)
+                    padded = True
+                    break
+            counts["tokens"] += capacity
+            lengths.append(content if padded else capacity)
+            rows.append(row[:capacity])
+            mask_rows.append(mask_row[:capacity])
+        batch = np.array(rows, dtype=np.int64)
+        inputs, targets = batch[:, :-1], batch[:, 1:].copy()
+        targets[np.array(mask_rows)[:, 1:] == 0] = -1
+        for i, content in enumerate(lengths):
+            if content < capacity:
+                targets[i, content - 1:] = -1
+        yield inputs, targets
+
+
+def _prepare(source: Path, out: Path, spec: Path, max_tokens: int = 2048) -> dict[str, Any]:
+    """``prepare --chat nanochat`` in a fresh process, as the command runs: its stats (peak RSS)."""
+    code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
+            "from tokpack.prepare.run import fix_mmap_threshold; fix_mmap_threshold(); "
+            "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], encoding=sys.argv[3], "
+            "chat='nanochat', max_tokens=int(sys.argv[4]), quiet=True, force=True)); print(json.dumps(r['stats']))")
+    done = subprocess.run([sys.executable, "-c", code, str(source), str(out), str(spec), str(max_tokens)],
+                          check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:
+    """A prepared split's conversations: (ids, mask) each, in stored order."""
+    tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+    mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
+    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
+
+
+def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
+               batches: int, rounds: int) -> dict[str, Any]:
+    from ..data.loader import build_loader
+    from ..data.packing import PackedDocuments
+    from ..prepare import PrepareConfig, prepare
+
+    spec, source = nanochat_tokenizer(tmp / "tok"), tmp / "chats.jsonl"
+    count = synthetic_chats(source, megabytes)
+    enc, out = load_encoding(str(spec)), tmp / "out"
+
+    def nanochat_loop() -> list[tuple[list[int], list[int]]]:
+        with open(source) as f:
+            return [nanochat_render(enc, json.loads(line)) for line in f]
+
+    def ours() -> None:
+        prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), encoding=str(spec), chat="nanochat",
+                              quiet=True, force=True))
+
+    times = interleaved({"tokpack.prepare --chat nanochat": ours, "nanochat render_conversation": nanochat_loop},
+                        rounds)
+    found = _documents(out, "train") + _documents(out, "val")
+    identical = sorted(found) == sorted(nanochat_loop())
+    train, T, B = _documents(out, "train"), block_size, batch_size
+    dataset = PackedDocuments(out, T, split="train", rows="nanochat-sft", ignore_index=-1)
+    counts: dict[str, int] = {}
+
+    def rows_ours() -> None:
+        for _ in itertools.islice(build_loader(dataset, B, seed=0), batches):
+            pass
+
+    def rows_nanochat() -> None:
+        for _ in itertools.islice(nanochat_sft_batches(enc, train, B, T, rendered=True, counts=counts), batches):
+            pass
+
+    row_times = interleaved({"bestfit-pad batches": rows_ours, "nanochat sft loop": rows_nanochat}, rounds)
+    same_rows = all(np.array_equal(b.x.numpy(), x) and np.array_equal(b.y.numpy(), y) for b, (x, y) in zip(
+        itertools.islice(build_loader(dataset, B, seed=0), batches),
+        nanochat_sft_batches(enc, train, B, T, rendered=True)))
+    padding = 1 - dataset.stats(batches * B, shuffle=False)["utilisation"]
+    rss_source = source
+    if rss_megabytes:
+        rss_source = tmp / "rss.jsonl"
+        synthetic_chats(rss_source, rss_megabytes, seed=1)
+    rss = _prepare(rss_source, tmp / "rss-out", spec)["peak_rss_mb"]
+    return _report(times, row_times, count, megabytes, identical, same_rows, padding,
+                   counts["padding"] / max(1, counts["tokens"]), dataset.long_documents, rss,
+                   rss_megabytes or megabytes)
+
+
+def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,
+            identical: bool, same_rows: bool, padding: float, nanochat_padding: float, long: int, rss: float,
+            rss_megabytes: float) -> dict[str, Any]:
+    prepare_speed = ratio(times, "tokpack.prepare --chat nanochat", "nanochat render_conversation")
+    rows_speed = ratio(row_times, "bestfit-pad batches", "nanochat sft loop")
+    print(table([{"run": name, "seconds": min(t)} for name, t in {**times, **row_times}.items()], ["run", "seconds"]))
+    spread = ratio_range(times, "tokpack.prepare --chat nanochat", "nanochat render_conversation")
+    print(f"prepare --chat nanochat: {prepare_speed:.2f}x nanochat's render_conversation loop on {count:,} "
+          f"conversations ({megabytes:g} MB; rounds {spread}); ids and masks identical: {identical}")
+    print(f"bestfit-pad batches: {rows_speed:.2f}x nanochat's SFT loop (rounds "
+          f"{ratio_range(row_times, 'bestfit-pad batches', 'nanochat sft loop')}); batches identical: {same_rows}; "
+          f"padding {padding:.1%} (nanochat {nanochat_padding:.1%}), conversations longer than a row {long}")
+    print(f"prepare --chat nanochat peak RSS on {rss_megabytes:g} MB of conversations (own process): {rss:.0f} MB")
+    return {"prepare_vs_nanochat": round(prepare_speed, 3), "identical": identical,
+            "rows_vs_nanochat": round(rows_speed, 3), "rows_identical": same_rows,
+            "padding": round(padding, 4), "nanochat_padding": round(nanochat_padding, 4),
+            "long_conversations": long, "conversations": count, "peak_rss_mb": rss, "rss_mb_of_chats": rss_megabytes}
