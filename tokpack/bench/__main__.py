@@ -38,11 +38,16 @@ from .timing import machine
 from .tokenizer import bench_tokenizer
 
 
+def _sizes(p: Any, mb: float, what: str, try_rss: str) -> None:
+    """--mb (``what``) and --rss-mb, the size of the corpus whose peak RSS is read in a fresh process."""
+    p.add_argument("--mb", type=float, default=mb, help=f"{what} (default: {mb:g})")
+    p.add_argument("--rss-mb", type=float, default=None,
+                   help=f"the same in MB for the peak-RSS run (default: the same corpus); try {try_rss}")
+
+
 def _add_prepare(sub: Any) -> None:
     pp = sub.add_parser("prepare", help="tokpack.prepare against raw tiktoken")
-    pp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB for the throughput runs (default: 32)")
-    pp.add_argument("--rss-mb", type=float, default=None,
-                    help="corpus size in MB for the peak-RSS run (default: the same corpus); try 1024")
+    _sizes(pp, 32.0, "corpus size in MB for the throughput runs", "1024")
     pp.add_argument("--workers", type=int, default=0, help="threads (default: 0, every core)")
     pp.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     pp.add_argument("--no-peers", action="store_true", help="skip the installed peers (default: run them)")
@@ -106,9 +111,7 @@ def _add_others(sub: Any) -> None:
     mp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB (default: 32)")
     mp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     cp = sub.add_parser("chat", help="prepare --chat nanochat and bestfit-pad rows against nanochat's own loops")
-    cp.add_argument("--mb", type=float, default=8.0, help="conversations in MB of jsonl (default: 8)")
-    cp.add_argument("--rss-mb", type=float, default=None,
-                    help="MB of conversations for the peak-RSS run (default: the same); try 300")
+    _sizes(cp, 8.0, "conversations in MB of jsonl", "300")
     cp.add_argument("--block-size", type=int, default=2048, help="T (default: 2048, nanochat's)")
     cp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
     cp.add_argument("--batches", type=int, default=200, help="batches per run (default: 200)")
