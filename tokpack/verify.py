@@ -1,10 +1,13 @@
 """Prove that a prepared folder is whole and consistent with its meta.json.
 
     python -m tokpack.verify data/sample      # exit 0 when whole, 1 with the reason otherwise
+    python -m tokpack.verify s3://bucket/edu  # a remote folder, streamed: the same checks
 
-Checks, per split: every token file's size and sha256 against meta.json (a flat .bin, or llm.c
-shards with their headers), the token counts, every id below n_vocab, and the document index
-(count, first offset 0, strictly increasing, inside the split).
+Checks, per split, through the folder's verbs (``tokpack.storage.folder``), so a local and a
+remote folder are checked alike: every token file's size (and llm.c header) before any byte is
+read, then its sha256 and every id below n_vocab; the token counts; the document index (count,
+first offset 0, strictly increasing, inside the split); Megatron's index naming the same
+documents; a loss mask's size, sha256, values and count of 1s. O(folder bytes), read once.
 
 See docs/formats.md.
 """

@@ -1,11 +1,12 @@
-"""On-disk format: flat token files, document indexes, meta.json, and llm.c shards.
+"""On-disk format: every name tokpack gives a file, meta.json's and the records' schemas, llm.c's header.
 
     python -c "from tokpack.format import read_meta; print(read_meta('data/sample'))"
 
 A prepared folder holds ``train.bin`` / ``val.bin`` (flat token ids, no header, nanoGPT's
-format), ``train.idx`` / ``val.idx`` (little-endian uint64 start offset of every document) and
-``meta.json``, which names the dtype so no reader guesses it. ``meta.json`` is written last, so a
-folder without it is incomplete.
+format), ``train.idx`` / ``val.idx`` (little-endian uint64 start offset of every document), with
+``--chat`` ``train.mask`` / ``val.mask`` (a byte a token), and ``meta.json``, which names the dtype
+so no reader guesses it. ``meta.json`` is written last, so a folder without it is incomplete.
+Megatron's index is ``tokpack.format.megatron``.
 
 See docs/formats.md.
 """
