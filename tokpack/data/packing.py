@@ -596,7 +596,9 @@ class PackedDocuments(Dataset):
         ``kept`` (B, T + 1) leaves out: x position p predicts the row's token p + 1. A batch left
         with no target at all is refused: its loss would be NaN."""
         B, T = kept.shape[0], kept.shape[1] - 1
-        masked = np.union1d(masked, np.flatnonzero(kept[:, 1:].reshape(-1) == 0))
+        ignored = kept[:, 1:].reshape(-1) == 0  # a boolean pass, where a set union sorted B * T positions
+        ignored[masked] = True
+        masked = np.flatnonzero(ignored)
         if len(masked) == B * T:
             raise ValueError(f"a batch of {B} rows of {self.split.describe()} holds no target to train on (its "
                              "conversations' masks are 0 throughout), so its loss would be NaN; prepare the "
