@@ -14,7 +14,6 @@ unbroken run gives. Memory: O(buffer_size) beside the document index; a batch's 
 O(B * T). See docs/packing.md.
 """
 
-
 from __future__ import annotations
 
 import collections

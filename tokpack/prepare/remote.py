@@ -11,7 +11,6 @@ others' files is refused without ``--force``. Everything goes through the folder
 (``tokpack.storage.folder``). See docs/prepare.md ("Publishing to object storage").
 """
 
-
 from __future__ import annotations
 
 import errno

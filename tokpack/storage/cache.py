@@ -14,7 +14,6 @@ where the split fits, once per pass in order through a smaller limit, and one ha
 a process opens. See docs/loading.md ("Prepared folders in object storage").
 """
 
-
 from __future__ import annotations
 
 import contextlib
