@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import nanochat_render
+from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe
 from tokpack.prepare import PrepareConfig, prepare
@@ -165,8 +167,6 @@ def _rehash(folder, name):
 @pytest.mark.parametrize("damage,reason", [("value", "holds value 7"), ("flip", "trains on"),
                                            ("cut", "bytes but meta.json records")])
 def test_verify_checks_the_mask(chat_folder, tmp_path, damage, reason):
-    import shutil
-
     folder = tmp_path / "copy"
     shutil.copytree(chat_folder, folder)
     mask = bytearray((folder / "val.mask").read_bytes())
@@ -187,3 +187,23 @@ def test_inspect_shows_which_tokens_are_trained_on(chat_folder):
     meta = read_meta(chat_folder)
     assert f"{meta['splits']['train']['supervised']:,} of" in line
     assert "\u2591" in line and line.count("\u2591") < 300  # some tokens trained on, some not
+
+
+@pytest.mark.parametrize("hostile", ["link", "named outside"])
+def test_a_hostile_mask_is_refused_by_the_readers(chat_folder, tmp_path, hostile):
+    folder = tmp_path / "copy"
+    shutil.copytree(chat_folder, folder)
+    if hostile == "link":  # the same bytes, but outside the folder: a reader never follows it
+        outside = tmp_path / "outside.mask"
+        shutil.move(folder / "val.mask", outside)
+        (folder / "val.mask").symlink_to(outside)
+        reason = "val.mask is not the plain file"
+    else:
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["splits"]["val"]["mask"]["file"] = "../outside.mask"
+        (folder / "meta.json").write_text(json.dumps(meta))
+        reason = "not the name of a file tokpack writes"
+    with pytest.raises(ValueError, match=reason):
+        TokenWindows(folder, 16, split="val")
+    with pytest.raises(VerifyError):
+        verify_folder(folder)
