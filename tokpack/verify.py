@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,14 +37,31 @@ class VerifyError(Exception):
     """A prepared folder that is not whole; the message says what and where."""
 
 
-def check_entry(folder: Folder, entry: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
-                n_vocab: int = 0) -> int:
-    """A file of ``folder`` against its entry in meta.json (or a unit record): its size and sha256
-    and, for a token file (``dtype`` given), every id below ``n_vocab``: one streaming read in
-    fixed blocks, so memory does not grow with the file."""
-    _sized(folder, entry)
+# A check of each block of a file as it streams by: (its values' bytes, where they start, the
+# file as messages name it); it raises VerifyError.
+BlockCheck = Callable[[bytes, int, str], None]
+
+
+def check_entry(folder: Folder, entry: FileEntry, each: BlockCheck | None = None, offset: int = 0,
+                size_checked: bool = False) -> None:
+    """A file of ``folder`` against its entry in meta.json (or a unit record): its size (unless
+    ``size_checked`` already) and sha256, and ``each`` block's values after ``offset`` header
+    bytes: one streaming read in fixed blocks, so memory does not grow with the file."""
+    if not size_checked:
+        _sized(folder, entry)
     with folder.open(entry["file"]) as f:
-        return check_stream(f, f"{folder.where}/{entry['file']}", entry, dtype, offset, n_vocab)
+        check_stream(f, f"{folder.where}/{entry['file']}", entry, each, offset)
+
+
+def check_tokens(folder: Folder, entry: FileEntry, dtype: np.dtype, offset: int, n_vocab: int,
+                 size_checked: bool = False) -> None:
+    """``check_entry`` of a token file: every id below ``n_vocab``."""
+    def ids(body: bytes, at: int, where: str) -> None:
+        top = int(np.frombuffer(body, dtype=dtype).max())
+        if top >= n_vocab:
+            raise VerifyError(f"{where} holds id {top} near byte {at}, n_vocab is {n_vocab}")
+
+    check_entry(folder, entry, ids, offset, size_checked)
 
 
 def _sized(folder: Folder, entry: FileEntry) -> int:
@@ -61,13 +78,11 @@ def _sized(folder: Folder, entry: FileEntry) -> int:
     return size
 
 
-def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | None = None, offset: int = 0,
-                 n_vocab: int = 0) -> int:
-    """``check_entry`` of an open stream; returns how many of its values are not 0. A block is
-    hashed in a thread while the next is read and its ids checked: sha256 is the slow part, and
-    it lets go of the GIL."""
+def check_stream(f: BinaryIO, where: str, info: FileEntry, each: BlockCheck | None = None, offset: int = 0) -> None:
+    """``check_entry`` of an open stream. A block is hashed in a thread while the next is read and
+    checked: sha256 is the slow part, and it lets go of the GIL."""
     digest = hashlib.sha256()
-    done = nonzero = 0
+    done = 0
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-verify") as hashing:
         hashed: Future[None] | None = None
         while chunk := f.read(CHUNK_BYTES):
@@ -79,15 +94,8 @@ def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | Non
             else:
                 hashed = hashing.submit(digest.update, chunk)
             body = chunk[max(offset - done, 0):]
-            if dtype is not None and body:
-                values = np.frombuffer(body, dtype=dtype)
-                top = int(values.max())
-                if top >= n_vocab:
-                    limit = "a mask holds 0 and 1" if dtype == MASK_DTYPE else f"n_vocab is {n_vocab}"
-                    raise VerifyError(f"{where} holds {'value' if dtype == MASK_DTYPE else 'id'} {top} near byte "
-                                      f"{done}, {limit}")
-                if dtype == MASK_DTYPE:
-                    nonzero += int(np.count_nonzero(values))
+            if each is not None and body:
+                each(body, done, where)
             done += len(chunk)
         if hashed is not None:
             hashed.result()
@@ -95,24 +103,24 @@ def check_stream(f: BinaryIO, where: str, info: FileEntry, dtype: np.dtype | Non
         raise VerifyError(f"{where} is {done} bytes, meta.json says {info['bytes']}")
     if digest.hexdigest() != info["sha256"]:
         raise VerifyError(f"{where} has sha256 {digest.hexdigest()}, meta.json says {info['sha256']}")
-    return nonzero
 
 
 def check_index(folder: Folder, entry: FileEntry, documents: int, tokens: int, what: str) -> None:
-    """A document index: its size and sha256, then, streamed, ``documents`` starts, from 0,
+    """A document index, read once: its size and sha256, and ``documents`` starts, from 0,
     strictly increasing, below ``tokens`` (``what`` names the tokens in messages)."""
-    check_entry(folder, entry)
+    seen = [0, -1]  # starts read so far, the last of them
+
+    def increasing(body: bytes, at: int, where: str) -> None:
+        starts = np.frombuffer(body, dtype=INDEX_DTYPE).astype(np.int64)
+        if (seen[0] == 0 and starts[0] != 0) or starts[0] <= seen[1] or (np.diff(starts) <= 0).any():
+            raise VerifyError(f"{where} is not a strictly increasing list of offsets inside {what}")
+        seen[:] = seen[0] + len(starts), int(starts[-1])
+
+    check_entry(folder, entry, increasing)
     where = f"{folder.where}/{entry['file']}"
-    count, last = 0, -1
-    with folder.open(entry["file"]) as f:
-        while chunk := f.read(CHUNK_BYTES):
-            starts = np.frombuffer(chunk, dtype=INDEX_DTYPE).astype(np.int64)
-            if (count == 0 and starts[0] != 0) or starts[0] <= last or (np.diff(starts) <= 0).any():
-                raise VerifyError(f"{where} is not a strictly increasing list of offsets inside {what}")
-            count, last = count + len(starts), int(starts[-1])
-    if count != documents:
-        raise VerifyError(f"{where} lists {count} documents, meta.json says {documents}")
-    if last >= tokens:
+    if seen[0] != documents:
+        raise VerifyError(f"{where} lists {seen[0]} documents, meta.json says {documents}")
+    if seen[1] >= tokens:
         raise VerifyError(f"{where} is not a strictly increasing list of offsets inside {what}")
 
 
@@ -152,14 +160,21 @@ def _check_megatron(folder: Folder, info: SplitInfo, itemsize: int) -> None:
 
 
 def _check_mask(folder: Folder, info: SplitInfo) -> None:
-    """A loss mask: one byte a token, each 0 or 1, as many 1s as meta.json's supervised count."""
+    """A loss mask (one byte a token: parse_meta checked its size): each value 0 or 1, as many 1s
+    as meta.json's supervised count."""
+    ones = [0]
+
+    def binary(body: bytes, at: int, where: str) -> None:
+        values = np.frombuffer(body, dtype=MASK_DTYPE)
+        top = int(values.max())
+        if top > 1:
+            raise VerifyError(f"{where} holds value {top} near byte {at}, a mask holds 0 and 1")
+        ones[0] += int(np.count_nonzero(values))
+
     entry = info["mask"]
-    if entry["bytes"] != info["tokens"]:
-        raise VerifyError(f"{folder.where}/{entry['file']} is {entry['bytes']} bytes for {info['tokens']} tokens; a "
-                          "mask holds one byte a token")
-    ones = check_entry(folder, entry, MASK_DTYPE, 0, 2)
-    if ones != info["supervised"]:
-        raise VerifyError(f"{folder.where}/{entry['file']} trains on {ones} tokens, meta.json says "
+    check_entry(folder, entry, binary)
+    if ones[0] != info["supervised"]:
+        raise VerifyError(f"{folder.where}/{entry['file']} trains on {ones[0]} tokens, meta.json says "
                           f"{info['supervised']}")
 
 
@@ -185,8 +200,8 @@ def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = N
         if total != info["tokens"]:
             raise VerifyError(f"{name} should hold {info['tokens']} {dtype} tokens, its files hold {total}")
     for name, info in meta["splits"].items():
-        for entry in split_files(info):
-            check_entry(where, entry, dtype, token_offset(meta), n_vocab)
+        for entry in split_files(info):  # sized above
+            check_tokens(where, entry, dtype, token_offset(meta), n_vocab, size_checked=True)
         check_index(where, info["idx"], info["documents"], info["tokens"],
                     f"the {name} split ({info['tokens']} tokens)")
         if "megatron_idx" in info:

@@ -43,7 +43,7 @@ from ..format import (IDX_NAME, MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, S
 from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
-from ..verify import VerifyError, check_entry, check_index
+from ..verify import VerifyError, check_index, check_tokens
 from .cluster import Entry, share_of
 from .chats import chat_counts, tokenize_chats
 from .config import LLMC_SHARD_TOKENS, Plan
@@ -110,7 +110,7 @@ def _check_files(plan: Plan, record: UnitRecord) -> None:
     offset = SHARD_HEADER_BYTES if plan.config.format == "llmc" else 0
     for part in record["splits"].values():
         for entry in part["info"]["shards"]:
-            check_entry(folder, entry, plan.dtype, offset, plan.enc.n_vocab)
+            check_tokens(folder, entry, plan.dtype, offset, plan.enc.n_vocab)
         check_index(folder, part["idx"], part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
 
 
