@@ -18,18 +18,17 @@ import numpy as np
 
 from .cli import parser, run_cli
 from .format import Meta, split_files, token_offset
-from .storage.folder import as_folder, published
+from .storage.folder import Folder, as_folder, published
 from .tokenizer import folder_encoding
 
 
 Reader = Callable[[int, int], list[int]]  # (first token, count) -> the ids of one file
 
 
-def _files(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
+def _files(where: Folder, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
     """A folder's meta.json and a reader of each of ``split``'s files: a peek reads the peek's
     bytes alone, from a local file or in one range request, once every file is found at its size
     (O(files) stats or requests)."""
-    where = as_folder(folder)
     meta, _ = published(where)
     if split not in meta["splits"]:
         raise ValueError(f"split {split!r} is not in {where.where}; choose one of {', '.join(meta['splits'])}")
@@ -39,7 +38,7 @@ def _files(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader
         for entry in split_files(info):
             if where.size(entry["file"]) != entry["bytes"]:
                 raise ValueError(f"{where.where}/{entry['file']} is not the {entry['bytes']:,} bytes meta.json "
-                                 f"records; python -m tokpack.verify {folder} says more")
+                                 f"records; python -m tokpack.verify {where.where} says more")
 
     def reader(name: str) -> Reader:
         def read(lo: int, n: int) -> list[int]:
@@ -47,7 +46,7 @@ def _files(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader
             data = where.read(name, start, start + n * dtype.itemsize)
             if len(data) != n * dtype.itemsize:
                 raise ValueError(f"{where.where}/{name} ends before the {n} tokens at {lo} that meta.json records; "
-                                 f"python -m tokpack.verify {folder} says more")
+                                 f"python -m tokpack.verify {where.where} says more")
             return np.frombuffer(data, dtype=dtype).tolist()
         return read
 
@@ -58,7 +57,8 @@ def _files(folder: str | Path, split: str) -> tuple[Meta, list[tuple[int, Reader
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
     """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``, of a
     local folder or a remote one (its URL): meta.json and the peek's bytes alone are read."""
-    meta, files = _files(folder, split)
+    where = as_folder(folder)
+    meta, files = _files(where, split)
     enc_info = meta["encoding"]
     lines = [
         f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "
@@ -88,7 +88,7 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     lines.append(f"decoded: {enc.decode(ids)!r}")
     info = meta["splits"][split]
     if "mask" in info:  # a split of conversations: which of the peek's tokens are trained on
-        mask = as_folder(folder).read(info["mask"]["file"], at, at + len(ids))
+        mask = where.read(info["mask"]["file"], at, at + len(ids))
         trained = "".join(enc.decode([i]) if m else "\u2591" for i, m in zip(ids, mask))
         lines.append(f"trained on ({info['supervised']:,} of {info['tokens']:,} tokens of {split}; \u2591 = not): "
                      f"{trained!r}")

@@ -287,8 +287,9 @@ class PackedDocuments(Dataset):
         order, self.lengths = self._order(lengths)
         self._mask_files: OpenedFiles | None = None
         self.long_policy = train.long_documents
-        self.long_documents = int((self.lengths > T + 1).sum())  # what bestfit-pad crops or drops
-        skip = self._check_long(train)
+        long = np.flatnonzero(self.lengths > T + 1)
+        self.long_documents = len(long)  # what bestfit-pad crops or drops
+        skip = self._check_long(train, long)
         self.packer = Packer(self.packing, T + 1, self.max_doc_len, self.buffer_size, order, skip)
         self.default_collate_fn = collate_packed
         self.compact = False  # set on the copy a loader's workers read: they send PackedRows
@@ -343,12 +344,11 @@ class PackedDocuments(Dataset):
                                  "or shard_end='continue'")
         return Order(self.ranks, self.refill, groups, files), lengths
 
-    def _check_long(self, train: TrainRows) -> frozenset[int]:
-        """Say how many documents bestfit-pad crops or drops, and return those it leaves out
-        although cropping: a conversation whose first row of tokens trains on nothing (its mask
-        read for those alone, O(their tokens)), which would make a row with no loss. Refuse to
-        leave every document out."""
-        long = np.flatnonzero(self.lengths > self.block_size + 1)
+    def _check_long(self, train: TrainRows, long: np.ndarray) -> frozenset[int]:
+        """Say how many documents (``long``, those longer than a row) bestfit-pad crops or drops,
+        and return those it leaves out although cropping: a conversation whose first row of tokens
+        trains on nothing (its mask read for those alone, O(their tokens)), which would make a row
+        with no loss. Refuse to leave every document out."""
         if train.packing != Packing.BESTFIT_PAD or not len(long):
             return frozenset()
         width, mask, skip = self.block_size + 1, self._masks(), frozenset()

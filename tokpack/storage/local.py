@@ -24,6 +24,7 @@ from typing import BinaryIO
 from ..format import LOCK_NAME, META_NAME, TMP_SUFFIX, UNIT_INDEX_GLOB, UNIT_RECORD_GLOB, plain_name
 from . import Missing
 
+
 def tmp_path(path: Path) -> Path:
     """Where ``path`` is written before the rename that publishes it: unique to this process."""
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
@@ -52,8 +53,6 @@ def replacing(path: Path) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
 
 
 def remove_own(path: Path) -> bool:
