@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 
-from ..chat import ChatPiece, messages
+from ..chat import ChatPiece, Nanochat, messages
 from ..corpus import parse_record, records
 from ..tokenizer import encode_in_order
 from .cluster import Entry
@@ -27,9 +27,7 @@ from .holdout import document_hash, document_key
 from .writers import SplitWriter
 
 
-def _pieces(plan: Plan, entries: list[Entry], counts: dict[str, int]) -> Iterator[ChatPiece]:
-    renderer = plan.chat
-    assert renderer is not None
+def _pieces(plan: Plan, renderer: Nanochat, entries: list[Entry], counts: dict[str, int]) -> Iterator[ChatPiece]:
     for where, value in records(entries):
         try:
             found = messages(parse_record(value, where, plan.read.errors), where)
@@ -57,11 +55,11 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
             return [ids.tolist() for ids in enc.encode_batch(texts)]
         return [enc.encode_ordinary(text) for text in texts]
 
-    workers, in_flight = (2, 2) if enc.parallel else (plan.workers, 2 * plan.workers)
+    workers, in_flight = plan.encoding_threads()
     key = document_key(plan.config.seed)
     held: list[tuple[ChatPiece, list[int]]] = []
-    for piece, tokens in encode_in_order(_pieces(plan, entries, counts), encode, workers, plan.config.piece_chars,
-                                         in_flight):
+    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, counts), encode, workers,
+                                         plan.config.piece_chars, in_flight):
         held.append((piece, tokens))
         if not piece.last:
             continue

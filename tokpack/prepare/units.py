@@ -268,8 +268,9 @@ def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
     writers: dict[str, SplitWriter] = {}
     try:
         for s in SPLITS:
+            index = UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s)
             writers[s] = SplitWriter(plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
-                                     UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s),
+                                     index,
                                      f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "",
                                      masked=plan.chat is not None)
     except BaseException:
@@ -297,14 +298,9 @@ def _documents(plan: Plan, entries: list[Entry]) -> Iterator[Iterator[str]]:
 
 
 def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarray]]:
-    """Every piece of ``entries`` with its tokens, in order. An encoder that threads itself gets
-    batches of one piece's size from two threads: while one batch's last documents keep a few of
-    its threads busy, the other batch fills the rest (from one thread, that tail left cores idle:
-    tokenizers' path ran 8 % slower); larger batches held more text at no gain. Any other runs in
-    ``plan.workers`` threads, two batches in flight each."""
-    enc, piece_chars = plan.enc, plan.config.piece_chars
-    workers, batch_chars, in_flight = ((2, piece_chars, 2) if enc.parallel
-                                       else (plan.workers, piece_chars, 2 * plan.workers))
+    """Every piece of ``entries`` with its tokens, in order, in ``plan.encoding_threads()``."""
+    enc = plan.enc
+    workers, in_flight = plan.encoding_threads()
 
     def encode(texts: list[str]) -> list[np.ndarray]:
         # Ids already of the stored width (uint32 ones) are written as they come: a copy of each
@@ -312,7 +308,8 @@ def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarr
         return [ids.astype(plan.dtype, copy=False) for ids in enc.encode_batch(texts)]
 
     cut = safe_cut if enc.can_cut else None
-    return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, batch_chars, in_flight)
+    piece_chars = plan.config.piece_chars  # the batches too: see Plan.encoding_threads
+    return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, piece_chars, in_flight)
 
 
 def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter]) -> UnitRecord:
