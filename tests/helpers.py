@@ -413,3 +413,34 @@ def write_jsonl(path: Path, records: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+          "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+          "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def write_chat_tokenizer(folder: Path, template: str | None = CHATML,
+                         specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")) -> Path:
+    """GPT-2's BPE with ``specials`` added, and a tokenizer_config.json holding ``template`` (as a
+    model on the hub has them): a folder transformers' AutoTokenizer and tokpack both load."""
+    from tokenizers import Tokenizer
+
+    write_gpt2_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(list(specials))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": specials[-1]}
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:
+    """(ids, mask) of each conversation of a flat chat folder's split, in stored order."""
+    tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+    mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
+    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]

@@ -1,5 +1,5 @@
 """A unit of conversations (``--chat``): records read, checked, rendered, encoded and written
-with their loss masks, each conversation to the split its text's hash chooses.
+with their loss masks, each conversation to the split its messages' hash chooses.
 
     python -m tokpack.prepare chats.jsonl --chat nanochat --encoding tok/tokenizer.json
 
@@ -14,11 +14,11 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
-
-from ..chat import ChatPiece, Nanochat, messages
+from ..chat import ChatPiece, ChatRenderer, messages
 from ..corpus import parse_record, records
 from ..tokenizer import encode_in_order
 from .cluster import Entry
@@ -27,16 +27,24 @@ from .holdout import document_hash, document_key
 from .writers import SplitWriter
 
 
-def _pieces(plan: Plan, renderer: Nanochat, entries: list[Entry], counts: dict[str, int]) -> Iterator[ChatPiece]:
+def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], counts: dict[str, int],
+            splits: dict[int, str]) -> Iterator[ChatPiece]:
+    """Each conversation's pieces; ``splits`` gains its split, by the hash of its messages (so the
+    same whatever the tokenizer or rendering)."""
+    key = document_key(plan.config.seed)
     for where, value in records(entries):
         try:
             found = messages(parse_record(value, where, plan.read.errors), where)
+            pieces = renderer.pieces(found, counts["conversations"], where)
         except ValueError:
             if not plan.config.skip_bad:
                 raise
             counts["skipped"] += 1
             continue
-        yield from renderer.pieces(found, counts["conversations"])
+        digest = document_hash(key)
+        digest.update(json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass"))
+        splits[counts["conversations"]] = "val" if plan.holdout.is_val(digest.digest()) else "train"
+        yield from pieces
         counts["conversations"] += 1
 
 
@@ -56,28 +64,24 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
         return [enc.encode_ordinary(text) for text in texts]
 
     workers, in_flight = plan.encoding_threads()
-    key = document_key(plan.config.seed)
+    splits: dict[int, str] = {}
     held: list[tuple[ChatPiece, list[int]]] = []
-    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, counts), encode, workers,
+    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, counts, splits), encode, workers,
                                          plan.config.piece_chars, in_flight):
         held.append((piece, tokens))
         if not piece.last:
             continue
         ids, mask, cut = renderer.assemble(held, plan.dtype)
+        split = only or splits.pop(piece.doc)
+        held = []
         counts["cropped"] += cut
         if not mask.any():  # cut before its first trained token: a row of it would have no loss
             counts["unsupervised"] += 1
-            held = []
             continue
-        digest = document_hash(key)
-        for part, _ in held:  # the split goes by the conversation's text, whatever the tokenizer
-            digest.update(part.text.encode("utf-8", "surrogatepass") + b"\0")
-        split = only or ("val" if plan.holdout.is_val(digest.digest()) else "train")
         writer = writers[split]
         writer.start_document(len(ids))
         writer.write(ids, mask)
         writer.end_document()
-        held = []
 
 
 CHAT_COUNTS = ("conversations", "skipped", "cropped", "unsupervised")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..chat import Nanochat, Renderer
+from ..chat import ChatRenderer, Renderer
 from ..corpus import ReadOptions
 from ..options import default_of, option
 from ..storage import is_url
@@ -36,7 +36,7 @@ FORMATS = ("flat", "llmc", "megatron")
 # The options that change the output: meta.json records them, and a rerun's units must match them.
 OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
                   "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "shard_boundary", "unit_mb")
-CHAT_OPTIONS = ("chat", "max_tokens", "skip_bad")
+CHAT_OPTIONS = ("chat", "chat_template", "max_tokens", "skip_bad")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,11 @@ class PrepareConfig:
                                  ("auto", "document", "token"))
     chat: str = option("none", "read the inputs (.jsonl or .parquet) as conversations ('messages', or TRL's 'prompt' "
                        "and 'completion') and write a loss mask a token beside the tokens (SPLIT.mask): nanochat "
-                       "renders them as nanochat does, with its special tokens", tuple(Renderer))
+                       "renders them as nanochat does, with its special tokens; template with the tokenizer's own "
+                       "chat template, as transformers does", tuple(Renderer))
+    chat_template: str | None = option(None, "with --chat template, the template: a .jinja file, or a "
+                                       "tokenizer_config.json that holds one (default: the tokenizer's own, "
+                                       "chat_template.jinja or tokenizer_config.json beside its tokenizer.json)")
     max_tokens: int = option(2048, "with --chat, a conversation's tokens at most, the rest cut (nanochat's 2048); "
                              "0 keeps every token")
     skip_bad: bool = option(False, "with --chat, leave out a record that is not a valid conversation, counted in "
@@ -167,6 +171,9 @@ class PrepareConfig:
         """Conversations are written flat, by one process, each starting with its own BOS."""
         if self.chat not in tuple(Renderer):
             raise ValueError(f"--chat {self.chat!r} is not one of {', '.join(Renderer)}")
+        if self.chat_template is not None and self.chat != Renderer.TEMPLATE:
+            raise ValueError(f"--chat-template {self.chat_template} applies to --chat template; pass it, or drop "
+                             "--chat-template")
         if self.chat == Renderer.NONE:
             for name in ("max_tokens", "skip_bad"):
                 if getattr(self, name) != default_of(PrepareConfig, name):
@@ -212,7 +219,7 @@ class Plan:
     started: float
     holdout: Holdout  # the val rule
     read: ReadOptions
-    chat: Nanochat | None = None  # how conversations are rendered (--chat), or None for text
+    chat: ChatRenderer | None = None  # how conversations are rendered (--chat), or None for text
 
     def encoding_threads(self) -> tuple[int, int]:
         """(threads, batches in flight) of the encoding pipeline, batches of ``piece_chars``. An

@@ -25,7 +25,7 @@ from typing import Any
 from ..version import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
-from ..chat import Nanochat
+from ..chat import ChatRenderer, Nanochat, Renderer, Template, read_template
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import launched_world, process_group
 from ..format import FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file
@@ -269,7 +269,25 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
                 sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
-                chat=Nanochat(enc.specials, config.max_tokens) if config.chat == "nanochat" else None)
+                chat=_renderer(config, enc))
+
+
+def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
+    """How conversations are rendered (``--chat``), or None for text."""
+    if config.chat == Renderer.NANOCHAT:
+        return Nanochat(enc.specials, config.max_tokens)
+    if config.chat != Renderer.TEMPLATE:
+        return None
+    own = enc.chat_template()
+    if config.chat_template is not None:
+        source, origin = read_template(Path(config.chat_template)), config.chat_template
+    elif own is not None:
+        source, origin = own[0], own[1]
+    else:
+        raise ValueError(f"--chat template needs a chat template, and {config.encoding} has none beside it (no "
+                         "chat_template.jinja, no chat_template in tokenizer_config.json); pass --chat-template FILE")
+    return Template(source, origin, enc.specials, enc.token_bytes, config.max_tokens,
+                    own[2] if own is not None else {}, config.special_text)
 
 
 def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:
@@ -381,7 +399,7 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
     }
     if plan.chat is not None:
         counts = {key: sum(part["chat"][key] for part in parts) for key in CHAT_COUNTS}
-        meta["chat"] = {"renderer": plan.config.chat, "max_tokens": plan.config.max_tokens, **counts}
+        meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
     return meta
 
 

@@ -119,6 +119,10 @@ class TiktokenEncoder:
             self._check.submit(self.backend, self.library, texts, out)
         return out
 
+    def chat_template(self) -> None:
+        """A tiktoken encoding carries no chat template: pass one with --chat-template."""
+        return None
+
     def flush(self) -> None:
         """Wait for the backend's checks in flight; a difference raises here."""
         if self._check is not None:

@@ -52,6 +52,11 @@ class Encoder(Protocol):
         """The bytes of the text a token stands for; KeyError for an id the vocabulary leaves unused."""
         ...
 
+    def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
+        """The tokenizer's own chat template (its text, and where it is) and the special tokens its
+        config names (``bos_token``, ...), as a template is given them; None where it has none."""
+        ...
+
     def flush(self) -> None:
         """Wait for work in flight (an accelerated backend's checks); an error found there raises."""
         ...

@@ -22,12 +22,21 @@ from typing import Any
 
 import numpy as np
 
+from ..chat import read_template, template_source
 from ..format import load_json
 from .bpe import gpt2_byte_decoder
 from .vocab import read_file
 
 
 TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template
+
+
+def _token_text(value: Any) -> str | None:
+    """A config's token entry as text: a string, or an added token's ``{"content": ...}``."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
 
 
 class HFEncoder:
@@ -91,15 +100,9 @@ class HFEncoder:
                               "encodes to it too, so it does not mark document boundaries alone; its special "
                               f"tokens: {', '.join(self.specials) or 'none'}", stacklevel=6)
             return asked
-        config = self.file.parent / "tokenizer_config.json"
-        try:
-            settings = load_json(read_file(config, "tokenizer config", "fix it"), str(config), "fix it") \
-                if config.is_file() else {}
-        except ValueError:
-            settings = {}
+        settings = self._settings()
         for key in ("bos_token", "eos_token") if prepend else ("eos_token",):
-            named = settings.get(key) if isinstance(settings, dict) else None  # a list or null names none
-            named = named.get("content") if isinstance(named, dict) else named
+            named = _token_text(settings.get(key))
             if isinstance(named, str) and self.library.token_to_id(named) is not None:
                 return named
         if "<|endoftext|>" in self.specials:
@@ -108,6 +111,29 @@ class HFEncoder:
             return next(iter(self.specials))
         raise ValueError(f"{self.file} names no end-of-text token unambiguously (special tokens: "
                          f"{', '.join(self.specials) or 'none'}); pass --eot-token NAME")
+
+    def _settings(self) -> dict[str, Any]:
+        """tokenizer_config.json beside the tokenizer, where it is one readable JSON object, else {}."""
+        config = self.file.parent / CONFIG_FILE
+        try:
+            settings = load_json(read_file(config, "tokenizer config", "fix it"), str(config), "fix it") \
+                if config.is_file() else {}
+        except ValueError:
+            settings = {}
+        return settings if isinstance(settings, dict) else {}
+
+    def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
+        """chat_template.jinja beside the tokenizer, else its config's ``chat_template``; and the
+        special tokens the config names, as transformers hands them to a template."""
+        settings = self._settings()
+        variables = {key: text for key, value in settings.items()
+                     if key.endswith("_token") and (text := _token_text(value)) is not None}
+        file = self.file.parent / TEMPLATE_FILE
+        if file.is_file():
+            return read_template(file), str(file), variables
+        where = str(self.file.parent / CONFIG_FILE)
+        source = template_source(settings, where)
+        return None if source is None else (source, where, variables)
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self.library.encode(text, add_special_tokens=False).ids

@@ -9,10 +9,9 @@ import hashlib
 import json
 import shutil
 
-import numpy as np
 import pytest
 
-from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
+from helpers import chat_documents, cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import nanochat_render
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
@@ -39,17 +38,10 @@ def chat_folder(spec, tmp_path_factory):
     return folder / "out"
 
 
-def _documents(folder, split):
-    tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
-    mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
-    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
-    return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
-
-
 def test_conversations_are_nanochats_rendering_with_its_masks(chat_folder, spec):
     enc = load_encoding(str(spec))
     rendered = [nanochat_render(enc, chat) for chat in CHATS]
-    train, val = _documents(chat_folder, "train"), _documents(chat_folder, "val")
+    train, val = chat_documents(chat_folder, "train"), chat_documents(chat_folder, "val")
     assert len(train) + len(val) == len(CHATS) and train and val
     # Each split holds its conversations in input order, and the two together are every one.
     assert sorted(train + val) == sorted(rendered)
@@ -69,7 +61,7 @@ def test_special_token_text_a_user_typed_stays_text(chat_folder, spec):
                                      if isinstance(m["content"], str) and m["role"] != "assistant")]
     assert typed  # the corpus holds the injection this test is about
     start = enc.specials["<|assistant_start|>"]
-    for ids, _ in _documents(chat_folder, "train") + _documents(chat_folder, "val"):
+    for ids, _ in chat_documents(chat_folder, "train") + chat_documents(chat_folder, "val"):
         # One control token a real assistant turn, never one from typed text.
         assert ids.count(start) == ids.count(enc.specials["<|assistant_end|>"])
 
@@ -99,7 +91,7 @@ def test_max_tokens_cuts_and_a_conversation_left_with_nothing_to_train_on_is_lef
     enc = load_encoding(str(spec))
     rendered = [nanochat_render(enc, c, max_tokens=160) for c in chats]
     kept = [r for r in rendered if any(r[1])]
-    found = _documents(tmp_path / "out", "train") + _documents(tmp_path / "out", "val")
+    found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
     assert sorted(found) == sorted(kept) and len(kept) < len(rendered)
     counts = read_meta(tmp_path / "out")["chat"]
     assert counts["unsupervised"] == len(rendered) - len(kept)
@@ -136,7 +128,7 @@ def test_a_bad_record_is_one_line_naming_it_or_skipped_and_counted(spec, tmp_pat
     assert code == 2 and f"{source}:4 " in err and reason in err and "\n" not in err.strip(), err
     assert not out.exists()  # nothing half-written
     code, err = cli_run(prepare_main, capsys, str(source), "--chat", "nanochat", "--encoding", str(spec),
-                        "--out-dir", str(out), "--quiet", "--skip-bad")
+                        "--out-dir", str(out), "--quiet", "--skip-bad", "--val-fraction", "0.5")
     assert code == 0, err
     meta = read_meta(out)
     assert meta["chat"]["skipped"] == 1 and meta["chat"]["conversations"] == 6

@@ -1,0 +1,19 @@
+"""Conversations: chat records read as messages, and rendered to token ids with a loss mask a token.
+
+    python -m tokpack.prepare chats.jsonl --chat nanochat --encoding tok/tokenizer.json
+    python -m tokpack.prepare chats.jsonl --chat template --encoding model/tokenizer.json
+
+``records`` checks a record's messages; ``nanochat`` and ``template`` render them (each a
+``ChatRenderer``: pieces of text to encode, special tokens placed by id); ``render.assemble``
+makes a conversation's ids and mask from the pieces' tokens, the same for every rendering.
+
+See docs/chat.md.
+"""
+
+from .nanochat import NANOCHAT_TOKENS, Nanochat
+from .records import messages
+from .render import ChatPiece, ChatRenderer, Renderer, assemble
+from .template import Template, read_template, template_source
+
+__all__ = ["NANOCHAT_TOKENS", "ChatPiece", "ChatRenderer", "Nanochat", "Renderer", "Template", "assemble",
+           "messages", "read_template", "template_source"]

@@ -1,0 +1,366 @@
+"""A tokenizer's own chat template (``--chat template``), rendered as transformers renders it.
+
+    python -m tokpack.prepare chats.jsonl --chat template --encoding model/tokenizer.json
+
+The template runs in jinja2's immutable sandbox with transformers' settings, globals and
+filters (``raise_exception``, ``tojson``, ``dict``, ``namespace``, the ``{% generation %}``
+tag), given ``messages``, ``add_generation_prompt=False`` and the tokenizer config's special
+tokens (``bos_token``, ``eos_token``, ...). ``strftime_now`` formats a fixed day (26 Jul 2024),
+so a prepare is the same whatever day it runs. A render is bounded: loop turns and calls
+counted, output and string repetition capped, so a template that loops, recurses or renders
+megabytes is one error, not a hang.
+
+The rendered text is cut at the special tokens the template wrote (message text is marked
+before rendering, so special-token text inside a message stays text, unless ``special_text``
+is "special": transformers' way), each stretch between them encoded whole. The mask is 1 on
+each token overlapping a ``{% generation %}`` block; a template without one has its assistant
+turns found by rendering prefixes: turn i is the text the conversation's first i+1 messages add
+to its first i rendered with ``add_generation_prompt=True``. O(conversation) a render;
+O(turns x conversation) without generation blocks.
+
+See docs/chat.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.utils
+from jinja2 import nodes
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+import numpy as np
+
+from ..format import load_json, read_file
+from .records import _fix
+from .render import ChatPiece, Renderer, assemble
+
+# Loop turns and calls one render may take: STEPS, and STEP_GROWTH more a character of its
+# conversation (a template may loop over a message's characters); a real one takes hundreds.
+STEPS = 100_000
+STEP_GROWTH = 4
+OUTPUT_CHARS = 1 << 20  # characters a render may have beyond GROWTH a character of its conversation
+GROWTH = 8
+FIXED_DAY = datetime(2024, 7, 26)  # strftime_now's day: the one Llama 3's template falls back to
+# Markers for special-token text inside messages: pairs of Unicode noncharacters, the first pair
+# that no string of a conversation holds, so no text is ever changed to make room for them.
+MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
+TEMPLATE_BYTES = 1 << 20  # a template file's size at most
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: where the text the model learns to write is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+    def _generation(self, caller: Callable[[], str]) -> str:
+        text = caller()
+        env = self.environment
+        assert isinstance(env, _Sandbox)
+        env.spans.append((env.written, env.written + len(text)))
+        return text
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """jinja's namespace, refusing names that reach Python internals, and bounded in what it holds."""
+
+    def __init__(*args: Any, **kwargs: Any):  # jinja's own signature trick: namespace(self=...) works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name, value in attrs.items():
+            _Namespace._check(name, value)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name, value)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any, value: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a namespace attribute may not start with '_' ({name!r})")
+        if isinstance(value, (str, list, tuple)) and len(value) > OUTPUT_CHARS * GROWTH:
+            raise TemplateError(f"a namespace attribute holds {len(value):,} items")
+
+
+class _Dict:
+    """``dict(...)`` for templates, without the class's attributes."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args)
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # transformers' filter: plain json.dumps, no HTML escaping
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, counting each loop turn and call and capping what a render writes."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self) -> None:
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
+        self.filters["tojson"] = _tojson
+        self.globals.update(raise_exception=_raise, strftime_now=FIXED_DAY.strftime, dict=_Dict(),
+                            namespace=_Namespace)
+        self.start(0)
+
+    def start(self, size: int) -> None:
+        """A render of a conversation of ``size`` characters begins: its budget of steps and of
+        characters, and no span yet."""
+        self.budget, self.limit = STEPS + STEP_GROWTH * size, OUTPUT_CHARS + GROWTH * size
+        self.steps, self.written = self.budget, 0
+        self.spans: list[tuple[int, int]] = []
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(nodes.For):  # every loop's items counted as they are taken
+            loop.iter = nodes.Call(nodes.EnvironmentAttribute("counted"), [loop.iter], [], None, None)
+        return tree
+
+    def counted(self, items: Any) -> Iterator[Any]:
+        for item in items:
+            self.step()
+            yield item
+
+    def step(self) -> None:
+        self.steps -= 1
+        if self.steps < 0:
+            raise TemplateError(f"takes more than {self.budget:,} steps (loop turns and calls)")
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.step()
+        return super().call(context, obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            times, seq = (right, left) if isinstance(right, int) else (left, right)
+            if isinstance(times, int) and isinstance(seq, (str, list, tuple)) and len(seq) * times > self.limit:
+                raise TemplateError(f"repeats a sequence to {len(seq) * times:,} items")
+        elif isinstance(right, int) and abs(right) > 4096 and isinstance(left, (int, float)) and abs(left) > 1:
+            raise TemplateError(f"raises to the power {right:,}")
+        return super().call_binop(context, operator, left, right)
+
+
+@lru_cache(maxsize=8)
+def _specials_pattern(names: tuple[str, ...], markers: tuple[str, str] | None) -> re.Pattern[str]:
+    """Special tokens (longest first), each with the markers that may touch it."""
+    tokens = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    if markers is None:
+        return re.compile(f"()({tokens})()")
+    start, end = map(re.escape, markers)
+    return re.compile(f"({start}?)({tokens})({end}?)")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str]) -> Any:
+    """``value`` with each special token's text inside its strings wrapped in the markers."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: markers[0] + m.group(2) + markers[1], value)
+    if isinstance(value, Mapping):
+        return {key: _mark(item, pattern, markers) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mark(item, pattern, markers) for item in value]
+    return value
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans in order, overlapping ones joined (a generation block inside another is inside it)."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _byte_spans(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> tuple[
+        str, tuple[tuple[int, int], ...]]:
+    """A stretch of the rendered text (starting at ``lo``) without markers, and the spans that
+    fall in it as byte ranges of that text."""
+
+    def clean(text: str) -> str:
+        return text if markers is None else text.replace(markers[0], "").replace(markers[1], "")
+
+    def at(i: int) -> int:
+        return len(clean(raw[:max(0, min(i - lo, len(raw)))]).encode("utf-8", "surrogatepass"))
+
+    inside = tuple((at(s), at(e)) for s, e in spans if s < lo + len(raw) and e > lo)
+    return clean(raw), tuple((s, e) for s, e in inside if e > s)
+
+
+def template_source(settings: Mapping[str, Any], where: str) -> str | None:
+    """The chat template a tokenizer config names (``chat_template``: a string, or a list of named
+    templates, of which "default" is used), or None."""
+    found = settings.get("chat_template")
+    if found is None or isinstance(found, str):
+        return found
+    named = {t.get("name"): t.get("template") for t in found if isinstance(t, Mapping)} if isinstance(found, list) else {}
+    if isinstance(named.get("default"), str):
+        return named["default"]
+    raise ValueError(f"{where} has a chat_template that is not a template nor a list holding one named 'default'; "
+                     "pass the template with --chat-template FILE")
+
+
+def read_template(path: Path) -> str:
+    """The template in a file: a tokenizer_config.json's ``chat_template``, or a template's text."""
+    fix = "pass a .jinja template or a tokenizer_config.json that holds one"
+    raw = read_file(path, "chat template", fix, TEMPLATE_BYTES)
+    if path.suffix != ".json":
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"chat template {path} is not UTF-8 text; {fix}") from None
+    settings = load_json(raw, str(path), fix)
+    source = template_source(settings, str(path)) if isinstance(settings, Mapping) else None
+    if source is None:
+        raise ValueError(f"{path} holds no chat_template; {fix}")
+    return source
+
+
+class Template:
+    """A chat template as a rendering.
+
+    Args:
+        source: the template's text.
+        origin: where it comes from, for messages.
+        specials: the tokenizer's special tokens, by text.
+        token_bytes: a token's bytes, to find which tokens a span covers.
+        max_tokens: a conversation's tokens at most; 0 keeps every one.
+        variables: the template's other inputs: the tokenizer config's special tokens by name.
+        special_text: "ordinary" keeps special-token text inside messages as text; "special"
+            lets it become control tokens, as transformers does.
+    """
+
+    def __init__(self, source: str, origin: str, specials: Mapping[str, int], token_bytes: Callable[[int], bytes],
+                 max_tokens: int, variables: Mapping[str, Any] | None = None, special_text: str = "ordinary"):
+        self.env = _Sandbox()
+        try:
+            self.compiled = self.env.from_string(source)
+        except TemplateError as exc:
+            raise ValueError(f"the chat template {origin} does not parse ({exc}); fix it, or pass another with "
+                             "--chat-template FILE") from None
+        self.origin, self.specials, self.token_bytes = origin, dict(specials), token_bytes
+        self.max_tokens, self.variables = max_tokens, dict(variables or {})
+        self.ordinary = special_text == "ordinary"
+        self.generation = bool(GENERATION.search(source))
+        self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        return {"renderer": Renderer.TEMPLATE.value, "max_tokens": self.max_tokens, "template_sha256": self.sha256,
+                "assistant_mask": "generation" if self.generation else "prefixes"}
+
+    def render(self, found: list[dict[str, Any]], where: str, prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text of ``found`` and its generation spans (character ranges)."""
+        self.env.start(sum(len(s) for s in _strings(found)))
+        blocks = []
+        try:
+            for block in self.compiled.generate(messages=found, tools=None, documents=None,
+                                                add_generation_prompt=prompt, **self.variables):
+                blocks.append(block)
+                self.env.written += len(block)
+                if self.env.written > self.env.limit:
+                    raise TemplateError(f"renders more than {self.env.limit:,} characters")
+        except SecurityError as exc:
+            raise _fix(where, f"makes the chat template {self.origin} reach outside its sandbox ({exc})") from None
+        except Exception as exc:  # a template is code: whatever it raises is this record's error
+            raise _fix(where, f"makes the chat template {self.origin} fail: {type(exc).__name__}: {exc}") from None
+        return "".join(blocks), self.env.spans
+
+    def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str) -> list[tuple[int, int]]:
+        spans = []
+        for i, message in enumerate(found):
+            if message["role"] != "assistant":
+                continue
+            before, _ = self.render(found[:i], where, prompt=True)
+            upto, _ = self.render(found[:i + 1], where)
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise _fix(where, f"is rendered by the chat template {self.origin} differently as a whole than in "
+                           f"its first {i + 1} messages, so its assistant turn {i} cannot be found by rendering "
+                           "prefixes; mark the assistant's text in the template with {% generation %}")
+            spans.append((len(before), len(upto)))
+        return spans
+
+    def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
+        markers = None
+        if self.ordinary:
+            held = set(_strings(found))
+            markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
+            if markers is None:
+                raise _fix(where, "holds every marker tokpack could use for special-token text")
+            found = _mark(found, _specials_pattern(tuple(self.specials), None), markers)
+        text, spans = self.render(found, where)
+        if not self.generation:
+            spans = self._prefix_spans(found, text, where)
+        return self._split(text, _merged(spans), markers, doc)
+
+    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
+               doc: int) -> list[ChatPiece]:
+        """The rendered text cut at the special tokens the template wrote."""
+        out, lead, lead_mask, lo = [], [], [], 0
+        for m in _specials_pattern(tuple(self.specials), markers).finditer(text) if self.specials else ():
+            if m.group(1) or m.group(3):  # marked: a message's text, not the template's
+                continue
+            start, end = m.span(2)
+            if start > lo:
+                out.append(self._piece(text[lo:start], lo, spans, markers, doc, lead, lead_mask))
+                lead, lead_mask = [], []
+            lead.append(self.specials[m.group(2)])
+            lead_mask.append(int(any(s < end and e > start for s, e in spans)))
+            lo = end
+        if lo < len(text):
+            out.append(self._piece(text[lo:], lo, spans, markers, doc, lead, lead_mask))
+            lead, lead_mask = [], []
+        out.append(ChatPiece(doc, "", 0, lead, lead_mask, last=True))
+        return out
+
+    @staticmethod
+    def _piece(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None, doc: int,
+               lead: list[int], lead_mask: list[int]) -> ChatPiece:
+        text, inside = _byte_spans(raw, lo, spans, markers)
+        if not inside:
+            return ChatPiece(doc, text, 0, lead, lead_mask)
+        if inside == ((0, len(text.encode("utf-8", "surrogatepass"))),):
+            return ChatPiece(doc, text, 1, lead, lead_mask)
+        return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
+
+    def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
+                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
+        return assemble(encoded, dtype, self.max_tokens, self.token_bytes)
