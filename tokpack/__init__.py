@@ -51,6 +51,7 @@ _EXPORTS = {
     "Rows": "data.layouts",
     "Flat": "data.layouts",
     "HF": "data.layouts",
+    "MegatronSFT": "data.layouts",
     "preset": "data.layouts",
     "MixedWindows": "data.mixing",
     "TokenStream": "data.streams",
@@ -67,7 +68,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .data.documents import DocumentDataset, pad_collate
-    from .data.layouts import HF, EvalRows, Flat, Rows, TrainRows, preset
+    from .data.layouts import HF, EvalRows, Flat, MegatronSFT, Rows, TrainRows, preset
     from .data.loader import TokenLoader, build_loader
     from .data.mixing import MixedWindows
     from .data.packing import PackedBatch, PackedDocuments
@@ -89,7 +90,7 @@ __all__ = [
     "TokenWindows", "collate_windows", "build_loader", "TokenLoader", "seed_worker", "to_device", "rank_world",
     "ResumableBatchSampler", "RandomStartSampler", "EpochSampler", "InOrderSampler", "WeightedSampler",
     "BucketBatchSampler", "MixtureSampler", "inverse_frequency_weights", "DocumentDataset", "pad_collate",
-    "PackedDocuments", "PackedBatch", "TrainRows", "EvalRows", "Rows", "Flat", "HF", "preset",
+    "PackedDocuments", "PackedBatch", "TrainRows", "EvalRows", "Rows", "Flat", "HF", "MegatronSFT", "preset",
     "MixedWindows", "TokenStream", "build_stream_loader", "evaluate", "PrepareConfig", "load_encoding", "Encoder",
     "read_meta", "Split", "open_split", "open_tokens",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import make_chats, write_jsonl, write_nanochat_spec
+from helpers import make_chats, megatron_indexed, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import nanochat_render, nanochat_sft_batches
 from tokpack.data.layouts import HF, TrainRows
 from tokpack.data.loader import build_loader
@@ -163,3 +163,42 @@ def test_the_hf_form_is_the_real_flattening_collators_batch_of_masked_conversati
         for key in ("input_ids", "labels", "position_ids"):
             assert torch.equal(batch[key], expected[key]), key
     assert padded  # padding rows were compared too
+
+
+def test_megatron_sft_batches_from_a_megatron_folder_with_masks(tmp_path):
+    indexed = megatron_indexed()
+    spec = write_nanochat_spec(tmp_path / "tok")
+    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(spec), chat="nanochat",
+                          format="megatron", quiet=True))
+    # Megatron's own reader sees each conversation whole; the mask lies beside, a byte a token.
+    docs = indexed.IndexedDataset(str(tmp_path / "out" / "train_text_document"))
+    mask = np.fromfile(tmp_path / "out" / "train.mask", dtype=np.uint8)
+    starts = np.append(np.fromfile(tmp_path / "out" / "train.idx", dtype="<u8"), len(mask)).astype(np.int64)
+    by_tokens = {tuple(docs[i].tolist()): mask[starts[i]:starts[i + 1]] for i in range(len(docs))}
+    T = 96
+    data = PackedDocuments(tmp_path / "out", T, split="train", rows=TrainRows("bestfit"), form="megatron")
+    plain = PackedDocuments(tmp_path / "out", T, split="train", rows=TrainRows("bestfit"))
+    seen = 0
+    for batch, rows in itertools.islice(zip(build_loader(data, 3, seed=4), build_loader(plain, 3, seed=4)), 6):
+        assert set(batch) == {"tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen"}
+        assert torch.equal(batch["tokens"], rows.x) and torch.equal(batch["labels"], rows.y)
+        assert batch["loss_mask"].dtype == torch.float32 and torch.equal(batch["loss_mask"] == 1, rows.y != -100)
+        tokens, labels = batch["tokens"].reshape(-1), batch["labels"].reshape(-1)
+        cu = batch["cu_seqlens"].tolist()
+        for a, b in zip(cu, cu[1:]):
+            assert batch["position_ids"].reshape(-1)[a:b].tolist() == list(range(b - a))
+            # A whole conversation of Megatron's reader (or its cropped head), its targets its mask's.
+            found = [(k, m) for k, m in by_tokens.items() if list(k[:b - a]) == tokens[a:b].tolist()]
+            assert found, "a segment is no conversation's"
+            k, m = found[0]
+            inside = labels[a:b - 1]
+            expected = torch.tensor(k[1:b - a], dtype=torch.long).masked_fill(torch.from_numpy(m[1:b - a] == 0), -100)
+            assert torch.equal(inside, expected)
+            seen += 1
+        # Megatron's loss (a masked mean) is the ignore-index mean on the labels.
+        logits = torch.randn(tokens.numel(), int(tokens.max()) + 1, generator=torch.Generator().manual_seed(0))
+        losses = torch.nn.functional.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+        ours = (losses * batch["loss_mask"].reshape(-1)).sum() / batch["loss_mask"].sum()
+        assert torch.allclose(ours, torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100))
+    assert seen > 10

@@ -435,7 +435,7 @@ def test_every_setting_is_checked_where_it_is_made(make, fragment):
     ({"rows": "packed"}, "rows 'packed' is not one of aligned, bestfit"),
     ({"rows": 3}, "is not TrainRows, EvalRows, a packing or a preset"),
     ({"form": "table"}, "form 'table' is not one of rows, flat, hf"),
-    ({"form": TrainRows()}, "is not Rows(), Flat(), HF() or one of their names"),
+    ({"form": TrainRows()}, "is not Rows(), Flat(), HF(), MegatronSFT() or one of their names"),
 ])
 def test_every_parameter_is_checked_at_construction(prepared, kwargs, fragment):
     kwargs = {"block_size": 16, **kwargs}

@@ -189,8 +189,17 @@ class HF:
                                               ("seq_idx", self.seq_idx)) if asked)
 
 
-Form = Rows | Flat | HF
-FORMS = {"rows": Rows, "flat": Flat, "hf": HF}
+@dataclasses.dataclass(frozen=True)
+class MegatronSFT:
+    """A dict as Megatron-LM's SFT dataset gives a packed sample, batched: ``tokens``, ``labels``
+    (the ignore label where a target is not trained on), ``loss_mask`` (float32, 0 there),
+    ``position_ids`` (B, T), ``cu_seqlens`` (int32, over the flattened B * T) and ``max_seqlen``."""
+
+    name = "megatron"
+
+
+Form = Rows | Flat | HF | MegatronSFT
+FORMS = {"rows": Rows, "flat": Flat, "hf": HF, "megatron": MegatronSFT}
 
 
 class Preset(NamedTuple):
@@ -242,6 +251,6 @@ def resolve(rows: TrainRows | EvalRows | str, form: Form | str | None) -> tuple[
         raise TypeError(f"rows={rows!r} is not TrainRows, EvalRows, a packing or a preset ({', '.join(PRESETS)})")
     if form is None:
         form = Rows()
-    if not isinstance(form, (Rows, Flat, HF)):
-        raise TypeError(f"form={form!r} is not Rows(), Flat(), HF() or one of their names")
+    if not isinstance(form, (Rows, Flat, HF, MegatronSFT)):
+        raise TypeError(f"form={form!r} is not Rows(), Flat(), HF(), MegatronSFT() or one of their names")
     return rows, form

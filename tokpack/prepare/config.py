@@ -181,7 +181,7 @@ class PrepareConfig:
             return
         if self.max_tokens < 0:
             raise ValueError(f"--max-tokens {self.max_tokens} is negative; use 0 to keep every token")
-        unsupported = [flag for flag, used in (("--format " + self.format, self.format != "flat"),
+        unsupported = [flag for flag, used in (("--format " + self.format, self.format == "llmc"),
                                                 ("--shard-tokens", bool(self.shard_tokens)),
                                                 ("--tasks", self.tasks is not None),
                                                 ("--val-tokens", bool(self.val_tokens)),
