@@ -18,6 +18,7 @@ import torch
 from helpers import make_chats, megatron_indexed, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import nanochat_render, nanochat_sft_batches
 from tokpack.data.layouts import HF, TrainRows
+from tokpack.data.documents import DocumentDataset, pad_collate
 from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
 from tokpack.data.windows import TokenWindows
@@ -202,3 +203,36 @@ def test_megatron_sft_batches_from_a_megatron_folder_with_masks(tmp_path):
         ours = (losses * batch["loss_mask"].reshape(-1)).sum() / batch["loss_mask"].sum()
         assert torch.allclose(ours, torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100))
     assert seen > 10
+
+
+def test_trl_packs_the_documents_of_a_chat_split_and_trains_on_the_mask(chats):
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    pytest.importorskip("accelerate")
+    from trl.data_utils import pack_dataset
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    folder = chats[0]
+    docs = DocumentDataset(folder, 10**6, split="train")
+    items = [docs[i] for i in range(len(docs))]
+    mask = np.fromfile(folder / "train.mask", dtype=np.uint8)
+    assert torch.equal(torch.cat([item["assistant_masks"] for item in items]), torch.from_numpy(mask.astype(np.int64)))
+    # pad_collate: a Hugging Face causal LM's labels, -100 off the mask and at padding.
+    batch = pad_collate(items[:4], docs.pad_id)
+    for row, item in enumerate(items[:4]):
+        n = len(item["input_ids"])
+        assert torch.equal(batch["labels"][row, :n], item["input_ids"].masked_fill(item["assistant_masks"] == 0, -100))
+        assert (batch["labels"][row, n:] == -100).all()
+    # TRL: its columns, its labels rule (a token where every mask is 1, else -100), its best-fit-decreasing
+    # packing and its padding-free collator train on exactly the split's supervised tokens.
+    rows = datasets.Dataset.from_list([{k: v.tolist() for k, v in item.items()} for item in items])
+    rows = rows.map(lambda r: {"labels": [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])]},
+                    remove_columns=["assistant_masks"])
+    T = max(len(item["input_ids"]) for item in items)
+    packed = pack_dataset(rows, seq_length=T, strategy="bfd")
+    collate = DataCollatorForLanguageModeling(pad_token_id=docs.pad_id, padding_free=True)
+    trained = 0
+    for start in range(0, len(packed), 4):
+        out = collate([packed[i] for i in range(start, min(start + 4, len(packed)))])
+        trained += int((out["labels"] != -100).sum())
+    assert trained == read_meta(folder)["splits"]["train"]["supervised"] > 0

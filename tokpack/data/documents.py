@@ -32,12 +32,18 @@ def pad_collate(samples: Sequence[Any], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad 1-D id tensors to the longest with ``pad_id``: the keys Hugging Face models take.
 
     Plain documents give ``input_ids``, ``attention_mask`` (arange(T) < length) and ``labels``, the
-    ids with -100 at padding, as ``*ForCausalLM`` expects (it shifts them itself). (ids, class
+    ids with -100 at padding, as ``*ForCausalLM`` expects (it shifts them itself); documents with
+    their masks (dicts) have -100 too where a token is not trained on. (ids, class
     label) pairs give ``labels`` of shape (B,), the class ids, as ``*ForSequenceClassification``
     expects. Module-level, so spawn and forkserver workers can pickle it. No default ``pad_id``:
     a sequence classifier reads each row at its last token that is not ``pad_token_id``, so the
     padding must be the id the model is told (``DocumentDataset`` gives the encoding's end of text).
     """
+    if isinstance(samples[0], dict):  # documents with their loss masks
+        batch = pad_collate([s["input_ids"] for s in samples], pad_id)
+        for row, s in enumerate(samples):
+            batch["labels"][row, :len(s["assistant_masks"])].masked_fill_(s["assistant_masks"] == 0, IGNORE_INDEX)
+        return batch
     labelled = isinstance(samples[0], (tuple, list))
     seqs = [s[0] for s in samples] if labelled else list(samples)
     lengths = torch.tensor([len(s) for s in seqs])
@@ -94,7 +100,8 @@ class DocumentDataset(Dataset):
     ``path`` is a split's ``.bin``, or a prepared folder with ``split=``; in a sharded folder a
     document may run on across shard files, and is read across them, whole. ``labels`` (one int
     per document) makes items ``(ids, label)`` pairs, for classification and for
-    ``inverse_frequency_weights``.
+    ``inverse_frequency_weights``. A split with a loss mask (conversations) gives dicts of
+    ``input_ids`` and ``assistant_masks`` (1 = trained on), the columns TRL's SFT trainer takes.
     """
 
     def __init__(self, path: str | Path | Split, max_length: int, labels: Sequence[int] | None = None,
@@ -109,12 +116,16 @@ class DocumentDataset(Dataset):
         if max_length < 1:
             raise ValueError(f"max_length {max_length} must be at least 1")
         self.index = DocumentIndex(open_split(path, split))
+        self._mask_files: OpenedFiles | None = None
         self.split, self.starts, self.ends = self.index.split, self.index.starts, self.index.ends
         self.max_length = max_length
         self.lengths = np.minimum(self.ends - self.starts, max_length)
         if labels is not None and len(labels) != len(self.starts):
             raise ValueError(f"{len(labels)} labels for {len(self.starts)} documents in {self.split.describe()}; "
                              "give one per document")
+        if labels is not None and self.split.mask is not None:
+            raise ValueError(f"{self.split.describe()} is a split of conversations with a loss mask; labels classify "
+                             "plain documents: pass a split without a mask, or drop labels")
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         if pad_id is None:
             if self.split.meta is None:
@@ -132,8 +143,16 @@ class DocumentDataset(Dataset):
     def __len__(self) -> int:
         return len(self.starts)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_mask_files": None}  # workers map their own
+
     def __getitem__(self, i: int) -> Any:
         start = int(self.starts[i])
-        tokens = self.split.check_ids(self.index.span(start, start + int(self.lengths[i])))
-        ids = torch.from_numpy(tokens.astype(np.int64))
+        stop = start + int(self.lengths[i])
+        ids = torch.from_numpy(self.split.check_ids(self.index.span(start, stop)).astype(np.int64))
+        if self.split.mask is not None:  # a conversation split is flat: its mask is one file
+            if self._mask_files is None:
+                self._mask_files = self.split.mask.open()
+            mask = self._mask_files[0][start:stop].astype(np.int64)
+            return {"input_ids": ids, "assistant_masks": torch.from_numpy(mask)}
         return ids if self.labels is None else (ids, int(self.labels[i]))
