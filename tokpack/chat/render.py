@@ -7,7 +7,6 @@ See docs/chat.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
@@ -56,26 +55,45 @@ class ChatRenderer(Protocol):
         ...
 
 
-def _overlapping(tokens: list[int], spans: tuple[tuple[int, int], ...], token_bytes: Callable[[int], bytes],
-                 text: str) -> list[int]:
-    """1 for each token whose bytes overlap a span, else 0: the tokens must spell the text."""
-    mask, at, i = [], 0, 0
-    for token in tokens:
-        end = at + len(token_bytes(token))
-        while i < len(spans) and spans[i][1] <= at:
-            i += 1
-        mask.append(int(i < len(spans) and end > spans[i][0]))
-        at = end
-    if at != len(text.encode("utf-8", "surrogatepass")):
+class Vocabulary(Protocol):
+    """What a rendering asks of a tokenizer: its special tokens, and each token's bytes."""
+
+    n_vocab: int
+    specials: dict[str, int]
+
+    def token_bytes(self, token: int) -> bytes:
+        ...
+
+
+def token_sizes(vocab: Vocabulary) -> np.ndarray:
+    """Each token's length in bytes (0 for an id the vocabulary leaves unused)."""
+    sizes = np.zeros(vocab.n_vocab, dtype=np.int64)
+    for token in range(vocab.n_vocab):
+        try:
+            sizes[token] = len(vocab.token_bytes(token))
+        except KeyError:
+            pass
+    return sizes
+
+
+def _overlapping(tokens: list[int], spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> list[int]:
+    """1 for each token whose bytes overlap a span (in order, apart), else 0: the tokens must spell the text."""
+    size = sizes[np.asarray(tokens, dtype=np.int64)]
+    ends = np.cumsum(size)
+    if (int(ends[-1]) if len(ends) else 0) != len(text.encode("utf-8", "surrogatepass")):
         raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a byte-level "
-                         f"BPE) to find the assistant's tokens; this one spells {text[:40]!r} in {at} bytes")
-    return mask
+                         f"BPE) to find the assistant's tokens; this one spells {text[:40]!r} otherwise")
+    lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
+    first = np.searchsorted(hi, ends - size, side="right")  # the first span ending after each token starts
+    inside = first < len(hi)
+    inside[inside] = lo[first[inside]] < ends[inside]
+    return inside.astype(int).tolist()
 
 
 def assemble(encoded: list[tuple[ChatPiece, list[int]]], dtype: np.dtype, max_tokens: int,
-             token_bytes: Callable[[int], bytes] | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+             sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     """A conversation's ids and mask from its pieces and their tokens, cut to ``max_tokens`` (0:
-    none cut), and whether it was cut; ``token_bytes`` places a piece's spans."""
+    none cut), and whether it was cut; ``sizes`` (each token's bytes) places a piece's spans."""
     ids: list[int] = []
     mask: list[int] = []
     for piece, tokens in encoded:
@@ -85,10 +103,9 @@ def assemble(encoded: list[tuple[ChatPiece, list[int]]], dtype: np.dtype, max_to
         if piece.spans is None:
             mask += [piece.mask] * len(tokens)
         else:
-            assert token_bytes is not None
-            mask += _overlapping(tokens, piece.spans, token_bytes, piece.text)
+            assert sizes is not None
+            mask += _overlapping(tokens, piece.spans, sizes, piece.text)
     cut = bool(max_tokens) and len(ids) > max_tokens
     if cut:
         ids, mask = ids[:max_tokens], mask[:max_tokens]
     return np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), cut
-

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..format import load_json, read_file
 from .records import _fix
-from .render import ChatPiece, Renderer, assemble
+from .render import ChatPiece, Renderer, Vocabulary, assemble, token_sizes
 
 # Loop turns and calls one render may take: STEPS, and STEP_GROWTH more a character of its
 # conversation (a template may loop over a message's characters); a real one takes hundreds.
@@ -261,23 +261,23 @@ class Template:
     Args:
         source: the template's text.
         origin: where it comes from, for messages.
-        specials: the tokenizer's special tokens, by text.
-        token_bytes: a token's bytes, to find which tokens a span covers.
+        vocab: the tokenizer (its special tokens, and its tokens' bytes to find which a span covers).
         max_tokens: a conversation's tokens at most; 0 keeps every one.
         variables: the template's other inputs: the tokenizer config's special tokens by name.
         special_text: "ordinary" keeps special-token text inside messages as text; "special"
             lets it become control tokens, as transformers does.
     """
 
-    def __init__(self, source: str, origin: str, specials: Mapping[str, int], token_bytes: Callable[[int], bytes],
-                 max_tokens: int, variables: Mapping[str, Any] | None = None, special_text: str = "ordinary"):
+    def __init__(self, source: str, origin: str, vocab: Vocabulary, max_tokens: int,
+                 variables: Mapping[str, Any] | None = None, special_text: str = "ordinary"):
         self.env = _Sandbox()
         try:
             self.compiled = self.env.from_string(source)
         except TemplateError as exc:
             raise ValueError(f"the chat template {origin} does not parse ({exc}); fix it, or pass another with "
                              "--chat-template FILE") from None
-        self.origin, self.specials, self.token_bytes = origin, dict(specials), token_bytes
+        self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
+        self._sizes: np.ndarray | None = None  # each token's bytes, found when a span first needs them
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
         self.generation = bool(GENERATION.search(source))
@@ -320,12 +320,13 @@ class Template:
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         markers = None
-        if self.ordinary:
-            held = set(_strings(found))
+        held = set(_strings(found)) if self.ordinary and self.specials else set()
+        typed = _specials_pattern(tuple(self.specials), None)
+        if any(typed.search(s) for s in held):  # special-token text in a message: marked, to stay text
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
                 raise _fix(where, "holds every marker tokpack could use for special-token text")
-            found = _mark(found, _specials_pattern(tuple(self.specials), None), markers)
+            found = _mark(found, typed, markers)
         text, spans = self.render(found, where)
         if not self.generation:
             spans = self._prefix_spans(found, text, where)
@@ -363,4 +364,6 @@ class Template:
 
     def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        return assemble(encoded, dtype, self.max_tokens, self.token_bytes)
+        if self._sizes is None and any(piece.spans is not None for piece, _ in encoded):
+            self._sizes = token_sizes(self.vocab)
+        return assemble(encoded, dtype, self.max_tokens, self._sizes)

@@ -286,8 +286,7 @@ def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
     else:
         raise ValueError(f"--chat template needs a chat template, and {config.encoding} has none beside it (no "
                          "chat_template.jinja, no chat_template in tokenizer_config.json); pass --chat-template FILE")
-    return Template(source, origin, enc.specials, enc.token_bytes, config.max_tokens,
-                    own[2] if own is not None else {}, config.special_text)
+    return Template(source, origin, enc, config.max_tokens, own[2] if own is not None else {}, config.special_text)
 
 
 def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:
