@@ -14,6 +14,7 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import array
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -24,15 +25,24 @@ from ..tokenizer import encode_in_order
 from .cluster import Entry
 from .config import Plan
 from .holdout import document_hash, document_key
+from .mixture import mix, staging_writers
 from .writers import SplitWriter
 
 
-def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], counts: dict[str, int],
-            splits: dict[int, str]) -> Iterator[ChatPiece]:
-    """Each conversation's pieces; ``splits`` gains its split, by the hash of its messages (so the
-    same whatever the tokenizer or rendering)."""
+def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]:
+    """(input, where, record) of every record: the input its file is of, in a mixture, else 0."""
+    for entry in entries:
+        source = plan.mixture.source_of(entry[0]) if plan.mixture is not None else 0
+        for where, value in records([entry]):
+            yield source, where, value
+
+
+def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None, counts: dict[str, int],
+            splits: dict[int, tuple[str, int]]) -> Iterator[ChatPiece]:
+    """Each conversation's pieces; ``splits`` gains its split (``only``, or by the hash of its
+    messages, so the same whatever the tokenizer or rendering) and its input."""
     key = document_key(plan.config.seed)
-    for where, value in records(entries):
+    for source, where, value in _records(plan, entries):
         try:
             found = messages(parse_record(value, where, plan.read.errors), where)
             pieces = renderer.pieces(found, counts["conversations"], where)
@@ -41,18 +51,21 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], counts: di
                 raise
             counts["skipped"] += 1
             continue
-        digest = document_hash(key)
-        digest.update(json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass"))
-        splits[counts["conversations"]] = "val" if plan.holdout.is_val(digest.digest()) else "train"
+        split = only
+        if split is None:
+            digest = document_hash(key)
+            digest.update(json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass"))
+            split = "val" if plan.holdout.is_val(digest.digest()) else "train"
+        splits[counts["conversations"]] = (split, source)
         yield from pieces
         counts["conversations"] += 1
 
 
 def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
-                   counts: dict[str, int]) -> None:
+                   counts: dict[str, int], kinds: dict[str, array.array] | None = None) -> None:
     """Every conversation of ``entries`` into its split's writer (``only``: all into that split);
     ``counts`` gains the conversations read, skipped as bad, cut to ``max_tokens``, and left out
-    for having nothing to train on once cut."""
+    for having nothing to train on once cut; ``kinds``, the input of each one written."""
     renderer = plan.chat
     assert renderer is not None
     enc = plan.enc
@@ -64,15 +77,15 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
         return [enc.encode_ordinary(text) for text in texts]
 
     workers, in_flight = plan.encoding_threads()
-    splits: dict[int, str] = {}
+    splits: dict[int, tuple[str, int]] = {}
     held: list[tuple[ChatPiece, list[int]]] = []
-    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, counts, splits), encode, workers,
+    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, only, counts, splits), encode, workers,
                                          plan.config.piece_chars, in_flight):
         held.append((piece, tokens))
         if not piece.last:
             continue
         ids, mask, cut = renderer.assemble(held, plan.dtype)
-        split = only or splits.pop(piece.doc)
+        split, source = splits.pop(piece.doc)
         held = []
         counts["cropped"] += cut
         if not mask.any():  # cut before its first trained token: a row of it would have no loss
@@ -82,6 +95,27 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
         writer.start_document(len(ids))
         writer.write(ids, mask)
         writer.end_document()
+        if kinds is not None:
+            kinds[split].append(source)
+
+
+def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writers: dict[str, SplitWriter],
+                counts: dict[str, Any]) -> None:
+    """A unit's conversations into ``writers``, in input order, or, in a mixture, rendered into
+    temporary files first and copied out in mixture order (``counts["mixture"]`` its report)."""
+    if plan.mixture is None:
+        for only, entries in passes:
+            tokenize_chats(plan, entries, writers, only, counts)
+        return
+    staged = staging_writers(plan)
+    try:
+        kinds = {s: array.array("I") for s in staged}
+        for only, entries in passes:
+            tokenize_chats(plan, entries, staged, only, counts, kinds)
+        counts["mixture"] = mix(plan, staged, kinds, writers)
+    finally:
+        for writer in staged.values():
+            writer.discard()
 
 
 CHAT_COUNTS = ("conversations", "skipped", "cropped", "unsupervised")

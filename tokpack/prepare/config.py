@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..format import InputsInfo
     from ..tokenizer import Encoder
     from .holdout import Holdout
+    from .mixture import Mixture
 
 LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 EOT_MODES = ("auto", "append", "prepend", "none")
@@ -36,7 +37,7 @@ FORMATS = ("flat", "llmc", "megatron")
 # The options that change the output: meta.json records them, and a rerun's units must match them.
 OUTPUT_OPTIONS = ("encoding", "eot_token", "special_text", "dtype", "val_fraction", "val_tokens", "val_inputs", "seed", "eot",
                   "doc_sep", "jsonl_key", "text_column", "errors", "format", "shard_tokens", "shard_boundary", "unit_mb")
-CHAT_OPTIONS = ("chat", "chat_template", "max_tokens", "skip_bad")
+CHAT_OPTIONS = ("chat", "chat_template", "max_tokens", "skip_bad", "mixture")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class PrepareConfig:
                              "0 keeps every token")
     skip_bad: bool = option(False, "with --chat, leave out a record that is not a valid conversation, counted in "
                             "meta.json, instead of stopping at it")
+    mixture: tuple[str, ...] = option((), "with --chat, write each split as nanochat's TaskMixture of the inputs: "
+                                      "INPUT=EPOCHS for an input as given (the others once), every (input, "
+                                      "conversation) shuffled by --seed as TaskMixture shuffles by 42")
     spool_dir: str | None = option(None, "with a URL as --out-dir, the local folder a unit's shards wait in until "
                                    "they are uploaded (default: the system's temporary folder)")
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
@@ -175,7 +179,7 @@ class PrepareConfig:
             raise ValueError(f"--chat-template {self.chat_template} applies to --chat template; pass it, or drop "
                              "--chat-template")
         if self.chat == Renderer.NONE:
-            for name in ("max_tokens", "skip_bad"):
+            for name in ("max_tokens", "skip_bad", "mixture"):
                 if getattr(self, name) != default_of(PrepareConfig, name):
                     raise ValueError(f"--{name.replace('_', '-')} applies to conversations: pass --chat, or drop it")
             return
@@ -220,6 +224,7 @@ class Plan:
     holdout: Holdout  # the val rule
     read: ReadOptions
     chat: ChatRenderer | None = None  # how conversations are rendered (--chat), or None for text
+    mixture: Mixture | None = None  # the order conversations are written in (--mixture), or None: input order
 
     def encoding_threads(self) -> tuple[int, int]:
         """(threads, batches in flight) of the encoding pipeline, batches of ``piece_chars``. An

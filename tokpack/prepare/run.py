@@ -36,6 +36,7 @@ from ..tokenizer import Encoder, load_encoding, token_dtype
 from . import holdout, tasks, units
 from .cluster import Ranks
 from .config import Plan, PrepareConfig
+from .mixture import Mixture
 from .folder import OutputFolder, check_out_dir, merged_indexes, publish_parts, retire
 from .chats import CHAT_COUNTS
 from .remote import Publisher, Spool
@@ -269,7 +270,7 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
                 sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
-                chat=_renderer(config, enc))
+                chat=_renderer(config, enc), mixture=Mixture.of(config.mixture, groups, config.seed))
 
 
 def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
@@ -399,6 +400,8 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
     if plan.chat is not None:
         counts = {key: sum(part["chat"][key] for part in parts) for key in CHAT_COUNTS}
         meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
+        if plan.mixture is not None:  # a mixture is one unit's: conversations are written flat
+            meta["chat"]["mixture"] = parts[0]["chat"]["mixture"]  # type: ignore[typeddict-item]
     return meta
 
 

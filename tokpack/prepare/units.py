@@ -45,7 +45,7 @@ from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
 from ..verify import VerifyError, check_index, check_tokens
 from .cluster import Entry, share_of
-from .chats import chat_counts, tokenize_chats
+from .chats import chat_counts, write_chats
 from .config import LLMC_SHARD_TOKENS, Plan
 from .input_hash import InputTap, input_sha256
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
@@ -243,10 +243,9 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
         counts = chat_counts()
         try:
             writers = open_writers(plan, unit)
-            for only, entries in passes:
-                if plan.chat is not None:
-                    tokenize_chats(plan, tap.share if tap else entries, writers, only, counts)
-                    continue
+            if plan.chat is not None:
+                write_chats(plan, [(only, tap.share if tap else entries) for only, entries in passes], writers, counts)
+            for only, entries in passes if plan.chat is None else ():
                 tokenize(_encoded(plan, tap.share if tap else entries), writers,
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
                          only)

@@ -339,8 +339,8 @@ class ShardWriter:
 
 @dataclass
 class SplitWriter:
-    """One split's tokens (one flat .bin, or shards by ``layout``) and its document index (at
-    ``idx_name``, default ``SPLIT.idx``), written to temporary names."""
+    """One split's tokens (one flat .bin, or shards by ``layout``), its document index (at
+    ``idx_name``, default ``SPLIT.idx``) and a conversation split's mask, written to temporary names."""
 
     folder: Path
     split: str
@@ -351,6 +351,7 @@ class SplitWriter:
     idx_name: str = ""
     bin_name: str = ""
     masked: bool = False  # a loss mask beside the tokens (SPLIT.mask), one byte a token
+    mask_name: str = ""
     tokens: int = 0
     documents: int = 0
     supervised: int = 0  # tokens whose mask is 1
@@ -362,7 +363,8 @@ class SplitWriter:
         else:
             self.bin = HashingWriter(self.folder / (self.bin_name or BIN_NAME.format(split=self.split)))
         self.idx = HashingWriter(self.folder / (self.idx_name or IDX_NAME.format(split=self.split)))
-        self.mask = HashingWriter(self.folder / MASK_NAME.format(split=self.split)) if self.masked else None
+        self.mask = HashingWriter(self.folder / (self.mask_name or MASK_NAME.format(split=self.split))) \
+            if self.masked else None
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 

@@ -1,0 +1,84 @@
+"""--mixture: each split written as nanochat's TaskMixture serves its tasks (a faithful miniature:
+tasks listed with their epochs, every (task, conversation) shuffled by random.Random(seed)), read
+by nanochat's SFT loader batch for batch, each input's share of the supervised tokens reported."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from helpers import chat_documents, cli_run, make_chats, write_jsonl, write_nanochat_spec
+from tokpack.bench.chat import nanochat_render, nanochat_sft_batches
+from tokpack.data.loader import build_loader
+from tokpack.data.packing import PackedDocuments
+from tokpack.format import read_meta
+from tokpack.prepare.__main__ import main as prepare_main
+from tokpack.tokenizer import load_encoding
+
+
+def task_mixture(tasks: list[list[dict]], seed: int) -> list[dict]:
+    """nanochat's TaskMixture: every (task, conversation) of the tasks in order, shuffled."""
+    index_map = [(t, i) for t, task in enumerate(tasks) for i in range(len(task))]
+    random.Random(seed).shuffle(index_map)
+    return [tasks[t][i] for t, i in index_map]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    chats = make_chats(64, seed=21)
+    smol, identity, val = chats[:36], chats[36:48], chats[48:]
+    return (root, write_nanochat_spec(root / "tok"), write_jsonl(root / "smol.jsonl", smol),
+            write_jsonl(root / "identity.jsonl", identity), write_jsonl(root / "val.jsonl", val), smol, identity)
+
+
+def _prepare(capsys, inputs, out, *extra):
+    root, spec, smol, identity, val = inputs[:5]
+    return cli_run(prepare_main, capsys, smol, identity, val, "--chat", "nanochat", "--encoding", spec, "--val-inputs",
+                   val, "--out-dir", out, "--quiet", *extra)
+
+
+@pytest.mark.parametrize("seed", [42, 7])
+def test_a_split_is_nanochats_task_mixture_and_its_sft_loader_reads_it(inputs, tmp_path, capsys, seed):
+    root, spec, smol_file, identity_file, _, smol, identity = inputs
+    code, err = _prepare(capsys, inputs, tmp_path / "out", "--mixture", f"{identity_file}=2", "--seed", str(seed))
+    assert code == 0, err
+    enc = load_encoding(str(spec))
+    expected = [nanochat_render(enc, c) for c in task_mixture([smol, identity, identity], seed)]
+    assert chat_documents(tmp_path / "out", "train") == expected
+    # nanochat's SFT loader over its mixture, and tokpack's over the folder, batch for batch.
+    T = max(len(ids) for ids, _ in expected)  # every conversation fits a row, where nanochat never clogs
+    rows = PackedDocuments(tmp_path / "out", T, split="train", rows="nanochat-sft", ignore_index=-1)
+    for batch, (x, y) in itertools.islice(zip(build_loader(rows, 2, seed=0),
+                                              nanochat_sft_batches(enc, expected, 2, T, rendered=True)), 12):
+        assert np.array_equal(batch.x.numpy(), x) and np.array_equal(batch.y.numpy(), y)
+    report = read_meta(tmp_path / "out")["chat"]["mixture"]
+    assert report["seed"] == seed
+    smol_entry, identity_entry, val_entry = report["inputs"]
+    assert (smol_entry["epochs"], identity_entry["epochs"], val_entry["epochs"]) == (1, 2, 1)
+    assert identity_entry["train"]["conversations"] == 2 * len(identity)
+    supervised = [sum(sum(nanochat_render(enc, c)[1]) for c in task) for task in (smol, identity)]
+    assert [smol_entry["train"]["supervised"], identity_entry["train"]["supervised"]] == \
+        [supervised[0], 2 * supervised[1]]
+    share = identity_entry["train"]["supervised_share"]
+    assert share == pytest.approx(2 * supervised[1] / (supervised[0] + 2 * supervised[1]), abs=1e-6)
+    assert val_entry["val"]["supervised_share"] == 1 and val_entry["train"]["conversations"] == 0
+
+
+def test_bad_mixtures_are_one_line_and_leave_nothing(inputs, tmp_path, capsys):
+    root, spec, smol_file, identity_file = inputs[:4]
+    for entry, reason in ((f"{root / 'other.jsonl'}=2", "names no input"), (f"{identity_file}=0", "epochs"),
+                          (f"{identity_file}=two", "epochs")):
+        code, err = _prepare(capsys, inputs, tmp_path / "out", "--mixture", entry)
+        assert code == 2 and reason in err and "\n" not in err, err
+    code, err = cli_run(prepare_main, capsys, smol_file, "--mixture", f"{smol_file}=2", "--out-dir", tmp_path / "t")
+    assert code == 2 and "applies to conversations" in err, err
+    # A bad record found while the conversations are staged: nothing is left, staged or written.
+    bad = write_jsonl(root / "bad" / "identity.jsonl", [{"messages": []}])
+    code, err = cli_run(prepare_main, capsys, smol_file, bad, "--chat", "nanochat", "--encoding", spec,
+                        "--mixture", f"{bad}=3", "--out-dir", tmp_path / "o", "--quiet")
+    assert code == 2 and "empty conversation" in err, err
+    assert not (tmp_path / "o").exists()
