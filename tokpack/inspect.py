@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import Meta, split_files, token_offset
+from .format import Meta, mask_files, split_files, token_offset
 from .storage.folder import Folder, as_folder, published
 from .tokenizer import folder_encoding
 
@@ -87,8 +87,16 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     enc = folder_encoding(meta)
     lines.append(f"decoded: {enc.decode(ids)!r}")
     info = meta["splits"][split]
-    if "mask" in info:  # a split of conversations: which of the peek's tokens are trained on
-        mask = where.read(info["mask"]["file"], at, at + len(ids))
+    if mask_files(info):  # a split of conversations: which of the peek's tokens are trained on
+        mask, skip = b"", at
+        for entry in mask_files(info):  # a mask file a token file, one byte a token
+            if skip >= entry["bytes"]:
+                skip -= entry["bytes"]
+                continue
+            mask += where.read(entry["file"], skip, min(skip + len(ids) - len(mask), entry["bytes"]))
+            skip = 0
+            if len(mask) == len(ids):
+                break
         trained = "".join(enc.decode([i]) if m else "\u2591" for i, m in zip(ids, mask))
         lines.append(f"trained on ({info['supervised']:,} of {info['tokens']:,} tokens of {split}; \u2591 = not): "
                      f"{trained!r}")

@@ -30,7 +30,8 @@ import numpy as np
 from .storage.cache import CachedFolder
 from .storage import is_url, redact
 from .format import (INDEX_DTYPE, JSON_LIMIT, LLMC_DOCUMENT_START, MASK_DTYPE, META_NAME, SHARD_HEADER_BYTES,
-                     UNIT_RECORD_GLOB, Meta, load_json, read_file, read_meta, shard_header, split_files, token_offset)
+                     UNIT_RECORD_GLOB, Meta, load_json, mask_files, read_file, read_meta, shard_header, split_files,
+                     token_offset)
 from .format import megatron
 
 
@@ -130,9 +131,25 @@ class OpenedFiles(Sequence[np.ndarray]):
         self._arrays: list[np.ndarray | None] = [None] * len(split.files)
         self._names = [f.path.name for f in split.files]
         self._held: list[str] = []  # the files leased from the split's cache
+        self._offsets = np.concatenate([[0], np.cumsum([f.tokens for f in split.files])]).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self._arrays)
+
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the split, across its files' boundaries."""
+        if len(self._arrays) == 1:
+            return self[0][start:stop]
+        first = int(np.searchsorted(self._offsets, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            local = start - int(self._offsets[first])
+            take = min(stop, int(self._offsets[first + 1])) - start
+            parts.append(self[first][local:local + take])
+            start, first = start + take, first + 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, self.split.dtype)
 
     def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
         array = self._arrays[i]
@@ -243,24 +260,26 @@ def _opened(paths: list[Path], facts: dict[Path, _Folder], dtype: str | np.dtype
 
 
 def _mask(folder: Path | None, meta: Meta | None, name: str | None, files: list[TokenFile]) -> Split | None:
-    """The loss mask of a prepared split of conversations, one byte a token, checked to be the
-    mask file of a regular file's size; None for a split without one."""
+    """The loss mask of a prepared split of conversations, one byte a token, a file a token file,
+    each checked to be a regular file of its token file's length; None for a split without one."""
     info = meta["splits"][name] if meta is not None and name is not None and name in meta["splits"] else None
-    if folder is None or info is None or "mask" not in info:
+    entries = mask_files(info) if folder is not None and info is not None else []
+    if not entries:
         return None
-    entry = info["mask"]
-    path = folder / entry["file"]
-    try:
-        found = path.lstat()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing: the split's loss mask; rerun python -m tokpack.prepare --force") \
-            from None
-    if not stat.S_ISREG(found.st_mode) or found.st_size != files[0].tokens or len(files) != 1:
-        raise ValueError(f"{path} is not the plain file of one byte a token of {files[0].path} that meta.json "
-                         "records; rerun python -m tokpack.prepare --force")
-    identity = (found.st_size, found.st_ino, found.st_mtime_ns)
-    mask = TokenFile(path, MASK_DTYPE, 0, found.st_size, entry["sha256"], identity)
-    return Split((mask,), MASK_DTYPE, name, folder, None, _fingerprint([mask]))
+    masks = []
+    for entry, tokens in zip(entries, files, strict=True):
+        path = folder / entry["file"]  # type: ignore[operator]
+        try:
+            found = path.lstat()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} is missing: the split's loss mask; rerun python -m tokpack.prepare "
+                                    "--force") from None
+        if not stat.S_ISREG(found.st_mode) or found.st_size != tokens.tokens:
+            raise ValueError(f"{path} is not the plain file of one byte a token of {tokens.path} that meta.json "
+                             "records; rerun python -m tokpack.prepare --force")
+        identity = (found.st_size, found.st_ino, found.st_mtime_ns)
+        masks.append(TokenFile(path, MASK_DTYPE, 0, found.st_size, entry["sha256"], identity))
+    return Split(tuple(masks), MASK_DTYPE, name, folder, None, _fingerprint(masks))
 
 
 def open_splits(folder: str | Path, meta: Meta | None = None) -> dict[str, Split]:
@@ -292,9 +311,9 @@ def _cached(cached: CachedFolder, name: str) -> Split:
     cached.hold([info["idx"]["file"]])
     cached.path(info["idx"]["file"])
     mask = None
-    if "mask" in info:  # fetched through the cache like a token file, when first read
-        e = info["mask"]
-        masks = (TokenFile(cached.mirror / e["file"], MASK_DTYPE, 0, e["bytes"], e["sha256"], (e["bytes"], 0, 0)),)
+    if mask_files(info):  # fetched through the cache like a token file, when first read
+        masks = tuple(TokenFile(cached.mirror / e["file"], MASK_DTYPE, 0, e["bytes"], e["sha256"], (e["bytes"], 0, 0))
+                      for e in mask_files(info))
         mask = Split(masks, MASK_DTYPE, name, cached.mirror, None, _fingerprint(masks), cached, fits)
     return Split(files, dtype, name, cached.mirror, meta, _fingerprint(files, mask), cached, fits, mask)
 

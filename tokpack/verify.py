@@ -24,7 +24,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, parse_shard_header, split_files, token_offset
+from .format import (INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files, parse_shard_header, split_files,
+                     token_offset)
 from .format.megatron import parse_starts
 from .storage import Missing, is_url
 from .storage.folder import Folder, as_folder, published
@@ -159,9 +160,9 @@ def _check_megatron(folder: Folder, info: SplitInfo, itemsize: int) -> None:
         raise VerifyError(f"{where} names other documents than {folder.where}/{idx['file']}")
 
 
-def _check_mask(folder: Folder, info: SplitInfo) -> None:
-    """A loss mask (one byte a token: parse_meta checked its size): each value 0 or 1, as many 1s
-    as meta.json's supervised count."""
+def check_mask(folder: Folder, entry: FileEntry) -> int:
+    """``check_entry`` of a loss mask (one byte a token: parse_meta checked its size): each value
+    0 or 1. Returns how many 1s it holds."""
     ones = [0]
 
     def binary(body: bytes, at: int, where: str) -> None:
@@ -171,10 +172,15 @@ def _check_mask(folder: Folder, info: SplitInfo) -> None:
             raise VerifyError(f"{where} holds value {top} near byte {at}, a mask holds 0 and 1")
         ones[0] += int(np.count_nonzero(values))
 
-    entry = info["mask"]
     check_entry(folder, entry, binary)
-    if ones[0] != info["supervised"]:
-        raise VerifyError(f"{folder.where}/{entry['file']} trains on {ones[0]} tokens, meta.json says "
+    return ones[0]
+
+
+def _check_masks(folder: Folder, name: str, info: SplitInfo) -> None:
+    """A split's masks, with as many 1s as meta.json's supervised count."""
+    ones = sum(check_mask(folder, entry) for entry in mask_files(info))
+    if ones != info["supervised"]:
+        raise VerifyError(f"the {name} split's mask in {folder.where} trains on {ones} tokens, meta.json says "
                           f"{info['supervised']}")
 
 
@@ -206,8 +212,8 @@ def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = N
                     f"the {name} split ({info['tokens']} tokens)")
         if "megatron_idx" in info:
             _check_megatron(where, info, dtype.itemsize)
-        if "mask" in info:
-            _check_mask(where, info)
+        if mask_files(info):
+            _check_masks(where, name, info)
         counts[name] = info["tokens"]
     return counts
 

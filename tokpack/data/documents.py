@@ -83,15 +83,7 @@ class DocumentIndex:
 
     def span(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the split, across file boundaries."""
-        tokens = self.tokens()
-        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        parts = []
-        while start < stop:
-            local = start - int(self.offsets[first])
-            take = min(stop, int(self.offsets[first + 1])) - start
-            parts.append(tokens[first][local:local + take])
-            start, first = start + take, first + 1
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self.tokens().span(start, stop)
 
 
 class DocumentDataset(Dataset):
@@ -150,9 +142,9 @@ class DocumentDataset(Dataset):
         start = int(self.starts[i])
         stop = start + int(self.lengths[i])
         ids = torch.from_numpy(self.split.check_ids(self.index.span(start, stop)).astype(np.int64))
-        if self.split.mask is not None:  # a conversation split is flat: its mask is one file
+        if self.split.mask is not None:  # a conversation split: its mask files, cut where its token files are
             if self._mask_files is None:
                 self._mask_files = self.split.mask.open()
-            mask = self._mask_files[0][start:stop].astype(np.int64)
+            mask = self._mask_files.span(start, stop).astype(np.int64)
             return {"input_ids": ids, "assistant_masks": torch.from_numpy(mask)}
         return ids if self.labels is None else (ids, int(self.labels[i]))

@@ -362,7 +362,7 @@ class PackedDocuments(Dataset):
             skip = frozenset(long.tolist())
         elif mask is not None:
             starts = self.unit_starts
-            skip = frozenset(d for d in long.tolist() if not mask[starts[d]:starts[d] + width].any())
+            skip = frozenset(d for d in long.tolist() if not mask.span(starts[d], starts[d] + width).any())
         if len(skip) == len(self.lengths):
             raise ValueError(f"every document of {self.split.describe()} is longer than a row of {width} tokens "
                              "(or trains on nothing in one), and none would be left; raise block_size")
@@ -549,7 +549,7 @@ class PackedDocuments(Dataset):
             self._check_rows(rows)
         files = self.index.tokens()
         single = files[0] if len(files) == 1 else None
-        mask = self._masks()  # a split of conversations (one flat file): each token's loss mask
+        mask = self._masks()  # a split of conversations: each token's loss mask
         kept = np.zeros(B * width, dtype=np.uint8) if mask is not None else None  # inserted BOS, padding: 0
         unit_starts, unit_bos, bos_id = self.unit_starts, self.unit_bos, self.bos_id
         boundary = self.stride is not None or self.mask_boundary  # a segment's last target is the next one's first token
@@ -575,7 +575,7 @@ class PackedDocuments(Dataset):
                     else:
                         out[at + lead:at + n] = self.index.span(source, source + n - lead)
                     if kept is not None:
-                        kept[at + lead:at + n] = mask[source:source + n - lead]
+                        kept[at + lead:at + n] = mask.span(source, source + n - lead)
                 col = at - r * width
                 if col < T:  # one starting at a row's last token is in y only
                     first, span = at - r, min(col + n, T) - col  # its place in the flattened x
@@ -610,13 +610,13 @@ class PackedDocuments(Dataset):
                              "conversations again, which leaves out any with nothing to train on")
         return masked
 
-    def _masks(self) -> np.ndarray | None:
+    def _masks(self) -> OpenedFiles | None:
         """The loss mask of a split of conversations, mapped on first use in this process."""
         if self.split.mask is None:
             return None
         if self._mask_files is None:
             self._mask_files = self.split.mask.open()
-        return self._mask_files[0]
+        return self._mask_files
 
     def _check_rows(self, rows: Sequence[Row]) -> None:
         count, width = len(self.lengths), self.block_size + 1

@@ -40,10 +40,13 @@ IDX_NAME = "{split}.idx"  # tokpack's document index
 MASK_NAME = "{split}.mask"  # a conversation split's loss mask: one byte a token, 1 = trained on
 # Shards: bare (``train_UUUUU_KKKKKK.bin``, unit and shard) or llm.c's, the folder's name first,
 # which may itself start with a dot.
-SHARD_NAME = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}\.bin"
+SHARD_STEM = r"(?:[^/\\\x00]+_)?(?:train|val)(?:_\d{5})?_\d{6}"
+SHARD_NAME = SHARD_STEM + r"\.bin"
+MASK_SHARD_NAME = SHARD_STEM + r"\.mask"  # a shard's loss mask, beside it: one byte a token
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
-DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}")
+DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}|"
+                       rf"{MASK_SHARD_NAME}")
 LOCK_NAME = ".tokpack.lock"
 TMP_SUFFIX = ".tokpack-tmp"  # ".NAME.PID" + this: a file being written, renamed to NAME when whole
 # A sharded run's record of each finished unit (while one stands without meta.json, the folder is
@@ -107,8 +110,10 @@ class SplitInfo(TypedDict):
     shards: NotRequired[list[FileEntry]]
     idx: NotRequired[FileEntry]
     megatron_idx: NotRequired[FileEntry]
-    # Of a split of conversations (--chat): the loss mask beside the tokens, and its 1s.
+    # Of a split of conversations (--chat): the loss mask beside the tokens (one file, or one a
+    # shard), and its 1s.
     mask: NotRequired[FileEntry]
+    mask_shards: NotRequired[list[FileEntry]]
     supervised: NotRequired[int]
     # Of a split that holds whole parquet files: each file's row group sizes, in documents.
     row_groups: NotRequired[list[list[int]]]
@@ -176,10 +181,16 @@ def split_files(info: SplitInfo) -> list[FileEntry]:
     return info["shards"] if "shards" in info else [info["bin"]]
 
 
+def mask_files(info: SplitInfo) -> list[FileEntry]:
+    """A conversation split's mask files, one a token file; none for a split without a mask."""
+    return [info["mask"]] if "mask" in info else info.get("mask_shards", [])
+
+
 def every_file(info: SplitInfo) -> list[FileEntry]:
-    """Every file a split's meta.json entry lists: token files, the index, and with --format
-    megatron Megatron's index."""
-    return [*split_files(info), info["idx"], *[info[key] for key in ("megatron_idx", "mask") if key in info]]
+    """Every file a split's meta.json entry lists: token files, the index, with --format megatron
+    Megatron's index, and masks."""
+    megatron = [info["megatron_idx"]] if "megatron_idx" in info else []
+    return [*split_files(info), info["idx"], *megatron, *mask_files(info)]
 
 
 # The most bytes of JSON tokpack reads as one of its own records (meta.json, a unit record, a
@@ -247,13 +258,15 @@ def parse_meta(raw: bytes, path: str) -> Meta:
     return meta
 
 
+def bad_file(entry: Any, with_tokens: bool = False) -> bool:
+    """Whether ``entry`` is not a file entry (name, bytes, sha256, and with ``with_tokens`` a count)."""
+    return not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+                and _is_count(entry.get("bytes")) and isinstance(entry.get("sha256"), str)
+                and (not with_tokens or _is_count(entry.get("tokens"))))
+
+
 def _meta_problem(meta: dict[str, Any]) -> str | None:
     """What is structurally wrong with a meta.json, or None: every reader relies on this shape."""
-    def bad_file(entry: Any, with_tokens: bool = False) -> bool:
-        return not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
-                    and _is_count(entry.get("bytes")) and isinstance(entry.get("sha256"), str)
-                    and (not with_tokens or _is_count(entry.get("tokens"))))
-
     if meta.get("dtype") not in ("uint16", "uint32"):
         return f"dtype {meta.get('dtype')!r} is not uint16 or uint32"
     enc = meta.get("encoding")
@@ -270,7 +283,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
         if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
             return f"split {name!r} needs tokens and documents counts"
         entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"), info.get("mask"),
-                   *(info["shards"] if isinstance(info.get("shards"), list) else [])]
+                   *(info["shards"] if isinstance(info.get("shards"), list) else []),
+                   *(info["mask_shards"] if isinstance(info.get("mask_shards"), list) else [])]
         for entry in entries:
             file = entry.get("file") if isinstance(entry, dict) else None
             if isinstance(file, str) and not DATA_FILE.fullmatch(file):
@@ -288,12 +302,22 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
         if "mask" in info and not (not bad_file(info["mask"]) and _is_count(info.get("supervised"))
                                    and info["mask"]["bytes"] == info["tokens"] and "bin" in info):
             return f"split {name!r} has a mask entry that is not one byte a token of a flat split, with its count"
+        if "mask_shards" in info and not _masks_match(info):
+            return f"split {name!r} has mask_shards that are not one byte a token of each of its shards, with its count"
         groups = info.get("row_groups")
         if groups is not None and not (isinstance(groups, list) and all(
                 isinstance(sizes, list) and all(_is_count(n) for n in sizes) for sizes in groups)
                 and sum(map(sum, groups)) == info["documents"]):
             return f"split {name!r} has row_groups that are not lists of counts summing to its documents"
     return None
+
+
+def _masks_match(info: dict[str, Any]) -> bool:
+    masks, shards = info["mask_shards"], info.get("shards")
+    return (isinstance(masks, list) and isinstance(shards, list) and len(masks) == len(shards)
+            and _is_count(info.get("supervised")) and "mask" not in info
+            and all(not bad_file(m, True) and isinstance(s, dict) and m["tokens"] == s.get("tokens") == m["bytes"]
+                    for m, s in zip(masks, shards)))
 
 
 def _is_count(value: Any) -> bool:

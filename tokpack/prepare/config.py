@@ -172,7 +172,7 @@ class PrepareConfig:
         self._check_chat()
 
     def _check_chat(self) -> None:
-        """Conversations are written flat, by one process, each starting with its own BOS."""
+        """Conversations each start with their own BOS, in the split their hash chooses."""
         if self.chat not in tuple(Renderer):
             raise ValueError(f"--chat {self.chat!r} is not one of {', '.join(Renderer)}")
         if self.chat_template is not None and self.chat != Renderer.TEMPLATE:
@@ -185,15 +185,11 @@ class PrepareConfig:
             return
         if self.max_tokens < 0:
             raise ValueError(f"--max-tokens {self.max_tokens} is negative; use 0 to keep every token")
-        unsupported = [flag for flag, used in (("--format " + self.format, self.format == "llmc"),
-                                                ("--shard-tokens", bool(self.shard_tokens)),
-                                                ("--tasks", self.tasks is not None),
-                                                ("--val-tokens", bool(self.val_tokens)),
-                                                ("--eot " + self.eot, self.eot not in ("auto", "none")))
-                       if used]
+        unsupported = [flag for flag, used in (("--val-tokens", bool(self.val_tokens)),
+                                                ("--eot " + self.eot, self.eot not in ("auto", "none"))) if used]
         if unsupported:
-            raise ValueError(f"--chat writes flat train.bin/val.bin with their masks, each conversation led by its "
-                             f"own BOS, and does not take {', '.join(unsupported)} yet; drop it")
+            raise ValueError(f"--chat writes each conversation led by its own BOS, in the split its messages' hash "
+                             f"or --val-inputs chooses, and does not take {', '.join(unsupported)}; drop it")
 
     def output_options(self) -> dict[str, Any]:
         chat = CHAT_OPTIONS if self.chat != Renderer.NONE else ()  # a text run's record stays as it was

@@ -236,9 +236,9 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
         raise ValueError(f"--val-tokens chooses whole documents, but {files[0]} is one document; "
                          "use --val-fraction, or --doc-sep to cut it into documents")
     _warn_unused(config, files)
-    # llm.c's convention is an <|endoftext|> before every document.
-    eot = config.eot if config.eot != "auto" else ("prepend" if config.format == "llmc" else
-                                                   "none" if single or config.chat != "none" else "append")
+    # llm.c's convention is an <|endoftext|> before every document; a conversation brings its own BOS.
+    eot = config.eot if config.eot != "auto" else ("none" if single or config.chat != "none" else
+                                                   "prepend" if config.format == "llmc" else "append")
     # Documents led by the token take a Hugging Face config's BOS token, where it names one.
     enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
     dtype = token_dtype(enc, config.dtype)
@@ -256,9 +256,9 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
         raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
                          f"give at most {max(total, 1):,}")
     sharded = config.format == "llmc" or bool(config.shard_tokens) or world > 1 or independent
-    if config.chat != "none" and world > 1:
-        raise ValueError(f"--chat writes flat files, which one process writes; run it without torchrun (this is "
-                         f"{world} processes)")
+    if config.mixture and sharded:
+        raise ValueError("--mixture writes each split in one order, so one process writes it, flat; drop --tasks, "
+                         "--shard-tokens, --format llmc or torchrun")
     if config.format == "megatron" and sharded:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
@@ -437,6 +437,9 @@ def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, Split
                     info[key] = infos[0][key]  # type: ignore[literal-required]
         else:
             info["shards"] = [shard for i in infos for shard in i["shards"]]
+            if "mask_shards" in infos[0]:
+                info["mask_shards"] = [mask for i in infos for mask in i["mask_shards"]]
+                info["supervised"] = sum(i["supervised"] for i in infos)
         splits[split] = info
     seen = sum(info["documents"] for info in splits.values())
     if not seen:

@@ -37,15 +37,15 @@ import numpy as np
 from tqdm import tqdm
 
 from ..corpus import Piece, documents, pieces, split_runs
-from ..format import (IDX_NAME, MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX, UNIT_INDEX_GLOB,
-                      UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord,
+from ..format import (IDX_NAME, MASK_SHARD_NAME, MEGATRON_NAME, SHARD_HEADER_BYTES, SHARD_NAME, SPLITS, UNIT_INDEX,
+                      UNIT_INDEX_GLOB, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord,
                       load_json)
 from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
-from ..verify import VerifyError, check_index, check_tokens
+from ..verify import VerifyError, check_index, check_mask, check_tokens
 from .cluster import Entry, share_of
-from .chats import chat_counts, write_chats
+from .chats import CHAT_COUNTS, chat_counts, write_chats
 from .config import LLMC_SHARD_TOKENS, Plan
 from .input_hash import InputTap, input_sha256
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
@@ -57,12 +57,13 @@ def fingerprint(settings: dict[str, Any]) -> str:
 
 # The names a unit writes: its shards (NAME_train_00003_000000.bin, train_000000.bin, ...) and its
 # hidden index part. A record is data on disk and may be forged: any other name in it is refused.
-_UNIT_FILE = re.compile(rf"{SHARD_NAME}|{UNIT_INDEX_NAME.pattern}")
+_UNIT_FILE = re.compile(rf"{SHARD_NAME}|{MASK_SHARD_NAME}|{UNIT_INDEX_NAME.pattern}")
 
 
 def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The files a record names, each checked to be a plain name of a unit's pattern."""
-    entries = [f for part in record["splits"].values() for f in (*part["info"]["shards"], part["idx"])]
+    entries = [f for part in record["splits"].values()
+               for f in (*part["info"]["shards"], *part["info"].get("mask_shards", []), part["idx"])]
     for entry in entries:
         name = entry["file"]
         if not isinstance(name, str) or not _UNIT_FILE.fullmatch(name):
@@ -92,6 +93,10 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str) -> UnitRecord
             return None
         record_files(record)
         recorded = record["input_sha256"]
+        counts = record.get("chat")
+        if (plan.chat is not None) != isinstance(counts, dict) or (counts is not None and not all(
+                type(counts.get(key)) is int and counts[key] >= 0 for key in CHAT_COUNTS)):
+            return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if recorded != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
@@ -111,11 +116,18 @@ def _check_files(plan: Plan, record: UnitRecord) -> None:
     for part in record["splits"].values():
         for entry in part["info"]["shards"]:
             check_tokens(folder, entry, plan.dtype, offset, plan.enc.n_vocab)
+        masks = part["info"].get("mask_shards", [])
+        if (plan.chat is not None) != ("mask_shards" in part["info"]) or \
+                sum(check_mask(folder, entry) for entry in masks) != part["info"].get("supervised", 0):
+            raise VerifyError(f"unit {record['unit']}'s masks are not as recorded")
         check_index(folder, part["idx"], part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
 
 
-def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, UnitPart]) -> UnitRecord:
+def save(out: Path, unit: int, expected: str, digest: str, splits: dict[str, UnitPart],
+         chat: dict[str, Any] | None = None) -> UnitRecord:
     record: UnitRecord = {"fingerprint": expected, "unit": unit, "input_sha256": digest, "splits": splits}
+    if chat is not None:
+        record["chat"] = chat
     write_json_atomic(out / UNIT_RECORD.format(unit), record)
     return record
 
@@ -250,10 +262,7 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
                          only)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
-            record = finish(plan, unit, digest(), writers)
-            if plan.chat is not None:
-                record["chat"] = counts
-            return record
+            return finish(plan, unit, digest(), writers, counts if plan.chat is not None else None)
         except BaseException:
             stop.set()
             for writer in writers.values():
@@ -311,16 +320,17 @@ def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarr
     return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, piece_chars, in_flight)
 
 
-def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter]) -> UnitRecord:
-    """Close the writers. A sharded run writes the unit's record, then renames its files: a run
-    killed between the two leaves a record whose files do not verify (the unit is redone) and no
-    final name that no record claims."""
+def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter],
+           chat: dict[str, Any] | None = None) -> UnitRecord:
+    """Close the writers. A sharded run writes the unit's record (with its ``chat`` counts), then
+    renames its files: a run killed between the two leaves a record whose files do not verify (the
+    unit is redone) and no final name that no record claims."""
     splits = {s: _closed(plan, writer) for s, writer in writers.items()}
     if not plan.sharded:
-        return {"input_sha256": digest, "splits": splits}
-    saved = save(plan.out, unit, plan.fingerprint, digest, splits)
+        return {"input_sha256": digest, "splits": splits, **({"chat": chat} if chat is not None else {})}
+    saved = save(plan.out, unit, plan.fingerprint, digest, splits, chat)
     for s, writer in writers.items():
-        for tmp, final in writer.bin.renames():
+        for tmp, final in writer.bin.renames() + (writer.mask.renames() if writer.mask is not None else []):
             os.replace(tmp, final)
         os.replace(writer.idx.tmp, plan.out / splits[s]["idx"]["file"])
     return saved

@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -185,6 +185,7 @@ class ShardLayout:
     header: bool
     at_documents: bool = False
     min_shards: int = 1
+    suffix: str = ".bin"  # ".mask": a conversation shard's loss mask, cut as its tokens are
 
 
 class ShardWriter:
@@ -204,7 +205,8 @@ class ShardWriter:
     def __init__(self, folder: Path, layout: ShardLayout, dtype: np.dtype):
         self.folder, self.dtype, self.layout = folder, dtype, layout
         self.shard_tokens = layout.max_tokens or np.iinfo(np.int64).max
-        self.magic, self.version = SHARD_VERSIONS[dtype.name], SHARD_DTYPE_VERSION[dtype.name]
+        if layout.header:
+            self.magic, self.version = SHARD_VERSIONS[dtype.name], SHARD_DTYPE_VERSION[dtype.name]
         self.prefix, self.next_index = layout.prefix, layout.first
         self.shards: list[dict[str, Any]] = []
         self.paths: list[Path] = []
@@ -216,7 +218,7 @@ class ShardWriter:
         self._writeback = WriteBack(WRITEBACK_BYTES)
 
     def _open(self) -> None:
-        path = self.folder / f"{self.prefix}{self.next_index:06d}.bin"
+        path = self.folder / f"{self.prefix}{self.next_index:06d}{self.layout.suffix}"
         self.next_index += 1
         self.paths.append(path)
         self._file = open_new(tmp_path(path))
@@ -319,7 +321,7 @@ class ShardWriter:
         if self._file is not None:
             self._finish(self._file, len(self.paths) - 1, self._count)
             self._file = None
-        if len(self.shards) == 1 < self.layout.min_shards:
+        if len(self.shards) == 1 < self.layout.min_shards and self.layout.suffix == ".bin":  # not again for a mask
             warnings.warn(f"{self.prefix.rstrip('_')} is one document, so one shard: modded-nanogpt's loader reads two "
                           "train shards at least; add documents", stacklevel=2)
         self._writeback.close()
@@ -363,14 +365,20 @@ class SplitWriter:
         else:
             self.bin = HashingWriter(self.folder / (self.bin_name or BIN_NAME.format(split=self.split)))
         self.idx = HashingWriter(self.folder / (self.idx_name or IDX_NAME.format(split=self.split)))
-        self.mask = HashingWriter(self.folder / (self.mask_name or MASK_NAME.format(split=self.split))) \
-            if self.masked else None
+        self.mask: HashingWriter | ShardWriter | None = None
+        if self.masked and self.layout is not None:  # a mask a shard, cut where the tokens are
+            self.mask = ShardWriter(self.folder, replace(self.layout, header=False, suffix=".mask"),
+                                    MASK_DTYPE)
+        elif self.masked:
+            self.mask = HashingWriter(self.folder / (self.mask_name or MASK_NAME.format(split=self.split)))
         self._eot = np.array([self.eot_id], dtype=self.dtype)
         self._starts = array.array("Q")  # flushed to .idx in blocks, so memory stays flat
 
     def start_document(self, tokens: int = 0) -> None:
         """A document of ``tokens`` tokens (its end-of-text included; 0 where unknown) starts."""
         self.bin.start_document(tokens)
+        if self.mask is not None:
+            self.mask.start_document(tokens)
         self._starts.append(self.tokens)
         self.documents += 1
         if len(self._starts) >= INDEX_FLUSH:
@@ -399,7 +407,8 @@ class SplitWriter:
         key = "shards" if isinstance(self.bin, ShardWriter) else "bin"
         info = {"tokens": self.tokens, "documents": self.documents, key: self.bin.close(), "idx": self.idx.close()}
         if self.mask is not None:
-            info.update(mask=self.mask.close(), supervised=self.supervised)
+            info.update({"mask_shards" if self.layout is not None else "mask": self.mask.close(),
+                         "supervised": self.supervised})
         return info
 
     def renames(self) -> list[tuple[str, str]]:
