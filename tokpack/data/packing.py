@@ -570,12 +570,15 @@ class PackedDocuments(Dataset):
                             out[at], lead = bos_id, 1
                         else:
                             source -= 1
+                    stop = source + n - lead
                     if single is not None:
-                        out[at + lead:at + n] = single[source:source + n - lead]
+                        out[at + lead:at + n] = single[source:stop]
+                        if kept is not None:
+                            kept[at + lead:at + n] = mask[0][source:stop]  # type: ignore[index]
                     else:
-                        out[at + lead:at + n] = self.index.span(source, source + n - lead)
-                    if kept is not None:
-                        kept[at + lead:at + n] = mask.span(source, source + n - lead)
+                        out[at + lead:at + n] = self.index.span(source, stop)
+                        if kept is not None:
+                            kept[at + lead:at + n] = mask.span(source, stop)  # type: ignore[union-attr]
                 col = at - r * width
                 if col < T:  # one starting at a row's last token is in y only
                     first, span = at - r, min(col + n, T) - col  # its place in the flattened x
