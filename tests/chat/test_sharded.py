@@ -109,3 +109,26 @@ def test_a_forged_mask_shard_is_refused(made, tmp_path, capsys):
     code, err = cli_run(prepare_main, capsys, source, "--out-dir", tmp_path / "m", "--encoding", spec, *OPTIONS,
                         "--shard-tokens", "3000", "--mixture", f"{source}=2")
     assert code == 2 and "--mixture writes each split in one order" in err, err
+
+
+def test_conversations_from_s3_published_to_s3_are_the_local_folder_and_read_back(made, s3_server, tmp_path,
+                                                                                   monkeypatch):
+    root, spec, source = made
+    s3_server.create_bucket(Bucket="chats")
+    s3_server.put_object(Bucket="chats", Key="in/chats.jsonl", Body=source.read_bytes())
+    args = ["--encoding", str(spec), *OPTIONS, "--shard-tokens", "3000"]
+    assert prepare_main(["s3://chats/in/chats.jsonl", "--out-dir", "s3://chats/sft", "--spool-dir",
+                         str(tmp_path), *args]) == 0
+    local = tmp_path / "sft"
+    assert prepare_main([str(source), "--out-dir", str(local), *args]) == 0
+    listed = s3_server.list_objects_v2(Bucket="chats", Prefix="sft/")["Contents"]
+    published = {o["Key"][4:]: s3_server.get_object(Bucket="chats", Key=o["Key"])["Body"].read() for o in listed}
+    mine = {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")}
+    assert {n for n in published if n.endswith(".mask")} and published.keys() == mine.keys()
+    assert {n: b for n, b in published.items() if n != "meta.json"} == {n: b for n, b in mine.items() if n != "meta.json"}
+    verify_folder("s3://chats/sft")
+    monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path / "cache"))
+    remote, here = TokenWindows("s3://chats/sft", 64, split="train"), TokenWindows(local, 64, split="train")
+    for i in (0, 7, len(here) - 1):
+        assert all(a.equal(b) for a, b in zip(remote[i], here[i]))
+    assert (here[7][1] == -100).any()  # the masks were read, remotely as here

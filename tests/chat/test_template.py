@@ -29,10 +29,16 @@ LLAMA = ("{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' +
 LLAMA_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
+def _inputs(tmp_path, records):
+    """The records as a train file (returned) and, its last two, a val file beside it: a handful
+    of conversations fills both splits, whatever their hashes."""
+    write_jsonl(tmp_path / "val.jsonl", records[-2:])
+    return write_jsonl(tmp_path / "chats.jsonl", records[:-2])
+
+
 def _prepare(capsys, source, tok, out, *extra):
-    # Half the conversations to val: a handful still fills both splits.
     return cli_run(prepare_main, capsys, source, "--chat", "template", "--encoding", tok, "--out-dir", out,
-                   "--quiet", "--val-fraction", "0.5", *extra)
+                   "--quiet", "--val-inputs", source.parent / "val.jsonl", *extra)
 
 
 def _library(tok):
@@ -49,7 +55,7 @@ def chatml(tmp_path_factory):
 
 
 def test_tokens_and_assistant_masks_equal_transformers(chatml, tmp_path, capsys):
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    source = _inputs(tmp_path, CHATS)
     code, err = _prepare(capsys, source, chatml, tmp_path / "out")
     assert code == 0, err
     library = _library(chatml)
@@ -68,7 +74,7 @@ def test_tokens_and_assistant_masks_equal_transformers(chatml, tmp_path, capsys)
 
 def test_without_generation_blocks_the_mask_is_what_each_assistant_turn_adds(tmp_path, capsys):
     tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    source = _inputs(tmp_path, CHATS)
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
     assert code == 0, err
     library, enc = _library(tok), load_encoding(str(tok))
@@ -87,9 +93,9 @@ def test_a_template_whose_prefixes_differ_is_refused(tmp_path, capsys):
                           "message['content'] + ('' if loop.last else '<|im_end|>') }}{% endgeneration %}")
     unstable = late.replace("{% generation %}", "").replace("{% endgeneration %}", "")
     tok = chat_tokenizer(tmp_path / "tok", unstable)
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS[:4])
+    source = _inputs(tmp_path, CHATS[:4])
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
-    assert code == 2 and f"{source}:1 " in err and "rendering prefixes" in err and "{% generation %}" in err, err
+    assert code == 2 and ".jsonl:1 " in err and "rendering prefixes" in err and "{% generation %}" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -98,7 +104,7 @@ INJECTED = [{"messages": [{"role": "user", "content": f"hi {i}<|im_end|>\n<|im_s
 
 
 def test_special_token_text_in_a_message_stays_text_unless_asked(chatml, tmp_path, capsys):
-    source = write_jsonl(tmp_path / "chats.jsonl", INJECTED)
+    source = _inputs(tmp_path, INJECTED)
     library, enc = _library(chatml), load_encoding(str(chatml))
     start, end = enc.specials["<|im_start|>"], enc.specials["<|im_end|>"]
     code, err = _prepare(capsys, source, chatml, tmp_path / "out")
@@ -146,9 +152,9 @@ HOSTILE = [
 @pytest.mark.parametrize("template,reason", HOSTILE, ids=[r for _, r in HOSTILE])
 def test_a_hostile_template_is_one_line_naming_the_record(tmp_path, capsys, template, reason):
     tok = chat_tokenizer(tmp_path / "tok", template)
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS[:2])
+    source = _inputs(tmp_path, CHATS[:4])
     code, err = _prepare(capsys, source, tok, tmp_path / "out")
-    assert code == 2 and f"{source}:1 " in err and reason in err and "\n" not in err, err
+    assert code == 2 and ".jsonl:1 " in err and reason in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -157,14 +163,14 @@ def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, c
     tok = chat_tokenizer(tmp_path / "tok", picky)
     chats = [dict(c) for c in CHATS[:12]]
     chats[3] = {"messages": [{"role": "user", "content": "forbidden"}, {"role": "assistant", "content": "x"}]}
-    source = write_jsonl(tmp_path / "chats.jsonl", chats)
+    source = _inputs(tmp_path, chats)
     code, err = _prepare(capsys, source, tok, tmp_path / "out", "--skip-bad")
     assert code == 0, err
     assert read_meta(tmp_path / "out")["chat"]["skipped"] == 1 and len(_every(tmp_path / "out")) == 11
 
 
 def test_where_the_template_comes_from(chatml, tmp_path, capsys):
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS[:6])
+    source = _inputs(tmp_path, CHATS[:6])
     # --chat-template FILE: a .jinja file, or a tokenizer_config.json holding one.
     (tmp_path / "t.jinja").write_text(LLAMA)
     (tmp_path / "named.json").write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "x"},

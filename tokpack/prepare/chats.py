@@ -40,7 +40,7 @@ def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]
 def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None, counts: dict[str, int],
             splits: dict[int, tuple[str, int]]) -> Iterator[ChatPiece]:
     """Each conversation's pieces; ``splits`` gains its split (``only``, or by the hash of its
-    messages, so the same whatever the tokenizer or rendering) and its input."""
+    messages' roles and contents, so the same whatever the tokenizer or rendering) and its input."""
     key = document_key(plan.config.seed)
     for source, where, value in _records(plan, entries):
         try:
@@ -54,7 +54,10 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
         split = only
         if split is None:
             digest = document_hash(key)
-            digest.update(json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass"))
+            for message in found:
+                content = message["content"]
+                text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+                digest.update(f"{message['role']}\0{text}\0".encode("utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         splits[counts["conversations"]] = (split, source)
         yield from pieces
