@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -132,3 +133,14 @@ def test_conversations_from_s3_published_to_s3_are_the_local_folder_and_read_bac
     for i in (0, 7, len(here) - 1):
         assert all(a.equal(b) for a, b in zip(remote[i], here[i]))
     assert (here[7][1] == -100).any()  # the masks were read, remotely as here
+
+
+@pytest.mark.e2e
+def test_under_torchrun_two_ranks_give_the_flat_folder(made, tmp_path):
+    root, spec, source = made
+    out = tmp_path / "ranks"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "tokpack.prepare", str(source), "--out-dir", str(out), "--encoding", str(spec),
+                           *OPTIONS, "--workers", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _same_as_flat(out, root / "flat")
