@@ -110,7 +110,8 @@ def _add_others(sub: Any) -> None:
     mp = sub.add_parser("remote", help="prepare from moto's S3 server against the same files on disk")
     mp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB (default: 32)")
     mp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
-    cp = sub.add_parser("chat", help="prepare --chat nanochat and bestfit-pad rows against nanochat's own loops")
+    cp = sub.add_parser("chat", help="prepare --chat nanochat and bestfit-pad rows against nanochat's own loops, "
+                        "--chat template against transformers")
     _sizes(cp, 8.0, "conversations in MB of jsonl", "300")
     cp.add_argument("--block-size", type=int, default=2048, help="T (default: 2048, nanochat's)")
     cp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")

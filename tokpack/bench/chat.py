@@ -8,7 +8,10 @@ its nine special tokens): ``prepare --chat nanochat`` against nanochat's loop of
 ``encode_ordinary`` per message, as nanochat's tokenizer runs it), ids and masks compared; the
 prepare's peak RSS on ``--rss-mb`` of conversations in a fresh process; and ``bestfit-pad`` batches
 (the loader's, resumable) against nanochat's ``sft_data_generator_bos_bestfit`` on the same
-conversations already rendered, with each one's share of padding. Costs: prepare is O(corpus)
+conversations already rendered, with each one's share of padding; and ``prepare --chat
+template`` (ChatML with ``{% generation %}`` on GPT-2's BPE) against transformers'
+``apply_chat_template(tokenize=True, return_assistant_tokens_mask=True)`` on the same
+conversations, ids and masks compared (where transformers is installed). Costs: prepare is O(corpus)
 in time, O(batch) in memory beside one conversation; a row's choice is O(log buffer) where
 nanochat scans its buffer, O(buffer).
 

@@ -18,23 +18,24 @@ from typing import Any
 PART_TYPES = ("text", "python", "python_output")
 
 
-def _fix(where: str, problem: str) -> ValueError:
+def bad_record(where: str, problem: str) -> ValueError:
+    """The one error of a record that is not a good conversation: where it is, and what is wrong."""
     return ValueError(f"{where} {problem}; fix the record, or leave it out with --skip-bad")
 
 
 def _message(value: Any, where: str, i: int) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not isinstance(value.get("role"), str) or "content" not in value:
-        raise _fix(where, f"has message {i} without a role and content")
+        raise bad_record(where, f"has message {i} without a role and content")
     role, content = value["role"], value["content"]
     if role not in ("system", "user", "assistant"):
-        raise _fix(where, f"has message {i} of role {role!r}; the roles are system, user and assistant")
+        raise bad_record(where, f"has message {i} of role {role!r}; the roles are system, user and assistant")
     if isinstance(content, list) and role == "assistant":
         for part in content:
             if not (isinstance(part, Mapping) and part.get("type") in PART_TYPES and isinstance(part.get("text"), str)):
-                raise _fix(where, f"has message {i} with a part that is not {{'type': one of {', '.join(PART_TYPES)}, "
-                           "'text': a string}")
+                raise bad_record(where, f"has message {i} with a part that is not {{'type': one of "
+                                 f"{', '.join(PART_TYPES)}, 'text': a string}}")
     elif not isinstance(content, str):
-        raise _fix(where, f"has message {i} ({role}) whose content is {type(content).__name__}, not a string"
+        raise bad_record(where, f"has message {i} ({role}) whose content is {type(content).__name__}, not a string"
                    + (" or a list of parts" if role == "assistant" else ""))
     return {key: item for key, item in value.items() if item is not None}
 
@@ -45,7 +46,7 @@ def _turns(value: Any, role: str, where: str, field: str) -> list[Any]:
         return [{"role": role, "content": value}]
     if isinstance(value, list):
         return value
-    raise _fix(where, f"has {field!r} of type {type(value).__name__}, not a string or a list of messages")
+    raise bad_record(where, f"has {field!r} of type {type(value).__name__}, not a string or a list of messages")
 
 
 def messages(record: Any, where: str) -> list[dict[str, Any]]:
@@ -53,31 +54,32 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     of the right type, a system message first if any, then user and assistant turns alternating
     from a user turn, and at least one assistant turn with text to train on."""
     if not isinstance(record, Mapping):
-        raise _fix(where, f"is {type(record).__name__}, not a record with 'messages'")
+        raise bad_record(where, f"is {type(record).__name__}, not a record with 'messages'")
     if "messages" in record:
         raw = record["messages"]
     elif "prompt" in record and "completion" in record:
         raw = _turns(record["prompt"], "user", where, "prompt") + _turns(record["completion"], "assistant", where,
                                                                         "completion")
     else:
-        raise _fix(where, f"has no 'messages' (nor TRL's 'prompt' and 'completion'; found {sorted(record)})")
+        raise bad_record(where, f"has no 'messages' (nor TRL's 'prompt' and 'completion'; found {sorted(record)})")
     if not isinstance(raw, list) or not raw:
-        raise _fix(where, "has an empty conversation" if isinstance(raw, list) else "has 'messages' that is not a list")
+        raise bad_record(where, "has an empty conversation" if isinstance(raw, list)
+                         else "has 'messages' that is not a list")
     found = [_message(m, where, i) for i, m in enumerate(raw)]
     turns = found[1:] if found[0]["role"] == "system" else found
     for i, message in enumerate(turns):
         expected = "user" if i % 2 == 0 else "assistant"
         if message["role"] != expected:
             article = "an" if expected == "assistant" else "a"
-            raise _fix(where, f"has a {message['role']} message where {article} {expected} turn comes (a system "
+            raise bad_record(where, f"has a {message['role']} message where {article} {expected} turn comes (a system "
                        "message first, then user and assistant turns alternating, from a user turn)")
     assistant = [m for m in turns if m["role"] == "assistant"]
     if not assistant:
-        raise _fix(where, "has no assistant turn, so nothing to train on")
+        raise bad_record(where, "has no assistant turn, so nothing to train on")
     for message in assistant:
         content = message["content"]
         text = content if isinstance(content, str) else "".join(p["text"] for p in content
                                                                   if p["type"] != "python_output")
         if not text:
-            raise _fix(where, "has an assistant turn with no text to train on")
+            raise bad_record(where, "has an assistant turn with no text to train on")
     return found

@@ -41,7 +41,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 import numpy as np
 
 from ..format import load_json, read_file
-from .records import _fix
+from .records import bad_record
 from .render import ChatPiece, Renderer, Vocabulary, assemble, token_sizes
 
 # Loop turns and calls one render may take: STEPS, and STEP_GROWTH more a character of its
@@ -232,7 +232,8 @@ def template_source(settings: Mapping[str, Any], where: str) -> str | None:
     found = settings.get("chat_template")
     if found is None or isinstance(found, str):
         return found
-    named = {t.get("name"): t.get("template") for t in found if isinstance(t, Mapping)} if isinstance(found, list) else {}
+    listed = found if isinstance(found, list) else []
+    named = {t.get("name"): t.get("template") for t in listed if isinstance(t, Mapping)}
     if isinstance(named.get("default"), str):
         return named["default"]
     raise ValueError(f"{where} has a chat_template that is not a template nor a list holding one named 'default'; "
@@ -287,7 +288,8 @@ class Template:
         return {"renderer": Renderer.TEMPLATE.value, "max_tokens": self.max_tokens, "template_sha256": self.sha256,
                 "assistant_mask": "generation" if self.generation else "prefixes"}
 
-    def render(self, found: list[dict[str, Any]], where: str, prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    def render(self, found: list[dict[str, Any]], where: str,
+               prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text of ``found`` and its generation spans (character ranges)."""
         self.env.start(sum(len(s) for s in _strings(found)))
         blocks = []
@@ -299,9 +301,11 @@ class Template:
                 if self.env.written > self.env.limit:
                     raise TemplateError(f"renders more than {self.env.limit:,} characters")
         except SecurityError as exc:
-            raise _fix(where, f"makes the chat template {self.origin} reach outside its sandbox ({exc})") from None
+            raise bad_record(where, f"makes the chat template {self.origin} reach outside its sandbox "
+                             f"({exc})") from None
         except Exception as exc:  # a template is code: whatever it raises is this record's error
-            raise _fix(where, f"makes the chat template {self.origin} fail: {type(exc).__name__}: {exc}") from None
+            raise bad_record(where, f"makes the chat template {self.origin} fail: "
+                             f"{type(exc).__name__}: {exc}") from None
         return "".join(blocks), self.env.spans
 
     def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str) -> list[tuple[int, int]]:
@@ -312,9 +316,10 @@ class Template:
             before, _ = self.render(found[:i], where, prompt=True)
             upto, _ = self.render(found[:i + 1], where)
             if not (upto.startswith(before) and text.startswith(upto)):
-                raise _fix(where, f"is rendered by the chat template {self.origin} differently as a whole than in "
-                           f"its first {i + 1} messages, so its assistant turn {i} cannot be found by rendering "
-                           "prefixes; mark the assistant's text in the template with {% generation %}")
+                raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole "
+                                 f"than in its first {i + 1} messages, so its assistant turn {i} cannot be found "
+                                 "by rendering prefixes; mark the assistant's text in the template with "
+                                 "{% generation %}")
             spans.append((len(before), len(upto)))
         return spans
 
@@ -325,7 +330,7 @@ class Template:
         if any(typed.search(s) for s in held):  # special-token text in a message: marked, to stay text
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
-                raise _fix(where, "holds every marker tokpack could use for special-token text")
+                raise bad_record(where, "holds every marker tokpack could use for special-token text")
             found = _mark(found, typed, markers)
         text, spans = self.render(found, where)
         if not self.generation:
