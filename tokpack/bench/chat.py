@@ -311,19 +311,21 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         itertools.islice(build_loader(dataset, B, seed=0), batches),
         nanochat_sft_batches(enc, train, B, T, rendered=True)))
     padding = 1 - dataset.stats(batches * B, shuffle=False)["utilisation"]
+    # tokpack crops a conversation longer than a row to it; nanochat keeps it whole in its buffer
+    cropped = sum(max(0, len(ids) - T - 1) for ids, _ in train) / max(1, sum(len(ids) for ids, _ in train))
     rss_source = source
     if rss_megabytes:
         rss_source = tmp / "rss.jsonl"
         synthetic_chats(rss_source, rss_megabytes, seed=1)
     rss = _prepare(rss_source, tmp / "rss-out", spec)["peak_rss_mb"]
     return {**_report(times, row_times, count, megabytes, identical, same_rows, padding,
-                      counts["padding"] / max(1, counts["tokens"]), dataset.long_documents, rss,
+                      counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,
                       rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds)}
 
 
 def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,
-            identical: bool, same_rows: bool, padding: float, nanochat_padding: float, long: int, rss: float,
-            rss_megabytes: float) -> dict[str, Any]:
+            identical: bool, same_rows: bool, padding: float, nanochat_padding: float, long: tuple[int, float],
+            rss: float, rss_megabytes: float) -> dict[str, Any]:
     prepare_speed = ratio(times, "tokpack.prepare --chat nanochat", "nanochat render_conversation")
     rows_speed = ratio(row_times, "bestfit-pad batches", "nanochat sft loop")
     print(table([{"run": name, "seconds": min(t)} for name, t in {**times, **row_times}.items()], ["run", "seconds"]))
@@ -332,9 +334,10 @@ def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], co
           f"conversations ({megabytes:g} MB; rounds {spread}); ids and masks identical: {identical}")
     print(f"bestfit-pad batches: {rows_speed:.2f}x nanochat's SFT loop (rounds "
           f"{ratio_range(row_times, 'bestfit-pad batches', 'nanochat sft loop')}); batches identical: {same_rows}; "
-          f"padding {padding:.1%} (nanochat {nanochat_padding:.1%}), conversations longer than a row {long}")
+          f"padding {padding:.1%} (nanochat {nanochat_padding:.1%}); {long[0]} conversations longer than a row, "
+          f"{long[1]:.1%} of the tokens cropped (nanochat crops none: it keeps such a one in its buffer, and clogs)")
     print(f"prepare --chat nanochat peak RSS on {rss_megabytes:g} MB of conversations (own process): {rss:.0f} MB")
     return {"prepare_vs_nanochat": round(prepare_speed, 3), "identical": identical,
             "rows_vs_nanochat": round(rows_speed, 3), "rows_identical": same_rows,
             "padding": round(padding, 4), "nanochat_padding": round(nanochat_padding, 4),
-            "long_conversations": long, "conversations": count, "peak_rss_mb": rss, "rss_mb_of_chats": rss_megabytes}
+            "long_conversations": long[0], "cropped": round(long[1], 4), "conversations": count, "peak_rss_mb": rss, "rss_mb_of_chats": rss_megabytes}
