@@ -264,13 +264,16 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
     count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
     inputs = _describe_inputs(groups, sizes)
+    chat = _renderer(config, enc)
+    # A rendering's own facts (a template's sha256, whatever file it came from) decide a unit's bytes too.
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
-                                     "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files))})
+                                     "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
+                                     **({"chat": chat.describe()} if chat is not None else {})})
     return Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
                 sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
-                chat=_renderer(config, enc), mixture=Mixture.of(config.mixture, groups, config.seed))
+                chat=chat, mixture=Mixture.of(config.mixture, groups, config.seed))
 
 
 def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:

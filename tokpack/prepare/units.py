@@ -116,10 +116,14 @@ def _check_files(plan: Plan, record: UnitRecord) -> None:
     for part in record["splits"].values():
         for entry in part["info"]["shards"]:
             check_tokens(folder, entry, plan.dtype, offset, plan.enc.n_vocab)
-        masks = part["info"].get("mask_shards", [])
-        if (plan.chat is not None) != ("mask_shards" in part["info"]) or \
-                sum(check_mask(folder, entry) for entry in masks) != part["info"].get("supervised", 0):
-            raise VerifyError(f"unit {record['unit']}'s masks are not as recorded")
+        if (plan.chat is not None) != ("mask_shards" in part["info"]):
+            raise VerifyError(f"unit {record['unit']} {'lacks' if plan.chat else 'has'} masks")
+        if plan.chat is not None:
+            masks, shards = part["info"]["mask_shards"], part["info"]["shards"]
+            if len(masks) != len(shards) or any(m["bytes"] != s["tokens"] for m, s in zip(masks, shards)) or \
+                    sum(check_mask(folder, entry) for entry in masks) != part["info"]["supervised"]:
+                raise VerifyError(f"unit {record['unit']}'s masks are not one byte a token of its shards, as "
+                                  "recorded")
         check_index(folder, part["idx"], part["info"]["documents"], part["info"]["tokens"], f"unit {record['unit']}")
 
 
