@@ -150,21 +150,22 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("template,reason", HOSTILE, ids=[r for _, r in HOSTILE])
-def test_a_hostile_template_is_one_line_naming_the_record(tmp_path, capsys, template, reason):
-    tok = chat_tokenizer(tmp_path / "tok", template)
+def test_a_hostile_template_is_one_line_naming_the_record(chatml, tmp_path, capsys, template, reason):
+    (tmp_path / "hostile.jinja").write_text(template)
     source = _inputs(tmp_path, CHATS[:4])
-    code, err = _prepare(capsys, source, tok, tmp_path / "out")
+    code, err = _prepare(capsys, source, chatml, tmp_path / "out", "--chat-template", tmp_path / "hostile.jinja")
     assert code == 2 and ".jsonl:1 " in err and reason in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
 
 
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):
-    picky = "{% if 'forbidden' in messages[0]['content'] %}{{ raise_exception('no') }}{% endif %}" + CHATML
-    tok = chat_tokenizer(tmp_path / "tok", picky)
+    (tmp_path / "picky.jinja").write_text(
+        "{% if 'forbidden' in messages[0]['content'] %}{{ raise_exception('no') }}{% endif %}" + CHATML)
     chats = [dict(c) for c in CHATS[:12]]
     chats[3] = {"messages": [{"role": "user", "content": "forbidden"}, {"role": "assistant", "content": "x"}]}
     source = _inputs(tmp_path, chats)
-    code, err = _prepare(capsys, source, tok, tmp_path / "out", "--skip-bad")
+    code, err = _prepare(capsys, source, chatml, tmp_path / "out", "--skip-bad", "--chat-template",
+                         tmp_path / "picky.jinja")
     assert code == 0, err
     assert read_meta(tmp_path / "out")["chat"]["skipped"] == 1 and len(_every(tmp_path / "out")) == 11
 

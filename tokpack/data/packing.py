@@ -7,10 +7,10 @@
 
 The contract: a row is T + 1 tokens of segments, each the head (or a piece) of one document led
 by BOS; which rows (``TrainRows``: aligned or best fit; ``EvalRows``: every target scored once) and
-in what form (``Rows``, ``Flat``, ``HF``, ``MegatronSFT``) are values of ``tokpack.data.layouts``. Packing is a pure
-function of (seed, rank, position) over the document lengths; a loader's state holds the
-packer's state, so a resume at any step costs O(buffer_size) and every batch is the one an
-unbroken run gives. Memory: O(buffer_size) beside the document index; a batch's structure
+in what form (``Rows``, ``Flat``, ``HF``, ``MegatronSFT``) are values of ``tokpack.data.layouts``.
+Packing is a pure function of (seed, rank, position) over the document lengths; a loader's state
+holds the packer's state, so a resume at any step costs O(buffer_size) and every batch is the one
+an unbroken run gives. Memory: O(buffer_size) beside the document index; a batch's structure
 O(B * T). See docs/packing.md.
 """
 
@@ -251,8 +251,8 @@ class PackedDocuments(Dataset):
             rows: ``TrainRows(...)`` (training rows, endless), ``EvalRows(stride)`` (every target
                 once, per document), a packing's name (``"aligned"``, ``"bestfit"``), or a preset's
                 (``"nanochat"``, ``"modded"``, ``"hf"``: ``tokpack.data.layouts.PRESETS``).
-            form: ``Rows()`` (B, T), ``Flat(max_docs)`` one (1, B * T) row, ``MegatronSFT()`` a dict as
-                Megatron-LM's SFT dataset names them, ``HF(...)`` a dict as
+            form: ``Rows()`` (B, T), ``Flat(max_docs)`` one (1, B * T) row, ``MegatronSFT()`` a
+                dict as Megatron-LM's SFT dataset names them, ``HF(...)`` a dict as
                 Hugging Face's ``DataCollatorWithFlattening`` gives it, or one's name; None: the
                 preset's, else Rows().
             bos_id: the id that leads every document; None: the encoding's end-of-text from meta.json

@@ -352,8 +352,8 @@ class SplitWriter:
     layout: ShardLayout | None = None
     idx_name: str = ""
     bin_name: str = ""
-    masked: bool = False  # a loss mask beside the tokens (SPLIT.mask), one byte a token
-    mask_name: str = ""
+    masked: bool = False  # a loss mask beside the tokens, one byte a token: SPLIT.mask, or one a shard
+    mask_name: str = ""  # a flat mask's name, default SPLIT.mask
     tokens: int = 0
     documents: int = 0
     supervised: int = 0  # tokens whose mask is 1
