@@ -4,8 +4,9 @@
 
 A prepared folder holds ``train.bin`` / ``val.bin`` (flat token ids, no header, nanoGPT's
 format), ``train.idx`` / ``val.idx`` (little-endian uint64 start offset of every document), with
-``--chat`` ``train.mask`` / ``val.mask`` (a byte a token), and ``meta.json``, which names the dtype
-so no reader guesses it. ``meta.json`` is written last, so a folder without it is incomplete.
+``--chat`` ``train.mask`` / ``val.mask`` (a byte a token; one beside each shard in shards), and
+``meta.json``, which names the dtype so no reader guesses it. ``meta.json`` is written last, so a
+folder without it is incomplete.
 Megatron's index is ``tokpack.format.megatron``.
 
 See docs/formats.md.
