@@ -17,48 +17,67 @@ from pathlib import Path
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import Meta, mask_files, split_files, token_offset
+from .format import MASK_DTYPE, FileEntry, Meta, mask_files, split_files, token_offset
 from .storage.folder import Folder, as_folder, published
 from .tokenizer import folder_encoding
 
 
-Reader = Callable[[int, int], list[int]]  # (first token, count) -> the ids of one file
+Reader = Callable[[int, int], list[int]]  # (first item, count) -> the values of one file
+Files = list[tuple[int, Reader]]  # each file's length in items, and its reader
 
 
-def _files(where: Folder, split: str) -> tuple[Meta, list[tuple[int, Reader]]]:
-    """A folder's meta.json and a reader of each of ``split``'s files: a peek reads the peek's
-    bytes alone, from a local file or in one range request, once every file is found at its size
-    (O(files) stats or requests)."""
-    meta, _ = published(where)
-    if split not in meta["splits"]:
-        raise ValueError(f"split {split!r} is not in {where.where}; choose one of {', '.join(meta['splits'])}")
-    dtype = np.dtype(meta["dtype"])
-    offset = token_offset(meta)
-    for info in meta["splits"].values():  # every file where meta.json says, its own (no link), at its size
-        for entry in split_files(info):
-            if where.size(entry["file"]) != entry["bytes"]:
-                raise ValueError(f"{where.where}/{entry['file']} is not the {entry['bytes']:,} bytes meta.json "
-                                 f"records; python -m tokpack.verify {where.where} says more")
-
+def _readers(where: Folder, entries: list[FileEntry], dtype: np.dtype, offset: int) -> Files:
+    """A reader of each file of ``entries``, items of ``dtype`` after ``offset`` header bytes."""
     def reader(name: str) -> Reader:
         def read(lo: int, n: int) -> list[int]:
             start = offset + lo * dtype.itemsize
             data = where.read(name, start, start + n * dtype.itemsize)
             if len(data) != n * dtype.itemsize:
-                raise ValueError(f"{where.where}/{name} ends before the {n} tokens at {lo} that meta.json records; "
+                raise ValueError(f"{where.where}/{name} ends before the {n} items at {lo} that meta.json records; "
                                  f"python -m tokpack.verify {where.where} says more")
             return np.frombuffer(data, dtype=dtype).tolist()
         return read
 
-    return meta, [((entry["bytes"] - offset) // dtype.itemsize, reader(entry["file"]))
-                  for entry in split_files(meta["splits"][split])]
+    return [((entry["bytes"] - offset) // dtype.itemsize, reader(entry["file"])) for entry in entries]
+
+
+def _files(where: Folder, split: str) -> tuple[Meta, Files, Files]:
+    """A folder's meta.json and a reader of each of ``split``'s token files and of its mask files
+    (none for a split without a mask): a peek reads the peek's bytes alone, from a local file or
+    in one range request, once every file is found at its size (O(files) stats or requests)."""
+    meta, _ = published(where)
+    if split not in meta["splits"]:
+        raise ValueError(f"split {split!r} is not in {where.where}; choose one of {', '.join(meta['splits'])}")
+    for info in meta["splits"].values():  # every file where meta.json says, its own (no link), at its size
+        for entry in [*split_files(info), *mask_files(info)]:
+            if where.size(entry["file"]) != entry["bytes"]:
+                raise ValueError(f"{where.where}/{entry['file']} is not the {entry['bytes']:,} bytes meta.json "
+                                 f"records; python -m tokpack.verify {where.where} says more")
+    info = meta["splits"][split]
+    return (meta, _readers(where, split_files(info), np.dtype(meta["dtype"]), token_offset(meta)),
+            _readers(where, mask_files(info), MASK_DTYPE, 0))
+
+
+def _peek(files: Files, at: int, count: int) -> list[int]:
+    """``count`` values from ``at`` of files read as one, concatenated."""
+    values: list[int] = []
+    skip = at
+    for length, read in files:
+        if skip >= length:
+            skip -= length
+            continue
+        values += read(skip, min(count - len(values), length - skip))
+        skip = 0
+        if len(values) == count:
+            break
+    return values
 
 
 def describe(folder: str | Path, split: str = "train", at: int = 0, count: int = 64) -> str:
     """The summary and a decoded peek of ``count`` tokens from offset ``at`` of ``split``, of a
     local folder or a remote one (its URL): meta.json and the peek's bytes alone are read."""
     where = as_folder(folder)
-    meta, files = _files(where, split)
+    meta, files, masks = _files(where, split)
     enc_info = meta["encoding"]
     lines = [
         f"{folder}: {enc_info['name']} (n_vocab {enc_info['n_vocab']:,}, eot {enc_info['eot_id']}), "
@@ -73,30 +92,13 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     n = sum(length for length, _ in files)
     if not 0 <= at < n:
         raise ValueError(f"--at {at} is outside {split} (0..{n - 1}); pick an offset inside it")
-    ids: list[int] = []
-    skip = at
-    for length, read in files:  # the split's tokens are its files' tokens, concatenated
-        if skip >= length:
-            skip -= length
-            continue
-        ids += read(skip, min(count - len(ids), length - skip))
-        skip = 0
-        if len(ids) == count:
-            break
+    ids = _peek(files, at, count)  # the split's tokens are its files' tokens, concatenated
     lines.append(f"{split}[{at}:{at + len(ids)}] ids: {ids}")
     enc = folder_encoding(meta)
     lines.append(f"decoded: {enc.decode(ids)!r}")
     info = meta["splits"][split]
-    if mask_files(info):  # a split of conversations: which of the peek's tokens are trained on
-        mask, skip = b"", at
-        for entry in mask_files(info):  # a mask file a token file, one byte a token
-            if skip >= entry["bytes"]:
-                skip -= entry["bytes"]
-                continue
-            mask += where.read(entry["file"], skip, min(skip + len(ids) - len(mask), entry["bytes"]))
-            skip = 0
-            if len(mask) == len(ids):
-                break
+    if masks:  # a split of conversations: which of the peek's tokens are trained on
+        mask = _peek(masks, at, len(ids))  # a mask file a token file, one byte a token
         trained = "".join(enc.decode([i]) if m else "\u2591" for i, m in zip(ids, mask))
         lines.append(f"trained on ({info['supervised']:,} of {info['tokens']:,} tokens of {split}; \u2591 = not): "
                      f"{trained!r}")

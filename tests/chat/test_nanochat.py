@@ -172,12 +172,17 @@ def test_verify_checks_the_mask(chat_folder, tmp_path, damage, reason):
         verify_folder(folder)
 
 
-def test_inspect_shows_which_tokens_are_trained_on(chat_folder):
+def test_inspect_shows_which_tokens_are_trained_on(chat_folder, tmp_path):
     text = describe(chat_folder, "train", at=0, count=300)
     line = next(line for line in text.splitlines() if line.startswith("trained on"))
     meta = read_meta(chat_folder)
     assert f"{meta['splits']['train']['supervised']:,} of" in line
     assert "\u2591" in line and line.count("\u2591") < 300  # some tokens trained on, some not
+    cut = tmp_path / "cut"  # a mask shorter than meta.json records: refused, not a shorter peek
+    shutil.copytree(chat_folder, cut)
+    (cut / "train.mask").write_bytes((cut / "train.mask").read_bytes()[:100])
+    with pytest.raises(ValueError, match="train.mask is not the"):
+        describe(cut, "train", at=0, count=300)
 
 
 @pytest.mark.parametrize("hostile", ["link", "named outside"])
