@@ -82,10 +82,17 @@ def test_tasks_in_any_order_and_a_killed_run_resumed_give_the_flat_folder(made, 
     # A run killed while it writes, then rerun: the units it finished are kept, the rest redone.
     resumed = tmp_path / "resumed"
     cmd = [sys.executable, "-m", "tokpack.prepare", *args, "--out-dir", str(resumed)]
-    kill(paused_at(cmd, lambda: resumed.is_dir() and any(p.name.startswith(".tokpack-unit-")
-                                                         for p in resumed.iterdir())))
-    kept = {p.name: p.stat().st_mtime_ns for p in resumed.iterdir() if p.name.endswith(".mask")}
-    assert kept and not (resumed / "meta.json").exists()
+    # Two records stand: the first unit's renames are done (the kill may fall between a record and
+    # its renames, so a unit counts as finished once every file it records stands at its size).
+    kill(paused_at(cmd, lambda: len(list(resumed.glob(".tokpack-unit-*.json"))) >= 2))
+    kept = {}
+    for record in resumed.glob(".tokpack-unit-*.json"):
+        parts = json.loads(record.read_text())["splits"].values()
+        data = [f for part in parts for f in (*part["info"]["shards"], *part["info"]["mask_shards"])]
+        if all((resumed / f["file"]).is_file() and (resumed / f["file"]).stat().st_size == f["bytes"]
+               for f in (*data, *(part["idx"] for part in parts))):  # index parts are merged at the end
+            kept.update({f["file"]: (resumed / f["file"]).stat().st_mtime_ns for f in data})
+    assert any(name.endswith(".mask") for name in kept) and not (resumed / "meta.json").exists()
     assert prepare_main([*args, "--out-dir", str(resumed)]) == 0
     assert all((resumed / name).stat().st_mtime_ns == when for name, when in kept.items())  # kept, not redone
     _same_as_flat(resumed, root / "flat")
