@@ -333,10 +333,9 @@ def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter],
     if not plan.sharded:
         return {"input_sha256": digest, "splits": splits, **({"chat": chat} if chat is not None else {})}
     saved = save(plan.out, unit, plan.fingerprint, digest, splits, chat)
-    for s, writer in writers.items():
-        for tmp, final in writer.bin.renames() + (writer.mask.renames() if writer.mask is not None else []):
+    for writer in writers.values():  # its shards, index part and masks
+        for tmp, final in writer.renames():
             os.replace(tmp, final)
-        os.replace(writer.idx.tmp, plan.out / splits[s]["idx"]["file"])
     return saved
 
 
