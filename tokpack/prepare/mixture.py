@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..format import MASK_DTYPE, SPLITS
+from ..format import MASK_DTYPE
 from ..storage import InputFile
-from .writers import SplitWriter
+from .writers import SplitWriter, split_writers
 
 if TYPE_CHECKING:
     from .config import Plan
@@ -77,17 +77,12 @@ class Mixture:
 
 def staging_writers(plan: Plan) -> dict[str, SplitWriter]:
     """A writer a split for the conversations before they are mixed, at temporary names only."""
-    writers: dict[str, SplitWriter] = {}
-    try:
-        for s in SPLITS:
-            held = UNMIXED.format(split=s)
-            writers[s] = SplitWriter(plan.out, s, plan.dtype, "none", plan.enc.eot_token, None, f"{held}.idx",
-                                     f"{held}.bin", masked=True, mask_name=f"{held}.mask")
-    except BaseException:
-        for writer in writers.values():
-            writer.discard()
-        raise
-    return writers
+    def staged(split: str) -> SplitWriter:
+        held = UNMIXED.format(split=split)
+        return SplitWriter(plan.out, split, plan.dtype, "none", plan.enc.eot_token, None, f"{held}.idx",
+                           f"{held}.bin", masked=True, mask_name=f"{held}.mask")
+
+    return split_writers(staged)
 
 
 def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -48,7 +48,7 @@ from .cluster import Entry, share_of
 from .chats import CHAT_COUNTS, chat_counts, write_chats
 from .config import LLMC_SHARD_TOKENS, Plan
 from .input_hash import InputTap, input_sha256
-from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, write_json_atomic
+from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, split_writers, write_json_atomic
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -277,19 +277,10 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
 def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
     """A writer a split, to temporary names: tokens, tokpack's index, and Megatron's ``.bin``."""
     megatron = plan.config.format == "megatron"
-    writers: dict[str, SplitWriter] = {}
-    try:
-        for s in SPLITS:
-            index = UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s)
-            writers[s] = SplitWriter(plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
-                                     index,
-                                     f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "",
-                                     masked=plan.chat is not None)
-    except BaseException:
-        for writer in writers.values():
-            writer.discard()
-        raise
-    return writers
+    return split_writers(lambda s: SplitWriter(
+        plan.out, s, plan.dtype, plan.eot, plan.enc.eot_token, layout(plan, s, unit),
+        UNIT_INDEX.format(split=s, unit=unit) if plan.sharded else IDX_NAME.format(split=s),
+        f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "", masked=plan.chat is not None))
 
 
 def _passes(plan: Plan, share: list[Entry]) -> list[tuple[str | None, list[Entry]]]:

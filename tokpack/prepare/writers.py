@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..format import (BIN_NAME, IDX_NAME, MASK_DTYPE, MASK_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS,
-                      TMP_SUFFIX)
+                      SPLITS, TMP_SUFFIX)
 from ..storage.local import open_new, remove_own, replacing, tmp_path
 from .holdout import document_hash, document_key
 
@@ -420,6 +420,19 @@ class SplitWriter:
         self.idx.discard()
         if self.mask is not None:
             self.mask.discard()
+
+
+def split_writers(make: Callable[[str], SplitWriter]) -> dict[str, SplitWriter]:
+    """A writer a split, each made by ``make``; if one cannot be made, those made are discarded."""
+    writers: dict[str, SplitWriter] = {}
+    try:
+        for split in SPLITS:
+            writers[split] = make(split)
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    return writers
 
 
 class DocumentBuffer:
