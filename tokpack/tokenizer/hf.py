@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ class HFEncoder:
                               "encodes to it too, so it does not mark document boundaries alone; its special "
                               f"tokens: {', '.join(self.specials) or 'none'}", stacklevel=6)
             return asked
-        settings = self._settings()
+        settings = self.settings
         for key in ("bos_token", "eos_token") if prepend else ("eos_token",):
             named = _token_text(settings.get(key))
             if isinstance(named, str) and self.library.token_to_id(named) is not None:
@@ -112,7 +113,8 @@ class HFEncoder:
         raise ValueError(f"{self.file} names no end-of-text token unambiguously (special tokens: "
                          f"{', '.join(self.specials) or 'none'}); pass --eot-token NAME")
 
-    def _settings(self) -> dict[str, Any]:
+    @cached_property
+    def settings(self) -> dict[str, Any]:
         """tokenizer_config.json beside the tokenizer, where it is one readable JSON object, else {}."""
         config = self.file.parent / CONFIG_FILE
         try:
@@ -125,7 +127,7 @@ class HFEncoder:
     def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
         """chat_template.jinja beside the tokenizer, else its config's ``chat_template``; and the
         special tokens the config names, as transformers hands them to a template."""
-        settings = self._settings()
+        settings = self.settings
         variables = {key: text for key, value in settings.items()
                      if key.endswith("_token") and (text := _token_text(value)) is not None}
         file = self.file.parent / TEMPLATE_FILE
