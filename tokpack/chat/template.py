@@ -278,6 +278,7 @@ class Template:
             raise ValueError(f"the chat template {origin} does not parse ({exc}); fix it, or pass another with "
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
+        self._names = tuple(self.specials)  # the key of their patterns, made once
         self._sizes: np.ndarray | None = None  # each token's bytes, found when a span first needs them
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
@@ -326,7 +327,7 @@ class Template:
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         markers = None
         held = set(_strings(found)) if self.ordinary and self.specials else set()
-        typed = _specials_pattern(tuple(self.specials), None)
+        typed = _specials_pattern(self._names, None)
         if any(typed.search(s) for s in held):  # special-token text in a message: marked, to stay text
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
@@ -341,7 +342,7 @@ class Template:
                doc: int) -> list[ChatPiece]:
         """The rendered text cut at the special tokens the template wrote."""
         out, lead, lead_mask, lo = [], [], [], 0
-        for m in _specials_pattern(tuple(self.specials), markers).finditer(text) if self.specials else ():
+        for m in _specials_pattern(self._names, markers).finditer(text) if self.specials else ():
             if m.group(1) or m.group(3):  # marked: a message's text, not the template's
                 continue
             start, end = m.span(2)
