@@ -404,11 +404,3 @@ def write_jsonl(path: Path, records: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
-
-
-def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:
-    """(ids, mask) of each conversation of a flat chat folder's split, in stored order."""
-    tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
-    mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
-    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
-    return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]

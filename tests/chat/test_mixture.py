@@ -10,8 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers import chat_documents, cli_run, make_chats, write_jsonl, write_nanochat_spec
-from tokpack.bench.chat import nanochat_render, nanochat_sft_batches
+from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
+from tokpack.bench.chat import chat_documents, nanochat_render, nanochat_sft_batches
 from tokpack.data.loader import build_loader
 from tokpack.data.packing import PackedDocuments
 from tokpack.format import read_meta

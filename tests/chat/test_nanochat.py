@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from helpers import chat_documents, cli_run, make_chats, write_jsonl, write_nanochat_spec
-from tokpack.bench.chat import nanochat_render
+from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
+from tokpack.bench.chat import chat_documents, nanochat_render
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe

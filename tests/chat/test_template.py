@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from helpers import chat_documents, cli_run, make_chats, write_jsonl
-from tokpack.bench.chat import CHATML, chat_tokenizer
+from helpers import cli_run, make_chats, write_jsonl
+from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main

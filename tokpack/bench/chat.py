@@ -243,7 +243,7 @@ def bench_template(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
 
     names = ("tokpack.prepare --chat template", "transformers apply_chat_template")
     times = interleaved(dict(zip(names, (ours, transformers_loop))), rounds)
-    identical = sorted(_documents(out, "train") + _documents(out, "val")) == sorted(transformers_loop())
+    identical = sorted(chat_documents(out, "train") + chat_documents(out, "val")) == sorted(transformers_loop())
     speed = ratio(times, *names)
     print(table([{"run": name, "seconds": min(t)} for name, t in times.items()], ["run", "seconds"]))
     print(f"prepare --chat template: {speed:.2f}x transformers' apply_chat_template(tokenize=True, "
@@ -264,7 +264,7 @@ def _prepare(source: Path, out: Path, spec: Path, max_tokens: int = 2048) -> dic
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def _documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:
+def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]]:
     """A prepared split's conversations: (ids, mask) each, in stored order."""
     tokens = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
     mask = np.fromfile(folder / f"{split}.mask", dtype=np.uint8)
@@ -292,9 +292,9 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
 
     times = interleaved({"tokpack.prepare --chat nanochat": ours, "nanochat render_conversation": nanochat_loop},
                         rounds)
-    found = _documents(out, "train") + _documents(out, "val")
+    found = chat_documents(out, "train") + chat_documents(out, "val")
     identical = sorted(found) == sorted(nanochat_loop())
-    train, T, B = _documents(out, "train"), block_size, batch_size
+    train, T, B = chat_documents(out, "train"), block_size, batch_size
     dataset = PackedDocuments(out, T, split="train", rows="nanochat-sft", ignore_index=-1)
     counts: dict[str, int] = {}
 
