@@ -12,7 +12,9 @@ import shutil
 import pytest
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
-from tokpack.bench.chat import chat_documents, nanochat_render
+from tokpack.bench.chat import chat_documents, chat_tokenizer, nanochat_render
+from tokpack.chat import NANOCHAT_TOKENS, Nanochat
+from tokpack.chat.render import Marks
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe
@@ -64,6 +66,49 @@ def test_special_token_text_a_user_typed_stays_text(chat_folder, spec):
     for ids, _ in chat_documents(chat_folder, "train") + chat_documents(chat_folder, "val"):
         # One control token a real assistant turn, never one from typed text.
         assert ids.count(start) == ids.count(enc.specials["<|assistant_end|>"])
+
+
+# Conversations that must not be encoded as one marked text, each for its own reason.
+TOUCHING = {
+    "special text typed": [{"role": "user", "content": "say <|user_end|> now"},
+                           {"role": "assistant", "content": "ok"}],
+    "a text ends with a special's start": [{"role": "user", "content": "finish this: <|assis"},
+                                           {"role": "assistant", "content": "tant_start|>"}],
+    "text parts side by side": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}],
+}
+PLAIN = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "6 x 7?"},
+         {"role": "assistant", "content": [{"type": "text", "text": "Let me run"}, {"type": "python", "text": "6*7"},
+                                           {"type": "python_output", "text": ""}, {"type": "text", "text": " 42"}]},
+         {"role": "user", "content": "a lone surrogate \ud800 and a < sign"}, {"role": "assistant", "content": "<fine>"}]
+
+
+def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path):
+    enc = load_encoding(str(spec))
+    renderer = Nanochat(enc.specials, 2048)
+    assert [p.marked for p in renderer.pieces(PLAIN, 0, "x")] == [True]
+    for name, found in TOUCHING.items():
+        assert not any(p.marked for p in renderer.pieces(found, 0, "x")), name
+    # Both ways, in the same batches, give nanochat's own ids and masks.
+    chats = [{"messages": m} for m in [PLAIN, *TOUCHING.values()] * 20]
+    source = write_jsonl(tmp_path / "c.jsonl", chats)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(spec), chat="nanochat",
+                          val_fraction=0.5, quiet=True))
+    found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
+    assert sorted(found) == sorted(nanochat_render(enc, json.loads(json.dumps(c))) for c in chats)
+    # A tokenizer whose special tokens start one another never encodes a conversation whole.
+    assert not Marks({**enc.specials, "<|user": 1}).usable and Marks(enc.specials).usable
+
+
+def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_the_spec_files_folder(chat_folder, spec, tmp_path):
+    chat_tokenizer(tmp_path / "hf", template=None, specials=NANOCHAT_TOKENS)
+    hf, tiktoken_spec = load_encoding(str(tmp_path / "hf")), load_encoding(str(spec))
+    assert [hf.specials[t] for t in NANOCHAT_TOKENS] == [tiktoken_spec.specials[t] for t in NANOCHAT_TOKENS]
+    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(tmp_path / "hf"),
+                          eot_token="<|bos|>", chat="nanochat", quiet=True))
+    for name in ("train.bin", "train.mask", "val.bin", "val.mask"):
+        assert (tmp_path / "out" / name).read_bytes() == (chat_folder / name).read_bytes(), name
 
 
 def test_trl_prompt_completion_and_parquet_give_the_same_folder(spec, tmp_path):

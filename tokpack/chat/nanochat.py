@@ -12,12 +12,17 @@ See docs/chat.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+import itertools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .render import ChatPiece, Renderer, assemble
+from ..format import MASK_DTYPE
+from .render import ChatPiece, Marks, Renderer, encode_pieces
+
+if TYPE_CHECKING:
+    from ..tokenizer import Encoder
 
 # nanochat's special tokens, by name: <|bos|> starts every document, the others render chats.
 NANOCHAT_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
@@ -27,10 +32,17 @@ NANOCHAT_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_sta
 class Nanochat:
     """nanochat's rendering, for a tokenizer that has its special tokens.
 
+    A conversation is rendered as one text with its special tokens written out, encoded in one
+    call that reads only those as special (``Encoder.encode_marked``), when its texts cannot be
+    mistaken for them (``Marks``); otherwise as pieces, each text encoded alone and the special
+    tokens placed by id. The mask follows from the ids either way.
+
     Args:
         specials: the tokenizer's special tokens, by text.
         max_tokens: a conversation's tokens at most (nanochat's 2048); 0 keeps every one.
     """
+
+    marks = frozenset(NANOCHAT_TOKENS)
 
     def __init__(self, specials: Mapping[str, int], max_tokens: int):
         missing = [t for t in NANOCHAT_TOKENS if t not in specials]
@@ -38,42 +50,105 @@ class Nanochat:
             raise ValueError(f"--chat nanochat needs nanochat's special tokens, and this tokenizer lacks "
                              f"{', '.join(missing)}; train one with python -m tokpack.tokenizer train --special "
                              "nanochat")
+        self.specials, self.max_tokens = dict(specials), max_tokens
         self.ids = {name[2:-2]: specials[name] for name in NANOCHAT_TOKENS}
-        self.max_tokens = max_tokens
+        self._marks = Marks(self.specials)
+        self._special_ids = np.array(sorted(self.ids.values()))
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
-        return list(self._pieces(found, doc))
+        items = _rendered(found)
+        # Texts next to each other are encoded apart, as nanochat does: never as one text.
+        if self._marks.safe([text for _, text in items]) and all(marks or not text for marks, text in items[1:]):
+            ids, out = self.specials, []
+            for marks, text in items:
+                out += marks
+                out.append(text)
+            lead = [ids[m] for marks, _ in items for m in marks]
+            return [ChatPiece(doc, "".join(out), 0, lead, [], last=True, marked=True)]
+        ids = self.specials
+        return [ChatPiece(doc, text, 0, [ids[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
+                for i, (marks, text) in enumerate(items)]
 
-    def _pieces(self, found: list[dict[str, Any]], doc: int) -> Iterator[ChatPiece]:
-        t = self.ids
-        if found[0]["role"] == "system":  # merged into the first user turn, as nanochat does
-            found = [{"role": "user", "content": found[0]["content"] + "\n\n" + found[1]["content"]}, *found[2:]]
-        lead, masks = [t["bos"]], [0]  # the special tokens before the next text, and their masks
-        for message in found:
-            content = message["content"]
-            if message["role"] == "user":
-                yield ChatPiece(doc, content, 0, lead + [t["user_start"]], masks + [0])
-                lead, masks = [t["user_end"]], [0]
-                continue
-            lead.append(t["assistant_start"])
-            masks.append(0)
-            for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
-                if part["type"] == "text":
-                    yield ChatPiece(doc, part["text"], 1, lead, masks)
-                    lead, masks = [], []
-                elif part["type"] == "python":
-                    yield ChatPiece(doc, part["text"], 1, lead + [t["python_start"]], masks + [1])
-                    lead, masks = [t["python_end"]], [1]
-                else:
-                    yield ChatPiece(doc, part["text"], 0, lead + [t["output_start"]], masks + [0])
-                    lead, masks = [t["output_end"]], [0]
-            lead.append(t["assistant_end"])
-            masks.append(1)
-        yield ChatPiece(doc, "", 0, lead, masks, last=True)
+    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
+        """Pieces as ``encode_pieces`` encodes them; marked ones as (ids, mask), from one
+        ``encode_marked`` of their texts joined (each starts with ``<|bos|>``, so none runs into
+        the next): one call a batch, so an encoding thread takes the GIL back once a batch, and the
+        mask is found over the whole batch at once."""
+        marked = [p for p in batch if p.marked]
+        plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
+        if not marked:
+            return list(plain)
+        ids = enc.encode_marked(["".join([p.text for p in marked])], self.marks)[0]
+        written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
+        at = np.flatnonzero(np.isin(ids, self._special_ids))
+        if not np.array_equal(ids[at], written):  # Marks vouches for this: a failure is a bug of tokpack's
+            raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
+                             "written; this is a bug: report it, with the tokenizer")
+        mask = self._mask(ids)
+        starts = at[np.cumsum([0] + [len(p.lead) for p in marked[:-1]])].tolist() + [len(ids)]
+        spans, out = iter(zip(starts, starts[1:])), []
+        for piece in batch:
+            if piece.marked:
+                a, b = next(spans)
+                out.append((ids[a:b], mask[a:b]))
+            else:
+                out.append(next(plain))
+        return out
 
-    def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
+    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        return assemble(encoded, dtype, self.max_tokens)
+        if len(encoded) == 1 and encoded[0][0].marked:
+            ids, mask = encoded[0][1]
+        else:
+            ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
+            mask = self._mask(ids)
+        cut = bool(self.max_tokens) and len(ids) > self.max_tokens
+        if cut:
+            ids, mask = ids[:self.max_tokens], mask[:self.max_tokens]
+        return ids.astype(dtype, copy=False), mask, cut
+
+    def _mask(self, ids: np.ndarray) -> np.ndarray:
+        """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs
+        (with their tokens) left out; 0 elsewhere: of one conversation, or many in a row. Text
+        never encodes to a special token, so the special tokens alone place the turns."""
+        t = self.ids
+        opened, closed = ids == t["assistant_start"], ids == t["assistant_end"]
+        trained = (np.cumsum(opened) - np.cumsum(closed) + closed > 0) & ~opened
+        opened, closed = ids == t["output_start"], ids == t["output_end"]
+        trained &= np.cumsum(opened) - np.cumsum(closed) + closed == 0
+        return trained.astype(MASK_DTYPE)
 
     def describe(self) -> dict[str, Any]:
         return {"renderer": Renderer.NANOCHAT.value, "max_tokens": self.max_tokens}
+
+
+def _rendered(found: list[dict[str, Any]]) -> list[tuple[list[str], str]]:
+    """A conversation as nanochat renders it: each text with the special tokens before it, the
+    last (empty) with those after the last text."""
+    if found[0]["role"] == "system":  # merged into the first user turn, as nanochat does
+        found = [{"role": "user", "content": found[0]["content"] + "\n\n" + found[1]["content"]}, *found[2:]]
+    out, marks = [], ["<|bos|>"]
+    for message in found:
+        content = message["content"]
+        if message["role"] == "user":
+            marks.append("<|user_start|>")
+            out.append((marks, content))
+            marks = ["<|user_end|>"]
+            continue
+        marks.append("<|assistant_start|>")
+        if isinstance(content, str):
+            out.append((marks, content))
+            marks = ["<|assistant_end|>"]
+            continue
+        for part in content:
+            kind = part["type"]
+            if kind == "text":
+                out.append((marks, part["text"]))
+                marks = []
+            else:
+                marks.append("<|python_start|>" if kind == "python" else "<|output_start|>")
+                out.append((marks, part["text"]))
+                marks = ["<|python_end|>" if kind == "python" else "<|output_end|>"]
+        marks.append("<|assistant_end|>")
+    out.append((marks, ""))
+    return out

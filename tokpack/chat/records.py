@@ -37,7 +37,9 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
     elif not isinstance(content, str):
         raise bad_record(where, f"has message {i} ({role}) whose content is {type(content).__name__}, not a string"
                    + (" or a list of parts" if role == "assistant" else ""))
-    return {key: item for key, item in value.items() if item is not None}
+    if None in value.values():
+        return {key: item for key, item in value.items() if item is not None}
+    return value
 
 
 def _turns(value: Any, role: str, where: str, field: str) -> list[Any]:

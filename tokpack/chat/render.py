@@ -7,12 +7,16 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..format import MASK_DTYPE
+
+if TYPE_CHECKING:
+    from ..tokenizer import Encoder
 
 
 class Renderer(StrEnum):
@@ -26,7 +30,10 @@ class Renderer(StrEnum):
 class ChatPiece(NamedTuple):
     """One text of a conversation to encode, led by special tokens (``lead``, with their masks);
     ``last`` ends the conversation ``doc``. Its tokens' mask is ``mask``, or, where ``spans`` is
-    given, 1 on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere."""
+    given, 1 on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere.
+    A ``marked`` piece is a whole conversation with its special tokens written in its text, for
+    ``Encoder.encode_marked``: the text starts with one, ``lead`` lists their ids in order, and
+    its renderer masks it."""
 
     doc: int
     text: str
@@ -35,16 +42,22 @@ class ChatPiece(NamedTuple):
     lead_mask: list[int]
     last: bool = False
     spans: tuple[tuple[int, int], ...] | None = None
+    marked: bool = False
 
 
 class ChatRenderer(Protocol):
-    """A rendering: a checked conversation's pieces, and its ids and mask from their tokens."""
+    """A rendering: a checked conversation's pieces, their tokens, and its ids and mask from them."""
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         """The pieces of one conversation's checked messages (``where`` names it in errors)."""
         ...
 
-    def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
+    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
+        """The tokens of each piece of ``batch`` (many conversations' pieces, in order), as
+        ``assemble`` takes them; called in the pipeline's encoding threads."""
+        ...
+
+    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
         """A conversation's ids (of ``dtype``) and mask from its pieces and their tokens, cut to
         its ``max_tokens``; and whether it was cut."""
@@ -63,6 +76,14 @@ class Vocabulary(Protocol):
 
     def token_bytes(self, token: int) -> bytes:
         ...
+
+
+def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
+    """Each piece's text encoded as ordinary text, as lists: a conversation in pieces is
+    assembled from a handful of short texts, cheaper as lists."""
+    if enc.parallel:
+        return [ids.tolist() for ids in enc.encode_batch([p.text for p in pieces])]
+    return [enc.encode_ordinary(p.text) for p in pieces]
 
 
 def token_sizes(vocab: Vocabulary) -> np.ndarray:
@@ -109,3 +130,33 @@ def assemble(encoded: list[tuple[ChatPiece, list[int]]], dtype: np.dtype, max_to
     if cut:
         ids, mask = ids[:max_tokens], mask[:max_tokens]
     return np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), cut
+
+
+class Marks:
+    """Whether texts may stand between marked special tokens without changing how they are read:
+    the check before a conversation is encoded by ``Encoder.encode_marked``.
+
+    A text is safe when it holds no special token's text and does not end with the start of one
+    (which would run on into the mark after it); the tokenizer's special tokens must not start
+    one another (else one could be read where the other was meant). O(text) per check, in C.
+
+    Args:
+        specials: every special token of the tokenizer, by text.
+    """
+
+    def __init__(self, specials: dict[str, int]):
+        names = sorted(specials, key=len, reverse=True)
+        self.usable = bool(names) and not any(a != b and b.startswith(a) for a in names for b in names)
+        # Texts are checked joined by a character no special token holds, so none spans two texts.
+        self._gap = next(chr(c) for c in range(0x110000) if not any(chr(c) in name for name in names))
+        starts = sorted({name[:k] for name in names for k in range(1, len(name))}, key=len, reverse=True)
+        touching = [re.escape(name) for name in names] + [f"{re.escape(start)}(?={re.escape(self._gap)})"
+                                                          for start in starts]
+        self._touching = re.compile("|".join(touching)) if names else None
+
+    def safe(self, texts: list[str]) -> bool:
+        """Whether every one of ``texts`` may stand between marks."""
+        if not self.usable:
+            return False
+        assert self._touching is not None
+        return self._touching.search(self._gap.join(texts) + self._gap) is None

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -42,7 +42,10 @@ import numpy as np
 
 from ..format import load_json, read_file
 from .records import bad_record
-from .render import ChatPiece, Renderer, Vocabulary, assemble, token_sizes
+from .render import ChatPiece, Renderer, Vocabulary, assemble, encode_pieces, token_sizes
+
+if TYPE_CHECKING:
+    from ..tokenizer import Encoder
 
 # Loop turns and calls one render may take: STEPS, and STEP_GROWTH more a character of its
 # conversation (a template may loop over a message's characters); a real one takes hundreds.
@@ -367,6 +370,9 @@ class Template:
         if inside == ((0, len(text.encode("utf-8", "surrogatepass"))),):
             return ChatPiece(doc, text, 1, lead, lead_mask)
         return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
+
+    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[list[int]]:
+        return encode_pieces(enc, batch)
 
     def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:

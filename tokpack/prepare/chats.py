@@ -4,7 +4,8 @@ with their loss masks, each conversation to the split its messages' hash chooses
     python -m tokpack.prepare chats.jsonl --chat nanochat --encoding tok/tokenizer.json
 
 The texts of many conversations are encoded together, in order, by the run's threads (as
-documents are); special tokens are placed by id, so no text becomes one. A conversation is held
+documents are), as their renderer asks (``ChatRenderer.encode``); no text a message holds ever
+becomes a special token. A conversation is held
 whole while it is assembled: O(conversation) memory beside the pipeline's batches. A record that
 is not a valid conversation stops the run with one line naming it, or with ``--skip-bad`` is
 left out and counted.
@@ -15,6 +16,7 @@ See docs/chat.md.
 from __future__ import annotations
 
 import array
+import functools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -54,14 +56,16 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
         split = only
         if split is None:
             digest = document_hash(key)
-            for message in found:
-                content = message["content"]
-                text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-                digest.update(f"{message['role']}\0{text}\0".encode("utf-8", "surrogatepass"))
+            hashed = "".join([f"{m['role']}\0{_text(m['content'])}\0" for m in found])
+            digest.update(hashed.encode("utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         splits[counts["conversations"]] = (split, source)
         yield from pieces
         counts["conversations"] += 1
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
@@ -71,18 +75,11 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     for having nothing to train on once cut; ``kinds``, the input of each one written."""
     renderer = plan.chat
     assert renderer is not None
-    enc = plan.enc
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        # Lists: a conversation is assembled from a handful of short texts, cheaper as lists.
-        if enc.parallel:
-            return [ids.tolist() for ids in enc.encode_batch(texts)]
-        return [enc.encode_ordinary(text) for text in texts]
-
     workers, in_flight = plan.encoding_threads()
     splits: dict[int, tuple[str, int]] = {}
-    held: list[tuple[ChatPiece, list[int]]] = []
-    for piece, tokens in encode_in_order(_pieces(plan, renderer, entries, only, counts, splits), encode, workers,
+    held: list[tuple[ChatPiece, Any]] = []
+    stream = _pieces(plan, renderer, entries, only, counts, splits)
+    for piece, tokens in encode_in_order(stream, functools.partial(renderer.encode, plan.enc), workers,
                                          plan.config.piece_chars, in_flight):
         held.append((piece, tokens))
         if not piece.last:

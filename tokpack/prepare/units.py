@@ -305,10 +305,10 @@ def _encoded(plan: Plan, entries: list[Entry]) -> Iterator[tuple[Piece, np.ndarr
     enc = plan.enc
     workers, in_flight = plan.encoding_threads()
 
-    def encode(texts: list[str]) -> list[np.ndarray]:
+    def encode(batch: list[Piece]) -> list[np.ndarray]:
         # Ids already of the stored width (uint32 ones) are written as they come: a copy of each
         # was 4 bytes a token more of the memory traffic a CPU-bound run shares with its encoder.
-        return [ids.astype(plan.dtype, copy=False) for ids in enc.encode_batch(texts)]
+        return [ids.astype(plan.dtype, copy=False) for ids in enc.encode_batch([piece.text for piece in batch])]
 
     cut = safe_cut if enc.can_cut else None
     piece_chars = plan.config.piece_chars  # the batches too: see Plan.encoding_threads

@@ -244,18 +244,14 @@ def token_dtype(enc: Encoder, requested: str = "auto") -> np.dtype:
     return np.dtype(requested)
 
 
-def encode_in_order(stream: Iterator[P], encode: Callable[[list[str]], list[np.ndarray]], workers: int,
-                    batch_chars: int, in_flight: int) -> Iterator[tuple[P, np.ndarray]]:
+def encode_in_order(stream: Iterator[P], encode: Callable[[list[P]], list[Any]], workers: int,
+                    batch_chars: int, in_flight: int) -> Iterator[tuple[P, Any]]:
     """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
-    ``workers`` threads; ``encode`` takes a batch of texts and gives their tokens. At most
+    ``workers`` threads; ``encode`` takes a batch of pieces and gives their tokens. At most
     ``in_flight`` batches wait or encode while the caller takes the results of another."""
-
-    def run(batch: list[P]) -> list[np.ndarray]:
-        return encode([piece.text for piece in batch])
-
     # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
     # batches in flight keeps memory flat however large the corpus is.
-    pending: list[tuple[list[P], Future[list[np.ndarray]]]] = []
+    pending: list[tuple[list[P], Future[list[Any]]]] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
         batch: list[P] = []
         size = 0
@@ -263,12 +259,12 @@ def encode_in_order(stream: Iterator[P], encode: Callable[[list[str]], list[np.n
             batch.append(piece)
             size += len(piece.text)
             if size >= batch_chars:
-                pending.append((batch, pool.submit(run, batch)))
+                pending.append((batch, pool.submit(encode, batch)))
                 batch, size = [], 0
                 if len(pending) > in_flight:
                     done, future = pending.pop(0)
                     yield from zip(done, future.result())
         if batch:
-            pending.append((batch, pool.submit(run, batch)))
+            pending.append((batch, pool.submit(encode, batch)))
         for done, future in pending:
             yield from zip(done, future.result())

@@ -119,6 +119,17 @@ class TiktokenEncoder:
             self._check.submit(self.backend, self.library, texts, out)
         return out
 
+    def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+        # tiktoken cuts at the allowed specials and encodes each stretch on its own: one call a text.
+        out = []
+        for text in texts:
+            try:
+                out.append(self.library.encode_to_numpy(text, allowed_special=marks, disallowed_special=()))
+            except UnicodeEncodeError:  # a lone surrogate: U+FFFD, as tiktoken's encode_ordinary makes it
+                out.append(self.library.encode_to_numpy(fast.without_surrogates(text), allowed_special=marks,
+                                                        disallowed_special=()))
+        return out
+
     def chat_template(self) -> None:
         """A tiktoken encoding carries no chat template: pass one with --chat-template."""
         return None

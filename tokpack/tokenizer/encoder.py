@@ -11,6 +11,8 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -45,6 +47,12 @@ class Encoder(Protocol):
         """``encode_ordinary`` of every text, as uint32 arrays."""
         ...
 
+    def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+        """Every text's ids as uint32 arrays, where the text of a special token in ``marks`` is
+        that token and the stretches between them are ``encode_ordinary``'s; the caller makes sure
+        no other special-token text touches them (``tokpack.chat.Marks``)."""
+        ...
+
     def decode(self, ids: list[int]) -> str:
         ...
 
@@ -68,3 +76,28 @@ class Encoder(Protocol):
     def describe(self) -> dict[str, Any]:
         """meta.json's ``encoding`` entry: name, vocabulary hash, n_vocab, eot id and backend."""
         ...
+
+
+@lru_cache(maxsize=8)
+def _marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
+    return re.compile("(" + "|".join(map(re.escape, sorted(marks, key=len, reverse=True))) + ")")
+
+
+def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+    """``encode_marked`` for an encoder without it built in: each text cut at the marks, the
+    stretches between them encoded in one ``encode_batch``."""
+    pattern, ids = _marks_pattern(marks), enc.specials
+    cut = [pattern.split(text) for text in texts]  # text, mark, text, ..., text
+    stretches = enc.encode_batch([part for parts in cut for part in parts[::2]])
+    out, at = [], 0
+    for parts in cut:
+        pieces = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                pieces.append(np.array([ids[part]], dtype=np.uint32))
+            else:
+                pieces.append(stretches[at].astype(np.uint32, copy=False))
+                at += 1
+        out.append(np.concatenate(pieces))
+    return out
+

@@ -32,7 +32,7 @@ PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN", "cl100k_base": "C
 _PROBE = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
 
 
-def _without_surrogates(text: str) -> str:
+def without_surrogates(text: str) -> str:
     """tiktoken's handling of lone surrogates: replaced by U+FFFD before encoding."""
     if text.isascii():  # known without a look at the characters: no surrogate, no copy
         return text
@@ -57,7 +57,7 @@ class SplintrBackend:
         self.tokenizer = splintr.Tokenizer.from_bytes(data, getattr(splintr, PROVEN[enc.name]), None)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        ids, offsets = self.tokenizer.encode_batch_flat([_without_surrogates(t) for t in texts])
+        ids, offsets = self.tokenizer.encode_batch_flat([without_surrogates(t) for t in texts])
         flat, bounds = np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
         return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
 

@@ -26,6 +26,7 @@ import numpy as np
 from ..chat import read_template, template_source
 from ..format import load_json
 from .bpe import gpt2_byte_decoder
+from .encoder import encode_marked_stretches
 from .vocab import read_file
 
 
@@ -145,6 +146,9 @@ class HFEncoder:
         its ``encode_batch_fast`` where it has one (tokenizers >= 0.21), which skips the offsets."""
         encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+
+    def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+        return encode_marked_stretches(self, texts, marks)
 
     def decode(self, ids: list[int]) -> str:
         return self.library.decode(ids, skip_special_tokens=False)
