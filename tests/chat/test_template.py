@@ -124,6 +124,22 @@ def test_special_token_text_in_a_message_stays_text_unless_asked(chatml, tmp_pat
     assert all(ids.count(start) == 4 for ids, _ in found)
 
 
+def test_a_tokenizer_whose_tokens_do_not_spell_the_text_is_one_line(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for c in CHATS for m in c["messages"] for w in m["content"].split()} | {"user", "assistant"})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)} | {"[UNK]": len(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # its tokens leave the spaces out
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    folder = tmp_path / "words"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    code, err = _prepare(capsys, _inputs(tmp_path, CHATS), folder, tmp_path / "out")
+    assert code == 2 and "spell their text byte for byte" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
 def test_marker_characters_in_a_message_are_kept(chatml):
     enc = load_encoding(str(chatml))
     template = Template(CHATML, "t", enc, 0)

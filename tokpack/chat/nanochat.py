@@ -12,14 +12,13 @@ See docs/chat.md.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPiece, Marks, Renderer, encode_pieces
+from .render import ChatPiece, Marks, Renderer, assemble, crop, encode_conversations
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -53,7 +52,6 @@ class Nanochat:
         self.specials, self.max_tokens = dict(specials), max_tokens
         self.ids = {name[2:-2]: specials[name] for name in NANOCHAT_TOKENS}
         self._marks = Marks(self.specials)
-        self._special_ids = np.array(sorted(self.ids.values()))
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         items = _rendered(found)
@@ -70,42 +68,14 @@ class Nanochat:
                 for i, (marks, text) in enumerate(items)]
 
     def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
-        """Pieces as ``encode_pieces`` encodes them; marked ones as (ids, mask), from one
-        ``encode_marked`` of their texts joined (each starts with ``<|bos|>``, so none runs into
-        the next): one call a batch, so an encoding thread takes the GIL back once a batch, and the
-        mask is found over the whole batch at once."""
-        marked = [p for p in batch if p.marked]
-        plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
-        if not marked:
-            return list(plain)
-        ids = enc.encode_marked(["".join([p.text for p in marked])], self.marks)[0]
-        written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
-        at = np.flatnonzero(np.isin(ids, self._special_ids))
-        if not np.array_equal(ids[at], written):  # Marks vouches for this: a failure is a bug of tokpack's
-            raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
-                             "written; this is a bug: report it, with the tokenizer")
-        mask = self._mask(ids)
-        starts = at[np.cumsum([0] + [len(p.lead) for p in marked[:-1]])].tolist() + [len(ids)]
-        spans, out = iter(zip(starts, starts[1:])), []
-        for piece in batch:
-            if piece.marked:
-                a, b = next(spans)
-                out.append((ids[a:b], mask[a:b]))
-            else:
-                out.append(next(plain))
-        return out
+        return encode_conversations(enc, batch, self.marks, "<|bos|>", lambda ids, ranges, pieces: self._mask(ids))
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
         if len(encoded) == 1 and encoded[0][0].marked:
-            ids, mask = encoded[0][1]
-        else:
-            ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
-            mask = self._mask(ids)
-        cut = bool(self.max_tokens) and len(ids) > self.max_tokens
-        if cut:
-            ids, mask = ids[:self.max_tokens], mask[:self.max_tokens]
-        return ids.astype(dtype, copy=False), mask, cut
+            return assemble(encoded, dtype, self.max_tokens)
+        ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
+        return crop(ids, self._mask(ids), self.max_tokens, dtype)
 
     def _mask(self, ids: np.ndarray) -> np.ndarray:
         """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs
@@ -116,7 +86,7 @@ class Nanochat:
         trained = (np.cumsum(opened) - np.cumsum(closed) + closed > 0) & ~opened
         opened, closed = ids == t["output_start"], ids == t["output_end"]
         trained &= np.cumsum(opened) - np.cumsum(closed) + closed == 0
-        return trained.astype(MASK_DTYPE)
+        return trained.view(MASK_DTYPE)
 
     def describe(self) -> dict[str, Any]:
         return {"renderer": Renderer.NANOCHAT.value, "max_tokens": self.max_tokens}

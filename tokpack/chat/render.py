@@ -7,7 +7,9 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -86,19 +88,55 @@ def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
     return [enc.encode_ordinary(p.text) for p in pieces]
 
 
+def encode_conversations(enc: Encoder, batch: list[ChatPiece], marks: frozenset[str], between: str,
+                         masks: Callable[[np.ndarray, list[tuple[int, int]], list[ChatPiece]], np.ndarray]) -> list[Any]:
+    """A batch's pieces encoded, in order: plain ones by ``encode_pieces``; marked ones as (ids,
+    mask), all at once: their texts joined with the special token ``between`` (one of ``marks``,
+    so no text runs into the next) and encoded in one call, so that an encoding thread takes the
+    GIL back once a batch, not once a conversation; ``masks`` gives the mask of the joined ids
+    from each piece's range of them. Their special tokens must come out as their ``lead`` lists
+    them, or nothing is written (``Marks`` vouches for it: a difference is a bug)."""
+    marked = [p for p in batch if p.marked]
+    plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
+    if not marked:
+        return list(plain)
+    ids = enc.encode_marked([between.join([p.text for p in marked])], marks)[0]
+    gap = [enc.specials[between]]
+    written = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(
+        (gap, p.lead) if i else (p.lead,) for i, p in enumerate(marked))), dtype=np.int64)
+    at = np.flatnonzero(np.isin(ids, np.unique(written)))
+    if not np.array_equal(ids[at], written):
+        raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
+                         "written; this is a bug: report it, with the tokenizer")
+    gaps = at[np.cumsum([len(p.lead) + 1 for p in marked[:-1]], dtype=np.int64) - 1].tolist()
+    ranges = list(zip([0] + [g + 1 for g in gaps], gaps + [len(ids)]))
+    mask, spans = masks(ids, ranges, marked), iter(ranges)
+    out = []
+    for piece in batch:
+        if piece.marked:
+            a, b = next(spans)
+            out.append((ids[a:b], mask[a:b]))
+        else:
+            out.append(next(plain))
+    return out
+
+
 def token_sizes(vocab: Vocabulary) -> np.ndarray:
-    """Each token's length in bytes (0 for an id the vocabulary leaves unused)."""
+    """Each token's length in bytes (0 for an id the vocabulary leaves unused); a special
+    token's is its text's, as a rendered conversation spells it."""
     sizes = np.zeros(vocab.n_vocab, dtype=np.int64)
     for token in range(vocab.n_vocab):
         try:
             sizes[token] = len(vocab.token_bytes(token))
         except KeyError:
             pass
+    for name, token in vocab.specials.items():
+        sizes[token] = len(name.encode("utf-8"))
     return sizes
 
 
-def _overlapping(tokens: list[int], spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> list[int]:
-    """1 for each token whose bytes overlap a span (in order, apart), else 0: the tokens must spell the text."""
+def overlapping(tokens: Any, spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> np.ndarray:
+    """Whether each token's bytes overlap a span (in order, apart): the tokens must spell the text."""
     size = sizes[np.asarray(tokens, dtype=np.int64)]
     ends = np.cumsum(size)
     if (int(ends[-1]) if len(ends) else 0) != len(text.encode("utf-8", "surrogatepass")):
@@ -108,13 +146,16 @@ def _overlapping(tokens: list[int], spans: tuple[tuple[int, int], ...], sizes: n
     first = np.searchsorted(hi, ends - size, side="right")  # the first span ending after each token starts
     inside = first < len(hi)
     inside[inside] = lo[first[inside]] < ends[inside]
-    return inside.astype(int).tolist()
+    return inside
 
 
-def assemble(encoded: list[tuple[ChatPiece, list[int]]], dtype: np.dtype, max_tokens: int,
+def assemble(encoded: list[tuple[ChatPiece, Any]], dtype: np.dtype, max_tokens: int,
              sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
-    """A conversation's ids and mask from its pieces and their tokens, cut to ``max_tokens`` (0:
-    none cut), and whether it was cut; ``sizes`` (each token's bytes) places a piece's spans."""
+    """A conversation's ids and mask from its pieces and their tokens (a marked piece's: its ids
+    and mask), cut to ``max_tokens`` (0: none cut), and whether it was cut; ``sizes`` (each
+    token's bytes) places a piece's spans."""
+    if len(encoded) == 1 and encoded[0][0].marked:
+        return crop(*encoded[0][1], max_tokens, dtype)
     ids: list[int] = []
     mask: list[int] = []
     for piece, tokens in encoded:
@@ -125,11 +166,16 @@ def assemble(encoded: list[tuple[ChatPiece, list[int]]], dtype: np.dtype, max_to
             mask += [piece.mask] * len(tokens)
         else:
             assert sizes is not None
-            mask += _overlapping(tokens, piece.spans, sizes, piece.text)
+            mask += overlapping(tokens, piece.spans, sizes, piece.text).tolist()
+    return crop(np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), max_tokens, dtype)
+
+
+def crop(ids: np.ndarray, mask: np.ndarray, max_tokens: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
+    """A conversation's ids (as ``dtype``) and mask cut to ``max_tokens`` (0: none cut), and whether it was."""
     cut = bool(max_tokens) and len(ids) > max_tokens
     if cut:
         ids, mask = ids[:max_tokens], mask[:max_tokens]
-    return np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), cut
+    return ids.astype(dtype, copy=False), mask.astype(MASK_DTYPE, copy=False), cut
 
 
 class Marks:

@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,8 @@ import numpy as np
 
 from ..format import load_json, read_file
 from .records import bad_record
-from .render import ChatPiece, Renderer, Vocabulary, assemble, encode_pieces, token_sizes
+from ..format import MASK_DTYPE
+from .render import ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, token_sizes
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -180,16 +181,20 @@ def _specials_pattern(names: tuple[str, ...], markers: tuple[str, str] | None) -
     return re.compile(f"({start}?)({tokens})({end}?)")
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield str(key)
-            yield from _strings(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _strings(item)
+def _strings(value: Any) -> list[str]:
+    """Every string inside ``value`` (keys too), in no particular order."""
+    out, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)  # the types JSON gives, tested first: isinstance of an ABC is slow
+        if kind is str or (kind is not dict and kind is not list and isinstance(item, str)):
+            out.append(item)
+        elif kind is dict or isinstance(item, Mapping):
+            out += map(str, item)
+            stack += item.values()
+        elif kind is list or isinstance(item, (list, tuple)):
+            stack += item
+    return out
 
 
 def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str]) -> Any:
@@ -281,8 +286,9 @@ class Template:
             raise ValueError(f"the chat template {origin} does not parse ({exc}); fix it, or pass another with "
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
-        self._names = tuple(self.specials)  # the key of their patterns, made once
-        self._sizes: np.ndarray | None = None  # each token's bytes, found when a span first needs them
+        self._names = tuple(sorted(self.specials))  # the key of their patterns, made once
+        self._marks = Marks(self.specials)
+        self._written = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
         self.generation = bool(GENERATION.search(source))
@@ -292,10 +298,11 @@ class Template:
         return {"renderer": Renderer.TEMPLATE.value, "max_tokens": self.max_tokens, "template_sha256": self.sha256,
                 "assistant_mask": "generation" if self.generation else "prefixes"}
 
-    def render(self, found: list[dict[str, Any]], where: str,
+    def render(self, found: list[dict[str, Any]], where: str, size: int,
                prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text of ``found`` and its generation spans (character ranges)."""
-        self.env.start(sum(len(s) for s in _strings(found)))
+        """The rendered text of ``found`` and its generation spans (character ranges); ``size``,
+        the characters of the conversation, sets how far the render may go."""
+        self.env.start(size)
         blocks = []
         try:
             for block in self.compiled.generate(messages=found, tools=None, documents=None,
@@ -312,13 +319,13 @@ class Template:
                              f"{type(exc).__name__}: {exc}") from None
         return "".join(blocks), self.env.spans
 
-    def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str) -> list[tuple[int, int]]:
+    def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int) -> list[tuple[int, int]]:
         spans = []
         for i, message in enumerate(found):
             if message["role"] != "assistant":
                 continue
-            before, _ = self.render(found[:i], where, prompt=True)
-            upto, _ = self.render(found[:i + 1], where)
+            before, _ = self.render(found[:i], where, size, prompt=True)
+            upto, _ = self.render(found[:i + 1], where, size)
             if not (upto.startswith(before) and text.startswith(upto)):
                 raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole "
                                  f"than in its first {i + 1} messages, so its assistant turn {i} cannot be found "
@@ -328,17 +335,22 @@ class Template:
         return spans
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
-        markers = None
-        held = set(_strings(found)) if self.ordinary and self.specials else set()
+        markers, held = None, _strings(found)
         typed = _specials_pattern(self._names, None)
-        if any(typed.search(s) for s in held):  # special-token text in a message: marked, to stay text
+        # Special-token text in a message is marked, to stay text.
+        if self.ordinary and self.specials and any(typed.search(s) for s in held):
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
                 raise bad_record(where, "holds every marker tokpack could use for special-token text")
             found = _mark(found, typed, markers)
-        text, spans = self.render(found, where)
+        size = sum(map(len, held))
+        text, spans = self.render(found, where, size)
         if not self.generation:
-            spans = self._prefix_spans(found, text, where)
+            spans = self._prefix_spans(found, text, where, size)
+        if markers is None and self._marks.usable:  # every special token's text in it is the template's
+            lead = [self.specials[name] for name in self._written.findall(text)]
+            return [ChatPiece(doc, text, 0, lead, [], last=True, spans=_byte_spans(text, 0, _merged(spans), None)[1],
+                              marked=True)]
         return self._split(text, _merged(spans), markers, doc)
 
     def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
@@ -371,11 +383,34 @@ class Template:
             return ChatPiece(doc, text, 1, lead, lead_mask)
         return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
 
-    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[list[int]]:
-        return encode_pieces(enc, batch)
+    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
+        return encode_conversations(enc, batch, frozenset(self.specials), self._names[0], self._masks)
 
-    def assemble(self, encoded: list[tuple[ChatPiece, list[int]]],
+    def _masks(self, ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
+        """Whether each of a batch's joined ids overlaps a span of its conversation: its spans
+        moved to where the conversation's bytes start, found in one pass over the batch."""
+        size = self._sizes[ids]
+        ends = np.cumsum(size)
+        starts = ends - size
+        spans = []
+        for (a, b), piece in zip(ranges, pieces):
+            first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
+            if spelled != len(piece.text.encode("utf-8", "surrogatepass")):
+                raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
+                                 f"byte-level BPE) to find the assistant's tokens; this one spells {piece.text[:40]!r} "
+                                 "otherwise")
+            spans += [(lo + first, hi + first) for lo, hi in piece.spans or ()]
+        lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
+        after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
+        inside = after < len(hi)
+        inside[inside] = lo[after[inside]] < ends[inside]
+        return inside.view(MASK_DTYPE)
+
+    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        if self._sizes is None and any(piece.spans is not None for piece, _ in encoded):
-            self._sizes = token_sizes(self.vocab)
         return assemble(encoded, dtype, self.max_tokens, self._sizes)
+
+    @cached_property
+    def _sizes(self) -> np.ndarray:
+        """Each token's bytes, to find which a span covers."""
+        return token_sizes(self.vocab)

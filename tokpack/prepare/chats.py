@@ -56,8 +56,8 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
         split = only
         if split is None:
             digest = document_hash(key)
-            hashed = "".join([f"{m['role']}\0{_text(m['content'])}\0" for m in found])
-            digest.update(hashed.encode("utf-8", "surrogatepass"))
+            for m in found:
+                digest.update(f"{m['role']}\0{_text(m['content'])}\0".encode("utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         splits[counts["conversations"]] = (split, source)
         yield from pieces

@@ -41,6 +41,17 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _byte_level_table() -> dict[int, int]:
+    """str.translate's table from GPT-2's alphabet to the bytes it stands for (as latin-1
+    characters), with every other character below 256 sent past latin-1, so it fails to encode."""
+    table = {ord(ch): b for ch, b in gpt2_byte_decoder().items()}
+    table.update({c: 0x100 for c in range(256) if c not in table})
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
 class HFEncoder:
     """A Hugging Face ``Tokenizer`` behind the ``Encoder`` interface (``library`` is the Tokenizer)."""
 
@@ -160,9 +171,10 @@ class HFEncoder:
         if piece is None:
             raise KeyError(token)
         if self.byte_level:
-            decoder = gpt2_byte_decoder()
-            if all(ch in decoder for ch in piece):
-                return bytes(decoder[ch] for ch in piece)
+            try:  # every character of GPT-2's alphabet becomes its byte; any other fails latin-1
+                return piece.translate(_BYTE_LEVEL).encode("latin-1")
+            except UnicodeEncodeError:
+                pass
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])
         return piece.replace("\u2581", " ").encode("utf-8")
