@@ -227,8 +227,11 @@ def _byte_spans(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[
     def clean(text: str) -> str:
         return text if markers is None else text.replace(markers[0], "").replace(markers[1], "")
 
+    one_byte = markers is None and raw.isascii()  # a character a byte: no prefix to encode
+
     def at(i: int) -> int:
-        return len(clean(raw[:max(0, min(i - lo, len(raw)))]).encode("utf-8", "surrogatepass"))
+        i = max(0, min(i - lo, len(raw)))
+        return i if one_byte else len(clean(raw[:i]).encode("utf-8", "surrogatepass"))
 
     inside = tuple((at(s), at(e)) for s, e in spans if s < lo + len(raw) and e > lo)
     return clean(raw), tuple((s, e) for s, e in inside if e > s)
