@@ -26,7 +26,7 @@ import itertools
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 from ..chat import NANOCHAT_TOKENS
 from ..cli import table
 from ..tokenizer import load_encoding
-from .timing import interleaved, ratio, ratio_range
+from .timing import interleaved, least_cpu_and_wall, ratio, ratio_range
 
 WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which this be or "
          "have not but had they you he she we there been one all would their what so if about can no more "
@@ -279,6 +279,18 @@ def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]
     return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
 
 
+def _tiktoken_alone(enc: Any, source: Path) -> Callable[[], None]:
+    """tiktoken on every text nanochat's loop encodes, in chunks of ~1,000 texts (a prepare's
+    batches), on every core: the tokenizer's own work, none of a prepare's."""
+    from ..prepare.run import default_workers
+
+    with open(source) as f:
+        texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
+                 for part in (m["content"] if isinstance(m["content"], list) else [m["content"]])]
+    chunks = [" ".join(texts[i:i + 1000]) for i in range(0, len(texts), 1000)]
+    return lambda: enc.library.encode_ordinary_batch(chunks, num_threads=default_workers())
+
+
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
                batches: int, rounds: int) -> dict[str, Any]:
     from ..data.loader import build_loader
@@ -298,16 +310,8 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), encoding=str(spec), chat="nanochat",
                               quiet=True, force=True))
 
-    with open(source) as f:  # every text nanochat's loop encodes, in chunks of a prepare's batch, for tiktoken alone
-        texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
-                 for part in (m["content"] if isinstance(m["content"], list) else [m["content"]])]
-    chunks = [" ".join(texts[i:i + 1000]) for i in range(0, len(texts), 1000)]
-
-    def tiktoken_alone() -> None:
-        enc.library.encode_ordinary_batch(chunks, num_threads=default_workers())
-
     times = interleaved({"tokpack.prepare --chat nanochat": ours, "nanochat render_conversation": nanochat_loop,
-                         "tiktoken encode_ordinary_batch alone": tiktoken_alone}, rounds)
+                         "tiktoken encode_ordinary_batch alone": _tiktoken_alone(enc, source)}, rounds)
     found = chat_documents(out, "train") + chat_documents(out, "val")
     identical = sorted(found) == sorted(nanochat_loop())
     train, T, B = chat_documents(out, "train"), block_size, batch_size
@@ -334,7 +338,12 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         rss_source = tmp / "rss.jsonl"
         synthetic_chats(rss_source, rss_megabytes, seed=1)
     rss = _prepare(rss_source, tmp / "rss-out", spec)["peak_rss_mb"]
-    return {**_report(times, row_times, count, megabytes, identical, same_rows, padding,
+    # CPU, all threads: on c cores a run of C CPU-seconds takes C / c seconds at best.
+    cpu = [least_cpu_and_wall(fn, 1)[0] for fn in (ours, nanochat_loop)]
+    print(f"CPU seconds (every thread): prepare --chat nanochat {cpu[0]:.2f}, nanochat's loop {cpu[1]:.2f}; on "
+          f"{default_workers()} cores a prepare of this CPU reaches at most {default_workers() * cpu[1] / cpu[0]:.2f}x")
+    return {"prepare_cpu_vs_nanochat": round(cpu[0] / cpu[1], 3),
+            **_report(times, row_times, count, megabytes, identical, same_rows, padding,
                       counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,
                       rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds)}
 
