@@ -98,6 +98,9 @@ def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_
     assert sorted(found) == sorted(nanochat_render(enc, json.loads(json.dumps(c))) for c in chats)
     # A tokenizer whose special tokens start one another never encodes a conversation whole.
     assert not Marks({**enc.specials, "<|user": 1}).usable and Marks(enc.specials).usable
+    marks = Marks({"<|a|>": 1, "[b]": 2})
+    assert marks.safe(["x < y [ z", "b] <|a| z", ""]) and not marks.safe(["fine", "ends <|a"])
+    assert not marks.safe(["ends [b"]) and not marks.safe(["holds <|a|> inside"])
 
 
 def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_the_spec_files_folder(chat_folder, spec, tmp_path):

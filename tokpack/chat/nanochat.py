@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPiece, Marks, Renderer, assemble, crop, encode_conversations
+from .render import ChatPiece, Marks, Renderer, crop, encode_conversations
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -51,19 +51,19 @@ class Nanochat:
                              "nanochat")
         self.specials, self.max_tokens = dict(specials), max_tokens
         self.ids = {name[2:-2]: specials[name] for name in NANOCHAT_TOKENS}
-        self._marks = Marks(self.specials)
+        self._safe = Marks(self.specials)  # whether a conversation's texts may go between its marks
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         items = _rendered(found)
         # Texts next to each other are encoded apart, as nanochat does: never as one text.
-        if self._marks.safe([text for _, text in items]) and all(marks or not text for marks, text in items[1:]):
-            ids, out = self.specials, []
+        ids = self.specials
+        if self._safe.safe([text for _, text in items]) and all(marks or not text for marks, text in items[1:]):
+            out: list[str] = []
             for marks, text in items:
                 out += marks
                 out.append(text)
             lead = [ids[m] for marks, _ in items for m in marks]
             return [ChatPiece(doc, "".join(out), 0, lead, [], last=True, marked=True)]
-        ids = self.specials
         return [ChatPiece(doc, text, 0, [ids[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
                 for i, (marks, text) in enumerate(items)]
 
@@ -73,7 +73,7 @@ class Nanochat:
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
         if len(encoded) == 1 and encoded[0][0].marked:
-            return assemble(encoded, dtype, self.max_tokens)
+            return crop(*encoded[0][1], self.max_tokens, dtype)
         ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
         return crop(ids, self._mask(ids), self.max_tokens, dtype)
 

@@ -34,8 +34,7 @@ class ChatPiece(NamedTuple):
     ``last`` ends the conversation ``doc``. Its tokens' mask is ``mask``, or, where ``spans`` is
     given, 1 on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere.
     A ``marked`` piece is a whole conversation with its special tokens written in its text, for
-    ``Encoder.encode_marked``: the text starts with one, ``lead`` lists their ids in order, and
-    its renderer masks it."""
+    ``Encoder.encode_marked``: ``lead`` lists their ids in order, and its renderer masks it."""
 
     doc: int
     text: str
@@ -135,7 +134,7 @@ def token_sizes(vocab: Vocabulary) -> np.ndarray:
     return sizes
 
 
-def overlapping(tokens: Any, spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> np.ndarray:
+def _overlapping(tokens: Any, spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> np.ndarray:
     """Whether each token's bytes overlap a span (in order, apart): the tokens must spell the text."""
     size = sizes[np.asarray(tokens, dtype=np.int64)]
     ends = np.cumsum(size)
@@ -166,7 +165,7 @@ def assemble(encoded: list[tuple[ChatPiece, Any]], dtype: np.dtype, max_tokens: 
             mask += [piece.mask] * len(tokens)
         else:
             assert sizes is not None
-            mask += overlapping(tokens, piece.spans, sizes, piece.text).tolist()
+            mask += _overlapping(tokens, piece.spans, sizes, piece.text).tolist()
     return crop(np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), max_tokens, dtype)
 
 
@@ -184,7 +183,8 @@ class Marks:
 
     A text is safe when it holds no special token's text and does not end with the start of one
     (which would run on into the mark after it); the tokenizer's special tokens must not start
-    one another (else one could be read where the other was meant). O(text) per check, in C.
+    one another (else one could be read where the other was meant). O(text) per check, in C but
+    for the few places near a text's end where a special token's first character stands.
 
     Args:
         specials: every special token of the tokenizer, by text.
@@ -193,16 +193,27 @@ class Marks:
     def __init__(self, specials: dict[str, int]):
         names = sorted(specials, key=len, reverse=True)
         self.usable = bool(names) and not any(a != b and b.startswith(a) for a in names for b in names)
-        # Texts are checked joined by a character no special token holds, so none spans two texts.
+        # Texts are searched joined by a character no special token holds, so no match spans two.
         self._gap = next(chr(c) for c in range(0x110000) if not any(chr(c) in name for name in names))
-        starts = sorted({name[:k] for name in names for k in range(1, len(name))}, key=len, reverse=True)
-        touching = [re.escape(name) for name in names] + [f"{re.escape(start)}(?={re.escape(self._gap)})"
-                                                          for start in starts]
-        self._touching = re.compile("|".join(touching)) if names else None
+        self._inside = re.compile("|".join(map(re.escape, names))) if names else None
+        self._starts = frozenset(name[:k] for name in names for k in range(1, len(name)))
+        self._firsts = "".join(sorted({name[0] for name in names}))
+        self._tail = max(map(len, names), default=1) - 1
 
     def safe(self, texts: list[str]) -> bool:
         """Whether every one of ``texts`` may stand between marks."""
         if not self.usable:
             return False
-        assert self._touching is not None
-        return self._touching.search(self._gap.join(texts) + self._gap) is None
+        assert self._inside is not None
+        if self._inside.search(self._gap.join(texts)):
+            return False
+        starts = self._starts
+        for text in texts:
+            tail = text[-self._tail:] if self._tail else ""
+            for first in self._firsts:
+                at = tail.find(first)
+                while at >= 0:
+                    if tail[at:] in starts:
+                        return False
+                    at = tail.find(first, at + 1)
+        return True

@@ -40,9 +40,8 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 import numpy as np
 
-from ..format import load_json, read_file
+from ..format import MASK_DTYPE, load_json, read_file
 from .records import bad_record
-from ..format import MASK_DTYPE
 from .render import ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, token_sizes
 
 if TYPE_CHECKING:
@@ -290,7 +289,7 @@ class Template:
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
         self._names = tuple(sorted(self.specials))  # the key of their patterns, made once
-        self._marks = Marks(self.specials)
+        self._safe = Marks(self.specials)
         self._written = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
@@ -350,7 +349,7 @@ class Template:
         text, spans = self.render(found, where, size)
         if not self.generation:
             spans = self._prefix_spans(found, text, where, size)
-        if markers is None and self._marks.usable:  # every special token's text in it is the template's
+        if markers is None and self._safe.usable:  # every special token's text in it is the template's
             lead = [self.specials[name] for name in self._written.findall(text)]
             return [ChatPiece(doc, text, 0, lead, [], last=True, spans=_byte_spans(text, 0, _merged(spans), None)[1],
                               marked=True)]
