@@ -5,10 +5,9 @@ with their loss masks, each conversation to the split its messages' hash chooses
 
 The texts of many conversations are encoded together, in order, by the run's threads (as
 documents are), as their renderer asks (``ChatRenderer.encode``); no text a message holds ever
-becomes a special token. A conversation is held
-whole while it is assembled: O(conversation) memory beside the pipeline's batches. A record that
-is not a valid conversation stops the run with one line naming it, or with ``--skip-bad`` is
-left out and counted.
+becomes a special token. A conversation is held whole while it is assembled: O(conversation)
+memory beside the pipeline's batches. A record that is not a valid conversation stops the run
+with one line naming it, or with ``--skip-bad`` is left out and counted.
 
 See docs/chat.md.
 """

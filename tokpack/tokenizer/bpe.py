@@ -120,7 +120,8 @@ class TiktokenEncoder:
         return out
 
     def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
-        # tiktoken cuts at the allowed specials and encodes each stretch on its own: one call a text.
+        # tiktoken cuts at the allowed specials and encodes each stretch on its own: one call a text
+        # (tiktoken's, whatever the backend: an accelerated one knows no special tokens).
         out = []
         for text in texts:
             try:

@@ -50,7 +50,7 @@ class Encoder(Protocol):
     def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
         """Every text's ids as uint32 arrays, where the text of a special token in ``marks`` is
         that token and the stretches between them are ``encode_ordinary``'s; the caller makes sure
-        no other special-token text touches them (``tokpack.chat.Marks``)."""
+        no other special-token text touches them (``tokpack.chat.render.Marks``)."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -85,19 +85,19 @@ def _marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
 
 def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
     """``encode_marked`` for an encoder without it built in: each text cut at the marks, the
-    stretches between them encoded in one ``encode_batch``."""
-    pattern, ids = _marks_pattern(marks), enc.specials
+    stretches between them encoded in one ``encode_batch``, the marks' ids put between them."""
+    pattern = _marks_pattern(marks)
     cut = [pattern.split(text) for text in texts]  # text, mark, text, ..., text
-    stretches = enc.encode_batch([part for parts in cut for part in parts[::2]])
-    out, at = [], 0
+    stretches = iter(enc.encode_batch([part for parts in cut for part in parts[::2]]))
+    out = []
     for parts in cut:
-        pieces = []
-        for i, part in enumerate(parts):
-            if i % 2:
-                pieces.append(np.array([ids[part]], dtype=np.uint32))
-            else:
-                pieces.append(stretches[at].astype(np.uint32, copy=False))
-                at += 1
-        out.append(np.concatenate(pieces))
+        arrays = [next(stretches) for _ in range(0, len(parts), 2)]
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        at = np.cumsum(lengths[:-1]) + np.arange(len(arrays) - 1)  # each mark's place, after its stretch
+        ids = np.empty(int(lengths.sum()) + len(at), dtype=np.uint32)
+        ids[at] = [enc.specials[mark] for mark in parts[1::2]]
+        stored = np.ones(len(ids), dtype=bool)
+        stored[at] = False
+        ids[stored] = np.concatenate(arrays)
+        out.append(ids)
     return out
-
