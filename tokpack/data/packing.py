@@ -22,7 +22,7 @@ import json
 import itertools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -235,11 +235,6 @@ def _old_keywords(rows: Any, form: Any, given: dict[str, Any]) -> tuple[TrainRow
         raise ValueError("ranks, refill and shard_end shape training rows; evaluation rows are read in order: drop "
                          "them")
     return EvalRows(_whole("stride", stride)), form
-
-
-def _slicer(files: OpenedFiles) -> Callable[[slice], np.ndarray]:
-    """A slice of a split's files: of its one array where it has one (a slice a segment, no call between)."""
-    return files[0].__getitem__ if len(files) == 1 else lambda where: files.span(where.start, where.stop)
 
 
 class PackedDocuments(Dataset):
@@ -545,44 +540,64 @@ class PackedDocuments(Dataset):
 
     def gather(self, rows: Sequence[Row], checked: bool = False) -> PackedRows:
         """The rows' tokens as stored, BOS inserted, one (B, T + 1) array, with their position ids,
-        segment starts and masked targets: one slice copy a segment (and one of its mask), the rest
-        a fixed number of array operations over the batch's segments. Rows from elsewhere than this
+        segment starts and masked targets: one slice copy and a few integer operations a segment (a
+        handful a row), then a fixed number of array operations. Rows from elsewhere than this
         dataset's own packing (``checked`` False) are first checked to lie inside its units and to
         fill their rows."""
         T, width, B = self.block_size, self.block_size + 1, len(rows)
         if not checked:
             self._check_rows(rows)
-        unit, offset, n, skip = np.array([s for row in rows for s in row], dtype=np.int64).reshape(-1, 4).T
-        at = np.cumsum(n) - n  # each segment's place in the flattened rows
-        stored = unit >= 0  # else padding: all BOS, every target masked
-        known = unit[stored]
-        inserted = self.unit_bos[known].astype(np.int64)  # its BOS is not stored: the tokens begin one later
-        lead = inserted * (offset[stored] == 0)  # a BOS at the segment's first place
-        source = self.unit_starts[known] + offset[stored] - inserted + lead
-        out = np.full(B * width, self.bos_id, dtype=self.split.dtype)
-        mask = self._masks()  # a split of conversations: each token's loss mask; inserted BOS and padding 0
-        kept = np.zeros(B * width, dtype=np.uint8) if mask is not None else None
-        tokens, masks = _slicer(self.index.tokens()), _slicer(mask) if mask is not None else None
-        for place, start, count in zip((at[stored] + lead).tolist(), source.tolist(), (n[stored] - lead).tolist()):
-            out[place:place + count] = tokens(slice(start, start + count))
-            if kept is not None:
-                kept[place:place + count] = masks(slice(start, start + count))  # type: ignore[misc]
-        col = at % width
-        seen = col < T  # a segment starting at a row's last token is in y only
-        first = (at - at // width)[seen]  # its place in the flattened x
-        spans = np.minimum(col + n, T)[seen] - col[seen]
-        scored = np.minimum(skip[seen], spans)  # evaluation: targets an earlier window scored, and padding
-        flat = np.repeat(first - np.cumsum(scored) + scored, scored) + np.arange(scored.sum())
-        if self.stride is not None or self.mask_boundary:  # a segment's last target is the next one's first token
-            flat = np.concatenate([flat, (at - at // width + n - 1)[col + n - 1 < T]])
-        if kept is not None:
-            flat = self._untrained(flat, kept.reshape(B, width))
+        files = self.index.tokens()
+        single = files[0] if len(files) == 1 else None
+        mask = self._masks()  # a split of conversations: each token's loss mask
+        kept = np.zeros(B * width, dtype=np.uint8) if mask is not None else None  # inserted BOS, padding: 0
+        unit_starts, unit_bos, bos_id = self.unit_starts, self.unit_bos, self.bos_id
+        boundary = self.stride is not None or self.mask_boundary  # a segment's last target is the next one's first token
+        out = np.empty(B * width, dtype=self.split.dtype)
+        starts: list[int] = []
+        spans: list[int] = []
+        skipped: list[np.ndarray] = []  # evaluation: targets an earlier window scored, and padding
+        last: list[int] = []  # with boundary masking: each segment's last target, the next one's first token
+        at = 0  # in the flattened rows
+        for r, row in enumerate(rows):
+            for unit, offset, n, skip in row:
+                if unit < 0:  # padding: all BOS
+                    out[at:at + n] = bos_id
+                else:
+                    source, lead = unit_starts.item(unit) + offset, 0
+                    if unit_bos.item(unit):  # its BOS is inserted: the stored tokens begin one later
+                        if offset == 0:
+                            out[at], lead = bos_id, 1
+                        else:
+                            source -= 1
+                    stop = source + n - lead
+                    if single is not None:
+                        out[at + lead:at + n] = single[source:stop]
+                        if kept is not None:
+                            kept[at + lead:at + n] = mask[0][source:stop]  # type: ignore[index]
+                    else:
+                        out[at + lead:at + n] = self.index.span(source, stop)
+                        if kept is not None:
+                            kept[at + lead:at + n] = mask.span(source, stop)  # type: ignore[union-attr]
+                col = at - r * width
+                if col < T:  # one starting at a row's last token is in y only
+                    first, span = at - r, min(col + n, T) - col  # its place in the flattened x
+                    starts.append(first)
+                    spans.append(span)
+                    if skip:
+                        skipped.append(np.arange(first, first + min(skip, span)))
+                    if boundary and col + n - 1 < T:
+                        last.append(first + n - 1)
+                at += n
         tokens = self.split.check_ids(out.reshape(B, width))
-        cu_seqlens = np.append(first, B * T).astype(np.int32)
+        cu_seqlens = np.array(starts + [B * T], dtype=np.int32)
         # Every row starts a segment, so the starts alone give the positions.
         positions = np.arange(B * T, dtype=np.int32) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
+        flat = np.concatenate([*skipped, np.array(last, dtype=np.int64)])
+        if kept is not None:
+            flat = self._untrained(flat, kept.reshape(B, width))
         return PackedRows(tokens, positions.astype(np.uint16 if T <= 2**16 else np.uint32), cu_seqlens, flat,
-                          int(spans.max()), self.form, self.max_docs, self.hf_extras, self.ignore_index)
+                          max(spans), self.form, self.max_docs, self.hf_extras, self.ignore_index)
 
     def _untrained(self, masked: np.ndarray, kept: np.ndarray) -> np.ndarray:
         """``masked`` (flat x positions whose target is ignored) with every target the loss mask
