@@ -62,6 +62,7 @@ def test_resume_gives_the_uninterrupted_losses_and_parameters(prepared, tmp_path
     assert [r["step"] for r in losses(tmp_path / "resumed")] == list(range(1, 2 * k + 3))
 
 
+@pytest.mark.e2e
 def test_sft_on_conversations_starts_from_a_pretrained_checkpoint_and_scores_what_the_assistant_says(tmp_path):
     spec = write_nanochat_spec(tmp_path / "tok")
     text = prepare_docs(tmp_path / "text", make_docs(30, words=100), val_fraction=0.2, encoding=str(spec))
