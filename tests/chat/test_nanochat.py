@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
-from tokpack.bench.chat import chat_documents, chat_tokenizer, nanochat_render
+from tokpack.bench.chat import chat_documents, gpt2_tokenizer, nanochat_render
 from tokpack.chat import NANOCHAT_TOKENS, Nanochat
 from tokpack.chat.render import Marks
 from tokpack.data.windows import TokenWindows
@@ -80,7 +80,8 @@ TOUCHING = {
 PLAIN = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "6 x 7?"},
          {"role": "assistant", "content": [{"type": "text", "text": "Let me run"}, {"type": "python", "text": "6*7"},
                                            {"type": "python_output", "text": ""}, {"type": "text", "text": " 42"}]},
-         {"role": "user", "content": "a lone surrogate \ud800 and a < sign"}, {"role": "assistant", "content": "<fine>"}]
+         {"role": "user", "content": "a lone surrogate \ud800 and a < sign"},
+         {"role": "assistant", "content": "<fine>"}]
 
 
 def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path):
@@ -103,15 +104,26 @@ def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_
     assert not marks.safe(["ends [b"]) and not marks.safe(["holds <|a|> inside"])
 
 
-def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_the_spec_files_folder(chat_folder, spec, tmp_path):
-    chat_tokenizer(tmp_path / "hf", template=None, specials=NANOCHAT_TOKENS)
+@pytest.mark.parametrize("strips", [False, True], ids=["whole", "stretches"])
+def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_nanochats_ids(spec, tmp_path, strips):
+    from tokenizers import AddedToken
+
+    # Special tokens that strip the whitespace after them would read a whole text otherwise than
+    # its stretches: such a tokenizer has its stretches encoded apart.
+    tok = gpt2_tokenizer(["<|endoftext|>"])
+    tok.add_special_tokens([AddedToken(t, special=True, rstrip=strips) for t in NANOCHAT_TOKENS])
+    (tmp_path / "hf").mkdir()
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     hf, tiktoken_spec = load_encoding(str(tmp_path / "hf")), load_encoding(str(spec))
     assert [hf.specials[t] for t in NANOCHAT_TOKENS] == [tiktoken_spec.specials[t] for t in NANOCHAT_TOKENS]
-    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
-    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(tmp_path / "hf"),
-                          eot_token="<|bos|>", chat="nanochat", quiet=True))
-    for name in ("train.bin", "train.mask", "val.bin", "val.mask"):
-        assert (tmp_path / "out" / name).read_bytes() == (chat_folder / name).read_bytes(), name
+    assert (hf._whole is None) == strips
+    # Texts that start with whitespace, which such a special token would take.
+    chats = CHATS + [{"messages": [{"role": "user", "content": f" hi {i}"}, {"role": "assistant", "content": "\n ok"}]}
+                     for i in range(20)]
+    prepare(PrepareConfig(inputs=(str(write_jsonl(tmp_path / "chats.jsonl", chats)),), out_dir=str(tmp_path / "out"),
+                          encoding=str(tmp_path / "hf"), eot_token="<|bos|>", chat="nanochat", quiet=True))
+    found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
+    assert sorted(found) == sorted(nanochat_render(tiktoken_spec, c) for c in chats)
 
 
 def test_trl_prompt_completion_and_parquet_give_the_same_folder(spec, tmp_path):

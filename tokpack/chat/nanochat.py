@@ -68,7 +68,7 @@ class Nanochat:
                 for i, (marks, text) in enumerate(items)]
 
     def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
-        return encode_conversations(enc, batch, self.marks, "<|bos|>", lambda ids, ranges, pieces: self._mask(ids))
+        return encode_conversations(enc, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids))
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -87,28 +87,28 @@ def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
     return [enc.encode_ordinary(p.text) for p in pieces]
 
 
-def encode_conversations(enc: Encoder, batch: list[ChatPiece], marks: frozenset[str], between: str,
-                         masks: Callable[[np.ndarray, list[tuple[int, int]], list[ChatPiece]], np.ndarray]) -> list[Any]:
+Masks = Callable[[np.ndarray, list[tuple[int, int]], list["ChatPiece"]], np.ndarray]
+
+
+def encode_conversations(enc: Encoder, batch: list[ChatPiece], marks: frozenset[str], masks: Masks) -> list[Any]:
     """A batch's pieces encoded, in order: plain ones by ``encode_pieces``; marked ones as (ids,
-    mask), all at once: their texts joined with the special token ``between`` (one of ``marks``,
-    so no text runs into the next) and encoded in one call, so that an encoding thread takes the
-    GIL back once a batch, not once a conversation; ``masks`` gives the mask of the joined ids
-    from each piece's range of them. Their special tokens must come out as their ``lead`` lists
-    them, or nothing is written (``Marks`` vouches for it: a difference is a bug)."""
+    mask), all in one ``encode_marked`` call (an encoding thread takes the GIL back once a batch,
+    not once a conversation); ``masks`` gives the mask of their ids laid end to end, from each
+    piece's range of them. Their special tokens must come out as their ``lead`` lists them, or
+    nothing is written (``Marks`` vouches for it: a difference is a bug)."""
     marked = [p for p in batch if p.marked]
     plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
     if not marked:
         return list(plain)
-    ids = enc.encode_marked([between.join([p.text for p in marked])], marks)[0]
-    gap = [enc.specials[between]]
-    written = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(
-        (gap, p.lead) if i else (p.lead,) for i, p in enumerate(marked))), dtype=np.int64)
+    parts = enc.encode_marked([p.text for p in marked], marks, [len(p.lead) for p in marked])
+    ids = np.concatenate(parts)
+    written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
     at = np.flatnonzero(np.isin(ids, np.unique(written)))
     if not np.array_equal(ids[at], written):
         raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
                          "written; this is a bug: report it, with the tokenizer")
-    gaps = at[np.cumsum([len(p.lead) + 1 for p in marked[:-1]], dtype=np.int64) - 1].tolist()
-    ranges = list(zip([0] + [g + 1 for g in gaps], gaps + [len(ids)]))
+    ends = np.cumsum([len(part) for part in parts]).tolist()
+    ranges = list(zip([0] + ends[:-1], ends))
     mask, spans = masks(ids, ranges, marked), iter(ranges)
     out = []
     for piece in batch:

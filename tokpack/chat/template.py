@@ -386,7 +386,7 @@ class Template:
         return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
 
     def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
-        return encode_conversations(enc, batch, frozenset(self.specials), self._names[0], self._masks)
+        return encode_conversations(enc, batch, frozenset(self.specials), self._masks)
 
     def _masks(self, ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
         """Whether each of a batch's joined ids overlaps a span of its conversation: its spans

@@ -47,10 +47,12 @@ class Encoder(Protocol):
         """``encode_ordinary`` of every text, as uint32 arrays."""
         ...
 
-    def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+    def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
         """Every text's ids as uint32 arrays, where the text of a special token in ``marks`` is
         that token and the stretches between them are ``encode_ordinary``'s; the caller makes sure
-        no other special-token text touches them (``tokpack.chat.render.Marks``)."""
+        no other special-token text touches them (``tokpack.chat.render.Marks``). Many texts a
+        call: an encoder may encode them at once. ``held``: how many marks each text holds,
+        where the caller knows (else they are counted)."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -79,14 +81,15 @@ class Encoder(Protocol):
 
 
 @lru_cache(maxsize=8)
-def _marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
+def marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
+    """The special tokens ``marks`` as one pattern (longest first), in a group."""
     return re.compile("(" + "|".join(map(re.escape, sorted(marks, key=len, reverse=True))) + ")")
 
 
 def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
     """``encode_marked`` for an encoder without it built in: each text cut at the marks, the
     stretches between them encoded in one ``encode_batch``, the marks' ids put between them."""
-    pattern = _marks_pattern(marks)
+    pattern = marks_pattern(marks)
     cut = [pattern.split(text) for text in texts]  # text, mark, text, ..., text
     stretches = iter(enc.encode_batch([part for parts in cut for part in parts[::2]]))
     out = []

@@ -158,8 +158,26 @@ class HFEncoder:
         encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
 
-    def encode_marked(self, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
-        return encode_marked_stretches(self, texts, marks)
+    def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
+        whole = self._whole
+        if whole is None:
+            return encode_marked_stretches(self, texts, marks)
+        encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+
+    @cached_property
+    def _whole(self) -> Any:
+        """The library reading special tokens' text as them, for whole texts, where it cuts a text
+        at them just as ``encode_marked_stretches`` does: no special token strips whitespace,
+        matches whole words alone, or is matched after normalizing; else None. Its own copy, since
+        the setting is the library's."""
+        added = self.library.get_added_tokens_decoder().values()
+        normalizes = self.library.normalizer is not None
+        if any(t.special and (t.lstrip or t.rstrip or t.single_word or (t.normalized and normalizes)) for t in added):
+            return None
+        whole = type(self.library).from_str(self.library.to_str())
+        whole.encode_special_tokens = False
+        return whole
 
     def decode(self, ids: list[int]) -> str:
         return self.library.decode(ids, skip_special_tokens=False)
