@@ -125,6 +125,8 @@ class TiktokenEncoder:
         # whatever the backend (an accelerated one knows no special tokens): a call a text would
         # hand the GIL back once a text. tiktoken cuts at the allowed specials and encodes each
         # stretch on its own.
+        if not texts:
+            return []
         between = min(marks)
         joined = between.join(texts)
         try:
