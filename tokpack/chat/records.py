@@ -24,7 +24,9 @@ def bad_record(where: str, problem: str) -> ValueError:
 
 
 def _message(value: Any, where: str, i: int) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or not isinstance(value.get("role"), str) or "content" not in value:
+    # type(...) is dict first: isinstance of an ABC is slow, and json gives dicts.
+    if (type(value) is not dict and not isinstance(value, Mapping)) or not isinstance(value.get("role"), str) \
+            or "content" not in value:
         raise bad_record(where, f"has message {i} without a role and content")
     role, content = value["role"], value["content"]
     if role not in ("system", "user", "assistant"):
