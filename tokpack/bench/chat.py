@@ -11,7 +11,9 @@ prepare's peak RSS on ``--rss-mb`` of conversations in a fresh process; and ``be
 conversations already rendered, with each one's share of padding; and ``prepare --chat
 template`` (ChatML with ``{% generation %}`` on GPT-2's BPE) against transformers'
 ``apply_chat_template(tokenize=True, return_assistant_tokens_mask=True)`` on the same
-conversations, ids and masks compared (where transformers is installed). Costs: prepare is O(corpus)
+conversations, ids and masks compared (where transformers is installed). Beside each prepare,
+the tokenizer alone on the same texts on every core (the most a prepare can reach on the machine),
+and the CPU seconds of the nanochat prepare and of its loop. Costs: prepare is O(corpus)
 in time, O(batch) in memory beside one conversation; a row's choice is O(log buffer) where
 nanochat scans its buffer, O(buffer).
 

@@ -134,13 +134,18 @@ def token_sizes(vocab: Vocabulary) -> np.ndarray:
     return sizes
 
 
+def unspelled(text: str) -> ValueError:
+    """The error of a tokenizer whose tokens do not spell ``text`` byte for byte."""
+    return ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a byte-level "
+                      f"BPE) to find the assistant's tokens; this one spells {text[:40]!r} otherwise")
+
+
 def _overlapping(tokens: Any, spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> np.ndarray:
     """Whether each token's bytes overlap a span (in order, apart): the tokens must spell the text."""
     size = sizes[np.asarray(tokens, dtype=np.int64)]
     ends = np.cumsum(size)
     if (int(ends[-1]) if len(ends) else 0) != len(text.encode("utf-8", "surrogatepass")):
-        raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a byte-level "
-                         f"BPE) to find the assistant's tokens; this one spells {text[:40]!r} otherwise")
+        raise unspelled(text)
     lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
     first = np.searchsorted(hi, ends - size, side="right")  # the first span ending after each token starts
     inside = first < len(hi)

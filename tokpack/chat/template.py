@@ -42,7 +42,8 @@ import numpy as np
 
 from ..format import MASK_DTYPE, load_json, read_file
 from .records import bad_record
-from .render import ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, token_sizes
+from .render import (ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, token_sizes,
+                     unspelled)
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -288,7 +289,7 @@ class Template:
             raise ValueError(f"the chat template {origin} does not parse ({exc}); fix it, or pass another with "
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
-        self._names = tuple(sorted(self.specials))  # the key of their patterns, made once
+        self._names = tuple(self.specials)  # the key of their patterns, made once
         self._safe = Marks(self.specials)
         self._written = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
@@ -398,9 +399,7 @@ class Template:
         for (a, b), piece in zip(ranges, pieces):
             first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
             if spelled != len(piece.text.encode("utf-8", "surrogatepass")):
-                raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
-                                 f"byte-level BPE) to find the assistant's tokens; this one spells {piece.text[:40]!r} "
-                                 "otherwise")
+                raise unspelled(piece.text)
             spans += [(lo + first, hi + first) for lo, hi in piece.spans or ()]
         lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
         after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
