@@ -56,15 +56,15 @@ class Nanochat:
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
         items = _rendered(found)
         # Texts next to each other are encoded apart, as nanochat does: never as one text.
-        ids = self.specials
+        specials = self.specials
         if self._safe.safe([text for _, text in items]) and all(marks or not text for marks, text in items[1:]):
             out: list[str] = []
             for marks, text in items:
                 out += marks
                 out.append(text)
-            lead = [ids[m] for marks, _ in items for m in marks]
+            lead = [specials[m] for marks, _ in items for m in marks]
             return [ChatPiece(doc, "".join(out), 0, lead, [], last=True, marked=True)]
-        return [ChatPiece(doc, text, 0, [ids[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
+        return [ChatPiece(doc, text, 0, [specials[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
                 for i, (marks, text) in enumerate(items)]
 
     def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:

@@ -134,22 +134,26 @@ def token_sizes(vocab: Vocabulary) -> np.ndarray:
     return sizes
 
 
-def unspelled(text: str) -> ValueError:
-    """The error of a tokenizer whose tokens do not spell ``text`` byte for byte."""
-    return ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a byte-level "
-                      f"BPE) to find the assistant's tokens; this one spells {text[:40]!r} otherwise")
-
-
-def _overlapping(tokens: Any, spans: tuple[tuple[int, int], ...], sizes: np.ndarray, text: str) -> np.ndarray:
-    """Whether each token's bytes overlap a span (in order, apart): the tokens must spell the text."""
-    size = sizes[np.asarray(tokens, dtype=np.int64)]
+def overlapping(ids: Any, ranges: list[tuple[int, int]], pieces: list[ChatPiece], sizes: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` (pieces' tokens laid end to end, piece i's at ``ranges[i]``)
+    overlaps one of its piece's ``spans`` (byte ranges of its text, in order, apart): every
+    piece's spans moved to where its bytes start, found in one pass. The tokens must spell each
+    piece's text byte for byte."""
+    size = sizes[np.asarray(ids, dtype=np.int64)]
     ends = np.cumsum(size)
-    if (int(ends[-1]) if len(ends) else 0) != len(text.encode("utf-8", "surrogatepass")):
-        raise unspelled(text)
+    starts = ends - size
+    spans = []
+    for (a, b), piece in zip(ranges, pieces):
+        first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
+        if spelled != len(piece.text.encode("utf-8", "surrogatepass")):
+            raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
+                             f"byte-level BPE) to find the assistant's tokens; this one spells {piece.text[:40]!r} "
+                             "otherwise")
+        spans += [(lo + first, hi + first) for lo, hi in piece.spans or ()]
     lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
-    first = np.searchsorted(hi, ends - size, side="right")  # the first span ending after each token starts
-    inside = first < len(hi)
-    inside[inside] = lo[first[inside]] < ends[inside]
+    after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
+    inside = after < len(hi)
+    inside[inside] = lo[after[inside]] < ends[inside]
     return inside
 
 
@@ -170,7 +174,7 @@ def assemble(encoded: list[tuple[ChatPiece, Any]], dtype: np.dtype, max_tokens: 
             mask += [piece.mask] * len(tokens)
         else:
             assert sizes is not None
-            mask += _overlapping(tokens, piece.spans, sizes, piece.text).tolist()
+            mask += overlapping(tokens, [(0, len(tokens))], [piece], sizes).tolist()
     return crop(np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), max_tokens, dtype)
 
 

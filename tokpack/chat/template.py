@@ -42,8 +42,8 @@ import numpy as np
 
 from ..format import MASK_DTYPE, load_json, read_file
 from .records import bad_record
-from .render import (ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, token_sizes,
-                     unspelled)
+from .render import (ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, overlapping,
+                     token_sizes)
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -348,13 +348,12 @@ class Template:
             found = _mark(found, typed, markers)
         size = sum(map(len, held))
         text, spans = self.render(found, where, size)
-        if not self.generation:
-            spans = self._prefix_spans(found, text, where, size)
+        spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
         if markers is None and self._safe.usable:  # every special token's text in it is the template's
             lead = [self.specials[name] for name in self._written.findall(text)]
-            return [ChatPiece(doc, text, 0, lead, [], last=True, spans=_byte_spans(text, 0, _merged(spans), None)[1],
-                              marked=True)]
-        return self._split(text, _merged(spans), markers, doc)
+            inside = _byte_spans(text, 0, spans, None)[1]
+            return [ChatPiece(doc, text, 0, lead, [], last=True, spans=inside, marked=True)]
+        return self._split(text, spans, markers, doc)
 
     def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
                doc: int) -> list[ChatPiece]:
@@ -387,25 +386,10 @@ class Template:
         return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
 
     def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
-        return encode_conversations(enc, batch, frozenset(self.specials), self._masks)
+        def masks(ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
+            return overlapping(ids, ranges, pieces, self._sizes).view(MASK_DTYPE)
 
-    def _masks(self, ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
-        """Whether each of a batch's joined ids overlaps a span of its conversation: its spans
-        moved to where the conversation's bytes start, found in one pass over the batch."""
-        size = self._sizes[ids]
-        ends = np.cumsum(size)
-        starts = ends - size
-        spans = []
-        for (a, b), piece in zip(ranges, pieces):
-            first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
-            if spelled != len(piece.text.encode("utf-8", "surrogatepass")):
-                raise unspelled(piece.text)
-            spans += [(lo + first, hi + first) for lo, hi in piece.spans or ()]
-        lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
-        after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
-        inside = after < len(hi)
-        inside[inside] = lo[after[inside]] < ends[inside]
-        return inside.view(MASK_DTYPE)
+        return encode_conversations(enc, batch, frozenset(self.specials), masks)
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
