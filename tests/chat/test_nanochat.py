@@ -84,7 +84,8 @@ PLAIN = [{"role": "system", "content": "be brief"}, {"role": "user", "content": 
          {"role": "assistant", "content": "<fine>"}]
 
 
-def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path):
+@pytest.mark.parametrize("backend", ["tiktoken", "splintr"])
+def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path, backend):
     enc = load_encoding(str(spec))
     renderer = Nanochat(enc.specials, 2048)
     assert [p.marked for p in renderer.pieces(PLAIN, 0, "x")] == [True]
@@ -93,8 +94,10 @@ def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_
     # Both ways, in the same batches, give nanochat's own ids and masks.
     chats = [{"messages": m} for m in [PLAIN, *TOUCHING.values()] * 20]
     source = write_jsonl(tmp_path / "c.jsonl", chats)
+    checked = {"check_fraction": 1.0} if backend == "splintr" else {}  # every stretch against tiktoken too
     prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(spec), chat="nanochat",
-                          val_fraction=0.5, quiet=True))
+                          val_fraction=0.5, quiet=True, backend=backend, **checked))
+    assert read_meta(tmp_path / "out")["encoding"]["backend"]["name"] == backend
     found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
     assert sorted(found) == sorted(nanochat_render(enc, json.loads(json.dumps(c))) for c in chats)
     # A tokenizer whose special tokens start one another never encodes a conversation whole.

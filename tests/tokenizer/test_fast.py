@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from helpers import ADVERSARIAL_ATOMS, make_docs, write_docs, write_spec
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main
 from tokpack.prepare.run import write_sample_corpus
-from tokpack.tokenizer import load_encoding
+from tokpack.tokenizer import CL100K_PATTERN, NANOCHAT_PATTERN, O200K_PATTERN, R50K_PATTERN, load_encoding
 from tokpack.tokenizer import fast
 
 GPT2 = load_encoding("gpt2")
@@ -37,16 +38,43 @@ def examples(pytestconfig):
     return pytestconfig.getoption("differential_examples")
 
 
-@pytest.mark.parametrize("name", ENCODINGS)
-def test_splintr_gives_tiktokens_ids_on_adversarial_text(examples, name):
-    enc = load_encoding(name)
-    backend = fast.choose_backend(enc.library, "splintr")
+def _trained(pattern: str) -> tiktoken.Encoding:
+    """Ranks of another vocabulary than the public ones: a BPE trained here (rustbpe, as nanochat
+    trains) on prose and the adversarial atoms, with ``pattern``."""
+    rustbpe = pytest.importorskip("rustbpe", reason='training needs rustbpe: pip install "tokpack[train]"')
+    rng = np.random.default_rng(0)
+    corpus = make_docs(80) + ["".join(rng.choice([a for a in ATOMS if a.isprintable()], 30)) for _ in range(80)]
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(iter(corpus), 900, pattern=pattern)
+    return tiktoken.Encoding(name="trained", pat_str=pattern, special_tokens={"<|endoftext|>": 900},
+                             mergeable_ranks={bytes(k): v for k, v in trainer.get_mergeable_ranks()})
+
+
+# Each proven pattern over the public ranks, and over ranks of its own (nanochat's pattern over gpt2's too).
+LIBRARIES = {**{name: lambda name=name: load_encoding(name).library for name in ENCODINGS},
+             "gpt2 pattern, trained ranks": lambda: _trained(R50K_PATTERN),
+             "cl100k pattern, trained ranks": lambda: _trained(CL100K_PATTERN),
+             "nanochat pattern, trained ranks": lambda: _trained(NANOCHAT_PATTERN),
+             "nanochat pattern, gpt2 ranks": lambda: tiktoken.Encoding(
+                 name="mine", pat_str=NANOCHAT_PATTERN, mergeable_ranks=GPT2.library._mergeable_ranks,
+                 special_tokens={"<|endoftext|>": 50256})}
+
+
+def test_the_proven_patterns_are_every_form_tokpack_knows_them_by():
+    assert set(fast.PROVEN) == {R50K_PATTERN, CL100K_PATTERN, O200K_PATTERN, NANOCHAT_PATTERN}
+    assert {load_encoding(name).library._pat_str for name in ENCODINGS} <= set(fast.PROVEN)
+
+
+@pytest.mark.parametrize("case", LIBRARIES)
+def test_splintr_gives_tiktokens_ids_on_adversarial_text(examples, case):
+    library = LIBRARIES[case]()
+    backend = fast.choose_backend(library, "splintr")
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(batch=st.lists(texts, min_size=1, max_size=4))
     def check(batch):
         got = backend.encode_batch(batch)
-        assert [ids.tolist() for ids in got] == [enc.encode_ordinary(t) for t in batch]
+        assert [ids.tolist() for ids in got] == [library.encode_ordinary(t) for t in batch]
 
     check()
 
@@ -85,16 +113,16 @@ def test_prepare_with_splintr_is_byte_identical_to_tiktoken(tmp_path):
 
 
 def test_a_difference_found_while_running_stops_the_run_and_publishes_nothing(tmp_path, capsys, monkeypatch):
-    real = fast.SplintrBackend.encode_batch
+    real = fast.SplintrBackend.encode_flat
 
     def one_wrong_id(self, batch):
-        out = [ids.copy() for ids in real(self, batch)]
-        if batch != [fast._PROBE] and any(len(ids) > 5 for ids in out):  # past the probe at start-up
-            ids = next(ids for ids in out if len(ids) > 5)
-            ids[3] += 1
-        return out
+        flat, bounds = real(self, batch)
+        if batch != [fast._PROBE] and len(flat) > 5:  # past the probe at start-up
+            flat = flat.copy()
+            flat[3] += 1
+        return flat, bounds
 
-    monkeypatch.setattr(fast.SplintrBackend, "encode_batch", one_wrong_id)
+    monkeypatch.setattr(fast.SplintrBackend, "encode_flat", one_wrong_id)
     corpus = write_docs(tmp_path / "c", make_docs(30))
     with pytest.raises(SystemExit) as exc:
         main([str(corpus), "--out-dir", str(tmp_path / "out"), "--backend", "splintr", "--check-fraction", "1",
@@ -107,10 +135,13 @@ def test_a_difference_found_while_running_stops_the_run_and_publishes_nothing(tm
 
 def test_fallbacks_are_tiktoken_with_one_warning_or_one_line_when_asked(tmp_path, capsys, monkeypatch):
     corpus = write_docs(tmp_path / "c", make_docs(10))
-    spec = write_spec(tmp_path / "tok", "mytok", "r50k_base", {"<|endoftext|>": 50256})
-    with pytest.raises(SystemExit):  # an encoding the differential test does not cover
+    spec = write_spec(tmp_path / "tok", "mytok", r"\S+|\s+", {"<|endoftext|>": 50256})
+    with pytest.raises(SystemExit):  # a split pattern the differential test does not cover
         main([str(corpus), "--out-dir", str(tmp_path / "o1"), "--encoding", str(spec), "--backend", "splintr"])
-    assert "proven here for gpt2, r50k_base, cl100k_base, o200k_base only, not 'mytok'" in capsys.readouterr().err
+    assert f"proven here for {fast.PROVEN_FOR} only, not the pattern of 'mytok'" in capsys.readouterr().err
+    assert main([str(corpus), "--out-dir", str(tmp_path / "o1"), "--encoding", str(spec), "--quiet"]) == 0
+    assert read_meta(tmp_path / "o1")["encoding"]["backend"]["name"] == "tiktoken"  # auto: tiktoken, no word
+    assert "splintr" not in capsys.readouterr().err
 
     def broken(self, enc):
         raise RuntimeError("no vocabulary")

@@ -63,19 +63,19 @@ class _Check:
         self._lock = threading.Lock()
 
     def _run(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
-             out: list[np.ndarray]) -> None:
-        for text, ids in zip(texts, out):
+             flat: np.ndarray, bounds: np.ndarray) -> None:
+        for i, text in enumerate(texts):
             if fast.sampled(text, self.seed, self.fraction):
-                fast.check_piece(backend, library, text, ids)
+                fast.check_piece(backend, library, text, flat[bounds[i]:bounds[i + 1]])
 
     def submit(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
-               out: list[np.ndarray]) -> None:
+               flat: np.ndarray, bounds: np.ndarray) -> None:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-check")
             while self._pending and (self._pending[0].done() or len(self._pending) >= self.AHEAD):
                 self._pending.popleft().result()  # a difference found so far stops the run here
-            self._pending.append(self._pool.submit(self._run, backend, library, texts, out))
+            self._pending.append(self._pool.submit(self._run, backend, library, texts, flat, bounds))
 
     def flush(self) -> None:
         with self._lock:
@@ -109,34 +109,56 @@ class TiktokenEncoder:
     def vocab_sha256(self) -> str:
         return ranks_sha256(self.library)
 
+    @cached_property
+    def _special_table(self) -> np.ndarray:
+        """Whether each id is a special token's: one lookup an id, where a set test costs a sort."""
+        table = np.zeros(self.n_vocab, dtype=bool)
+        table[list(self.special_ids)] = True
+        return table
+
     def encode_ordinary(self, text: str) -> list[int]:
         return self.library.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if self.backend is None:
             return [self.library.encode_to_numpy(text, disallowed_special=()) for text in texts]
-        out = self.backend.encode_batch(texts)
+        flat, bounds = self._encode_flat(texts)
+        return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+
+    def _encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's ids of ``texts`` one after another, and each one's offset; checked."""
+        assert self.backend is not None
+        flat, bounds = self.backend.encode_flat(texts)
         if self._check is not None:
-            self._check.submit(self.backend, self.library, texts, out)
-        return out
+            self._check.submit(self.backend, self.library, texts, flat, bounds)
+        return flat, bounds
 
     def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
-        # One call for all the texts, joined by a mark (no stretch runs past one), tiktoken's
-        # whatever the backend (an accelerated one knows no special tokens): a call a text would
-        # hand the GIL back once a text. tiktoken cuts at the allowed specials and encodes each
-        # stretch on its own.
+        # One call for all the texts, joined by a mark (no stretch runs past one): a call a text
+        # would hand the GIL back once a text. tiktoken cuts at the allowed specials and encodes
+        # each stretch on its own; an accelerated backend, which knows no special tokens, is given
+        # the stretches between them.
         if not texts:
             return []
-        between = min(marks)
-        joined = between.join(texts)
-        try:
-            ids = self.library.encode_to_numpy(joined, allowed_special=marks, disallowed_special=())
-        except UnicodeEncodeError:  # a lone surrogate: U+FFFD, as tiktoken's encode_ordinary makes it
-            ids = self.library.encode_to_numpy(fast.without_surrogates(joined), allowed_special=marks,
-                                               disallowed_special=())
+        joined = min(marks).join(texts)
         if held is None:
             held = [len(found) for found in map(marks_pattern(marks).findall, texts)]
-        at = np.flatnonzero(np.isin(ids, [self.specials[mark] for mark in marks]))
+        if self.backend is None:
+            try:
+                ids = self.library.encode_to_numpy(joined, allowed_special=marks, disallowed_special=())
+            except UnicodeEncodeError:  # a lone surrogate: U+FFFD, as tiktoken's encode_ordinary makes it
+                ids = self.library.encode_to_numpy(fast.without_surrogates(joined), allowed_special=marks,
+                                                   disallowed_special=())
+            at = np.flatnonzero(self._special_table[ids])  # text never encodes to a special token
+        else:
+            parts = marks_pattern(marks).split(joined)  # text, mark, text, ..., text
+            flat, bounds = self._encode_flat(parts[::2])
+            at = bounds[1:-1] + np.arange(len(bounds) - 2)  # each mark after its stretch
+            ids = np.empty(len(flat) + len(at), dtype=np.uint32)
+            ids[at] = [self.specials[mark] for mark in parts[1::2]]
+            stretch = np.ones(len(ids), dtype=bool)
+            stretch[at] = False
+            ids[stretch] = flat
         if len(at) != sum(held) + len(texts) - 1:
             raise ValueError(f"{self.name} read {len(at)} special tokens in {len(texts)} texts holding "
                              f"{sum(held)}; this is a bug: report it, with the tokenizer")

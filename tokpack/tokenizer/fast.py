@@ -3,12 +3,14 @@ it runs: splintr-rs (``pip install "tokpack[fast]"``).
 
     python -m tokpack.prepare corpus/ --backend splintr --check-fraction 0.01
 
-Proven here for gpt2 (and r50k_base, the same ranks), cl100k_base and o200k_base:
-tests/tokenizer/test_fast.py compares it with tiktoken on adversarial text. It is built from the
-hash-checked ranks with splintr's own pattern for the encoding (its regex engine refuses
-tiktoken's) and no special tokens, so ``<|endoftext|>`` in text stays text; lone surrogates become
-U+FFFD first, as tiktoken does. During prepare a seeded share of the pieces is encoded with
-tiktoken too, and any difference stops the run.
+Proven here for the split patterns of gpt2 (r50k_base), cl100k_base, o200k_base and nanochat,
+over any ranks: tests/tokenizer/test_fast.py compares it with tiktoken on adversarial text, for
+the public encodings and for spec files with other ranks (its merge rule is tiktoken's: the
+lowest-ranked adjacent pair first, the leftmost of equals). It is built from the encoding's
+ranks with a form of its pattern that splintr's regex engine takes (it refuses possessive
+quantifiers) and no special tokens, so ``<|endoftext|>`` in text stays text; lone surrogates
+become U+FFFD first, as tiktoken does. During prepare a seeded share of the pieces is encoded
+with tiktoken too, and any difference stops the run.
 
 See docs/tokenizers.md.
 """
@@ -23,12 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from .patterns import KNOWN_SETTINGS
+from .patterns import CL100K_PATTERN, NANOCHAT_PATTERN, O200K_PATTERN, R50K_PATTERN
 
 BACKENDS = ("auto", "tiktoken", "splintr")
-# Encodings the differential test proves, with the splintr pattern constant each is built with.
-PROVEN = {"gpt2": "GPT2_PATTERN", "r50k_base": "GPT2_PATTERN", "cl100k_base": "CL100K_BASE_PATTERN",
-          "o200k_base": "O200K_BASE_PATTERN"}
+# The split patterns the differential test proves, each with the form splintr is built with: a
+# pattern constant of splintr's by name, or a regex. nanochat's possessive quantifiers become
+# greedy ones, which match the same here: what follows each can never fail back into it.
+PROVEN = {R50K_PATTERN: "GPT2_PATTERN", CL100K_PATTERN: "CL100K_BASE_PATTERN", O200K_PATTERN: "O200K_BASE_PATTERN",
+          NANOCHAT_PATTERN: NANOCHAT_PATTERN.replace("?+", "?").replace("++", "+")}
+PROVEN_FOR = "the split patterns of gpt2, cl100k_base, o200k_base and nanochat"
 _PROBE = "Hello world!  It's 2026 — naïve 東京 <|endoftext|>\n\n  x"
 
 
@@ -54,11 +59,17 @@ class SplintrBackend:
         self.version = splintr.__version__
         ranks = sorted(enc._mergeable_ranks.items(), key=lambda item: item[1])
         data = b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in ranks)
-        self.tokenizer = splintr.Tokenizer.from_bytes(data, getattr(splintr, PROVEN[enc.name]), None)
+        pattern = PROVEN[enc._pat_str]
+        self.tokenizer = splintr.Tokenizer.from_bytes(data, getattr(splintr, pattern, pattern), None)
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids one after another (uint32), and where each text's start: ``len(texts) + 1``
+        offsets."""
+        ids, offsets = self.tokenizer.encode_batch_flat([t if t.isascii() else without_surrogates(t) for t in texts])
+        return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        ids, offsets = self.tokenizer.encode_batch_flat([without_surrogates(t) for t in texts])
-        flat, bounds = np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        flat, bounds = self.encode_flat(texts)
         return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
 
     def describe(self) -> dict[str, str]:
@@ -74,10 +85,10 @@ def choose_backend(enc: Any, asked: str) -> SplintrBackend | None:
         raise ValueError(f"--backend {asked!r} is not one of {', '.join(BACKENDS)}")
     if asked == "tiktoken":
         return None
-    if getattr(enc, "name", None) not in PROVEN or enc._pat_str != _tiktoken_pattern(enc.name):
+    if enc._pat_str not in PROVEN:
         if asked == "splintr":
-            raise ValueError(f"--backend splintr is proven here for {', '.join(PROVEN)} only, not {enc.name!r}; "
-                             "use --backend tiktoken")
+            raise ValueError(f"--backend splintr is proven here for {PROVEN_FOR} only, not the pattern of "
+                             f"{enc.name!r}; use --backend tiktoken")
         return None
     try:
         import splintr  # noqa: F401
@@ -105,10 +116,6 @@ def _built(enc: Any) -> tuple[SplintrBackend, bool]:
     the probe: once a process, as tiktoken builds an encoding once (a build is ~50 ms and 17 MB)."""
     backend = SplintrBackend(enc)
     return backend, backend.encode_batch([_PROBE])[0].tolist() == enc.encode_ordinary(_PROBE)
-
-
-def _tiktoken_pattern(name: str) -> str:
-    return KNOWN_SETTINGS[name][0]
 
 
 SAMPLE_CHARS = 256  # of each end of a piece, with its length, decide whether it is checked
