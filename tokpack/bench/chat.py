@@ -130,12 +130,15 @@ def nanochat_render(enc: Any, conversation: dict[str, Any], max_tokens: int = 20
 
 def nanochat_sft_batches(enc: Any, dataset: list[Any], B: int, T: int, rank: int = 0, world: int = 1,
                          buffer_size: int = 100, rendered: bool = False,
-                         counts: dict[str, int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                         counts: dict[str, int] | None = None) -> Iterator[tuple[Any, Any]]:
     """A faithful miniature of nanochat's ``sft_data_generator_bos_bestfit`` (scripts/chat_sft.py):
     its cursor, its buffer refilled before every choice, the largest conversation that fits (the
     first among equals), BOS padding when none fits, targets -1 where the mask is 0 and after a
-    row's content. Yields (inputs, targets) as int64 arrays. ``rendered``: the dataset holds
-    (ids, mask) already; ``counts`` gathers the row tokens and the padding among them."""
+    row's content. Yields (inputs, targets) as the tensors it builds on a CPU: ``torch.tensor``
+    of the row lists, inputs int32, targets int64. ``rendered``: the dataset holds (ids, mask)
+    already; ``counts`` gathers the row tokens and the padding among them."""
+    import torch
+
     capacity, bos = T + 1, enc.specials["<|bos|>"]
     buffer, cursor = [], rank
     counts = {} if counts is None else counts
@@ -170,9 +173,10 @@ def nanochat_sft_batches(enc: Any, dataset: list[Any], B: int, T: int, rank: int
             lengths.append(content if padded else capacity)
             rows.append(row[:capacity])
             mask_rows.append(mask_row[:capacity])
-        batch = np.array(rows, dtype=np.int64)
-        inputs, targets = batch[:, :-1], batch[:, 1:].copy()
-        targets[np.array(mask_rows)[:, 1:] == 0] = -1
+        batch = torch.tensor(rows, dtype=torch.long)
+        inputs = batch[:, :-1].to(device="cpu", dtype=torch.int32).contiguous()
+        targets = batch[:, 1:].to(device="cpu", dtype=torch.int64).contiguous()
+        targets[torch.tensor(mask_rows, dtype=torch.int8)[:, 1:].to(device="cpu") == 0] = -1
         for i, content in enumerate(lengths):
             if content < capacity:
                 targets[i, content - 1:] = -1
