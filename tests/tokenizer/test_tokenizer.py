@@ -170,6 +170,10 @@ def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
     assert not enc.can_cut  # an unproven pattern: documents are encoded whole
     borrowed = load_encoding(str(write_spec(tmp_path / "b", "borrowed", "cl100k_base")))
     assert borrowed.library._pat_str == CL100K_PATTERN and borrowed.can_cut
+    # Named as tokenizer train names them: the pattern, never a regex matching the name's letters.
+    for name, named in (("nanochat", NANOCHAT_PATTERN), ("gpt4", CL100K_PATTERN)):
+        found = load_encoding(str(write_spec(tmp_path / name, f"by{name}", name)))
+        assert found.library._pat_str == named and found.decode(found.encode_ordinary("year 2026 x")) == "year 2026 x"
     (tmp_path / "bad.json").write_text(json.dumps({"ranks": "nanotok.tiktoken", "pattern": "r50k_base",
                                                     "special_tokens": {"<|endoftext|>": 5}, "eot": "<|endoftext|>"}))
     with pytest.raises(ValueError, match="special token id 5 .* is also a rank"):

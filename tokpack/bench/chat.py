@@ -285,16 +285,26 @@ def chat_documents(folder: Path, split: str) -> list[tuple[list[int], list[int]]
     return [(tokens[a:b].tolist(), mask[a:b].tolist()) for a, b in zip(starts, starts[1:])]
 
 
-def _tiktoken_alone(enc: Any, source: Path) -> Callable[[], None]:
-    """tiktoken on every text nanochat's loop encodes, in chunks of ~1,000 texts (a prepare's
-    batches), on every core: the tokenizer's own work, none of a prepare's."""
+def _alone(enc: Any, source: Path) -> Callable[[], None]:
+    """``enc`` (on the backend a prepare would use) on every text nanochat's loop encodes, in chunks
+    of ~1,000 texts (a prepare's batches), on every core: the tokenizer's own work, none of a
+    prepare's."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..prepare.run import default_workers
 
     with open(source) as f:
         texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
                  for part in (m["content"] if isinstance(m["content"], list) else [m["content"]])]
     chunks = [" ".join(texts[i:i + 1000]) for i in range(0, len(texts), 1000)]
-    return lambda: enc.library.encode_ordinary_batch(chunks, num_threads=default_workers())
+    if enc.parallel:  # it threads itself
+        return lambda: enc.encode_batch(chunks)
+
+    def threaded() -> None:
+        with ThreadPoolExecutor(default_workers()) as pool:
+            list(pool.map(enc.encode_batch, [[chunk] for chunk in chunks]))
+
+    return threaded
 
 
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
@@ -312,14 +322,24 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         with open(source) as f:
             return [nanochat_render(enc, json.loads(line)) for line in f]
 
-    def ours() -> None:
-        prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), encoding=str(spec), chat="nanochat",
-                              quiet=True, force=True))
+    def prepared(backend: str) -> Callable[[], None]:
+        folder = out if backend == "auto" else tmp / f"out-{backend}"
+        return lambda: prepare(PrepareConfig(inputs=(str(source),), out_dir=str(folder), encoding=str(spec),
+                                             chat="nanochat", backend=backend, quiet=True, force=True))
 
-    times = interleaved({"tokpack.prepare --chat nanochat": ours, "nanochat render_conversation": nanochat_loop,
-                         "tiktoken encode_ordinary_batch alone": _tiktoken_alone(enc, source)}, rounds)
-    found = chat_documents(out, "train") + chat_documents(out, "val")
-    identical = sorted(found) == sorted(nanochat_loop())
+    # The default backend (splintr where tokpack[fast] is installed), and tiktoken, nanochat's own.
+    fast = enc.with_backend("auto", 0.0, 0)
+    backends = dict.fromkeys([fast.describe()["backend"]["name"], "tiktoken"])
+    runs = {"tokpack.prepare --chat nanochat": prepared("auto"), "nanochat render_conversation": nanochat_loop}
+    if len(backends) > 1:
+        runs["the same, --backend tiktoken"] = prepared("tiktoken")
+    for name, encoder in zip(backends, (fast, enc)):
+        runs[f"{name} alone"] = _alone(encoder, source)
+    times = interleaved(runs, rounds)
+    ours = runs["tokpack.prepare --chat nanochat"]
+    expected = sorted(nanochat_loop())
+    identical = all(sorted(chat_documents(folder, "train") + chat_documents(folder, "val")) == expected
+                    for folder in (out, tmp / "out-tiktoken") if folder.exists())
     train, T, B = chat_documents(out, "train"), block_size, batch_size
     dataset = PackedDocuments(out, T, split="train", rows="nanochat-sft", ignore_index=-1)
     counts: dict[str, int] = {}
@@ -361,18 +381,23 @@ def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], co
     rows_speed = ratio(row_times, "bestfit-pad batches", "nanochat sft loop")
     print(table([{"run": name, "seconds": min(t)} for name, t in {**times, **row_times}.items()], ["run", "seconds"]))
     spread = ratio_range(times, "tokpack.prepare --chat nanochat", "nanochat render_conversation")
-    ceiling = ratio(times, "tiktoken encode_ordinary_batch alone", "nanochat render_conversation")
+    alone = {name[:-len(" alone")]: ratio(times, name, "nanochat render_conversation")
+             for name in times if name.endswith(" alone")}
+    tiktoken = ratio(times, "the same, --backend tiktoken", "nanochat render_conversation") \
+        if "the same, --backend tiktoken" in times else prepare_speed
     print(f"prepare --chat nanochat: {prepare_speed:.2f}x nanochat's render_conversation loop on {count:,} "
-          f"conversations ({megabytes:g} MB; rounds {spread}); ids and masks identical: {identical}; tiktoken alone "
-          f"on their texts (in chunks of ~1,000 texts, every core; no json, rendering or masks), the most a prepare "
-          f"reaches here: {ceiling:.2f}x")
+          f"conversations ({megabytes:g} MB; rounds {spread}; encoding with {next(iter(alone))}); with --backend "
+          f"tiktoken, nanochat's own tokenizer: {tiktoken:.2f}x; ids and masks identical: {identical}; each "
+          "tokenizer alone on their texts (in chunks of ~1,000 texts, every core; no json, rendering or masks), the "
+          "most a prepare with it reaches here: " + ", ".join(f"{name} {speed:.2f}x" for name, speed in alone.items()))
     print(f"bestfit-pad batches: {rows_speed:.2f}x nanochat's SFT loop (rounds "
           f"{ratio_range(row_times, 'bestfit-pad batches', 'nanochat sft loop')}); batches identical: {same_rows}; "
           f"padding {padding:.1%} (nanochat {nanochat_padding:.1%}); {long[0]} conversations longer than a row, "
           f"{long[1]:.1%} of the tokens cropped (nanochat crops none: it keeps such a one in its buffer, and clogs)")
     print(f"prepare --chat nanochat peak RSS on {rss_megabytes:g} MB of conversations (own process): {rss:.0f} MB")
     return {"prepare_vs_nanochat": round(prepare_speed, 3), "identical": identical,
-            "tiktoken_alone_vs_nanochat": round(ceiling, 3),
+            "prepare_tiktoken_vs_nanochat": round(tiktoken, 3), "backend": next(iter(alone)),
+            **{f"{name}_alone_vs_nanochat": round(speed, 3) for name, speed in alone.items()},
             "rows_vs_nanochat": round(rows_speed, 3), "rows_identical": same_rows,
             "padding": round(padding, 4), "nanochat_padding": round(nanochat_padding, 4),
             "long_conversations": long[0], "cropped": round(long[1], 4), "conversations": count, "peak_rss_mb": rss, "rss_mb_of_chats": rss_megabytes}

@@ -25,7 +25,7 @@ import tiktoken
 
 from ..format import read_file as read_bounded
 from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
-from .patterns import KNOWN_SETTINGS
+from .patterns import KNOWN_SETTINGS, NAMED_PATTERNS
 
 # The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -132,8 +132,8 @@ SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
 
 def from_spec(path: Path, spec: Any) -> TiktokenEncoder:
     """An encoding described by a spec (read from TOML or JSON): ``ranks`` (a .tiktoken file beside
-    the spec, named alone), ``pattern`` (a regex, or a known encoding's name to borrow its
-    pattern), ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts
+    the spec, named alone), ``pattern`` (a regex, or the name of a known encoding or of a
+    pattern ``tokenizer train`` names, to borrow its pattern), ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts
     documents). Only text is read: a tokenizer is never unpickled."""
     _check_spec_keys(path, spec)
     name = path.stem
@@ -175,8 +175,9 @@ def _check_spec_keys(path: Path, spec: Any) -> None:
 
 
 def _pattern(path: Path, pattern: str) -> str:
-    """A spec's split pattern: a known encoding's by name, or a regex that matches something."""
-    pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else pattern
+    """A spec's split pattern: a known encoding's or a named one (as ``tokenizer train --pattern``
+    names them) by name, or a regex that matches something."""
+    pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else NAMED_PATTERNS.get(pattern, pattern)
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
