@@ -180,6 +180,7 @@ def test_a_spec_file_describes_any_tiktoken_encoding(tmp_path):
         load_encoding(str(tmp_path / "bad.json"))
     for text, fragment in (('eot = "<|x|>"', "is not one of its special_tokens"),
                            ("pattern = '('", "not a valid regex"), ("ranks = 3", "ranks in .* is missing or not a str"),
+                           ("pattern = '\\w+'", "gives ',' to no pre-token, and tiktoken drops from the ids"),
                            ("extra = 1", "unknown key 'extra'"),
                            ("ranks = '../nanotok.tiktoken'", "is not a plain file name"),
                            (f"ranks = '{tmp_path / 'nanotok.tiktoken'}'", "is not a plain file name")):

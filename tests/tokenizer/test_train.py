@@ -158,6 +158,7 @@ def test_eval_compares_bytes_per_token_and_draws_them(trained, corpus, tmp_path,
     (["--special", "hello"], "--special 'hello' is one pre-token of the pattern"),
     (["--pattern", "("], "--pattern is not a valid regex"),
     (["--pattern", "x*"], "--pattern matches the empty string"),
+    (["--pattern", "[a-z]+"], "--pattern gives 'H' to no pre-token, and tiktoken drops from the ids"),
     (["EMPTY"], "hold no text but whitespace, or none at all"),
     (["BLANK"], "hold no text but whitespace, or none at all"),
 ])

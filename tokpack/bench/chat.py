@@ -307,11 +307,30 @@ def _alone(enc: Any, source: Path) -> Callable[[], None]:
     return threaded
 
 
+def _prepare_runs(tmp: Path, spec: Path, source: Path, enc: Any) -> dict[str, Callable[[], None]]:
+    """The prepare into ``tmp / "out"`` on the default backend (splintr where tokpack[fast] is
+    installed), and into ``tmp / "out-tiktoken"`` on tiktoken, nanochat's own; each tokenizer alone."""
+    from ..prepare import PrepareConfig, prepare
+
+    def prepared(backend: str) -> Callable[[], None]:
+        folder = tmp / ("out" if backend == "auto" else f"out-{backend}")
+        return lambda: prepare(PrepareConfig(inputs=(str(source),), out_dir=str(folder), encoding=str(spec),
+                                             chat="nanochat", backend=backend, quiet=True, force=True))
+
+    fast = enc.with_backend("auto", 0.0, 0)
+    backends = dict.fromkeys([fast.describe()["backend"]["name"], "tiktoken"])
+    runs = {"tokpack.prepare --chat nanochat": prepared("auto")}
+    if len(backends) > 1:
+        runs["the same, --backend tiktoken"] = prepared("tiktoken")
+    for name, encoder in zip(backends, (fast, enc)):
+        runs[f"{name} alone"] = _alone(encoder, source)
+    return runs
+
+
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
                batches: int, rounds: int) -> dict[str, Any]:
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
-    from ..prepare import PrepareConfig, prepare
     from ..prepare.run import default_workers
 
     spec, source = nanochat_tokenizer(tmp / "tok"), tmp / "chats.jsonl"
@@ -322,19 +341,8 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
         with open(source) as f:
             return [nanochat_render(enc, json.loads(line)) for line in f]
 
-    def prepared(backend: str) -> Callable[[], None]:
-        folder = out if backend == "auto" else tmp / f"out-{backend}"
-        return lambda: prepare(PrepareConfig(inputs=(str(source),), out_dir=str(folder), encoding=str(spec),
-                                             chat="nanochat", backend=backend, quiet=True, force=True))
-
-    # The default backend (splintr where tokpack[fast] is installed), and tiktoken, nanochat's own.
-    fast = enc.with_backend("auto", 0.0, 0)
-    backends = dict.fromkeys([fast.describe()["backend"]["name"], "tiktoken"])
-    runs = {"tokpack.prepare --chat nanochat": prepared("auto"), "nanochat render_conversation": nanochat_loop}
-    if len(backends) > 1:
-        runs["the same, --backend tiktoken"] = prepared("tiktoken")
-    for name, encoder in zip(backends, (fast, enc)):
-        runs[f"{name} alone"] = _alone(encoder, source)
+    runs = _prepare_runs(tmp, spec, source, enc)
+    runs["nanochat render_conversation"] = nanochat_loop
     times = interleaved(runs, rounds)
     ours = runs["tokpack.prepare --chat nanochat"]
     expected = sorted(nanochat_loop())

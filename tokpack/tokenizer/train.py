@@ -44,7 +44,7 @@ from ..inputs import resolve_inputs
 from ..options import option
 from .bpe import TiktokenEncoder, gpt2_byte_decoder
 from .patterns import ENDOFTEXT, NAMED_PATTERNS
-from .vocab import build
+from .vocab import build, split_pattern
 
 FILES = ("tokenizer.tiktoken", "tokenizer.toml", "tokenizer.json", "tokenizer_config.json", "training.json")
 
@@ -82,17 +82,10 @@ class TrainConfig:
             raise ValueError(f"--doc-cap {self.doc_cap} must be at least 1")
 
     def split_pattern(self) -> str:
-        """The pattern's regex, checked: it compiles, matches something, and splits no special token
-        into a pre-token of its own (text would then encode to it)."""
-        pattern = NAMED_PATTERNS.get(self.pattern, self.pattern)
-        try:
-            compiled = regex.compile(pattern)
-        except regex.error as exc:
-            raise ValueError(f"--pattern is not a valid regex ({exc}); give a regex or one of "
-                             f"{', '.join(NAMED_PATTERNS)}") from None
-        if compiled.fullmatch(""):
-            raise ValueError(f"--pattern matches the empty string; give a regex that matches at least one character, "
-                             f"or one of {', '.join(NAMED_PATTERNS)}")
+        """The pattern's regex, checked (``vocab.split_pattern``), and splitting no special token into a
+        pre-token of its own (text would then encode to it)."""
+        pattern = split_pattern(self.pattern, "--pattern", f"one of {', '.join(NAMED_PATTERNS)}")
+        compiled = regex.compile(pattern)
         for token in self.special:
             if compiled.fullmatch(token):
                 raise ValueError(f"--special {token!r} is one pre-token of the pattern, so text would produce it too; "

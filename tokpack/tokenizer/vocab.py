@@ -146,7 +146,7 @@ def from_spec(path: Path, spec: Any) -> TiktokenEncoder:
         raise ValueError(f"special_tokens in {path} give two tokens the same id; give each its own")
     if spec["eot"] not in specials:
         raise ValueError(f"eot {spec['eot']!r} in {path} is not one of its special_tokens ({', '.join(specials)})")
-    pattern = _pattern(path, spec["pattern"])
+    pattern = split_pattern(spec["pattern"], f"pattern in {path}", "a known encoding's or pattern's name")
     if Path(spec["ranks"]).name != spec["ranks"] or spec["ranks"] in (".", ".."):
         raise ValueError(f"ranks {spec['ranks']!r} in {path} is not a plain file name; put the .tiktoken file "
                          "beside the spec and name it alone")
@@ -174,16 +174,31 @@ def _check_spec_keys(path: Path, spec: Any) -> None:
         raise ValueError(f"unknown key {unknown[0]!r} in {path}; valid keys: {', '.join(SPEC_KEYS)}")
 
 
-def _pattern(path: Path, pattern: str) -> str:
-    """A spec's split pattern: a known encoding's or a named one (as ``tokenizer train --pattern``
-    names them) by name, or a regex that matches something."""
+# A character of every kind text holds: a split pattern must give each to some pre-token, since
+# tiktoken encodes only what its pattern matches and leaves the rest out, silently.
+COVERAGE_PROBE = ("Hello, World! It's 2026: naïve café — 東京 ΑΒΓ x_y-z 3.14 @#$%^&*()[]{}<>|\\/~`\"';?+=\n\n\t  "
+                  "\r\n \u00a0\u200b 😀 ٣ end  ")
+
+
+def split_pattern(pattern: str, what: str, names: str) -> str:
+    """A split pattern's regex: a known encoding's or a named one (as ``tokenizer train --pattern``
+    names them) by name, or a regex, checked to compile, to match no empty string and to give
+    every character of a probe text to some pre-token; else one ``ValueError`` naming ``what``,
+    offering ``names`` (the names it may be given instead)."""
     pattern = KNOWN_SETTINGS[pattern][0] if pattern in KNOWN_SETTINGS else NAMED_PATTERNS.get(pattern, pattern)
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
-        raise ValueError(f"pattern in {path} is not a valid regex ({exc}); give a regex or a known encoding's "
-                         "name") from None
+        raise ValueError(f"{what} is not a valid regex ({exc}); give a regex or {names}") from None
     if not pattern or compiled.fullmatch(""):
-        raise ValueError(f"pattern in {path} matches the empty string, which splits no text; give a regex that "
-                         "matches at least one character, or a known encoding's name")
+        raise ValueError(f"{what} matches the empty string, which splits no text; give a regex that matches at "
+                         f"least one character, or {names}")
+    at = 0
+    for match in compiled.finditer(COVERAGE_PROBE):
+        if match.start() > at:
+            break
+        at = match.end()
+    if at < len(COVERAGE_PROBE):
+        raise ValueError(f"{what} gives {COVERAGE_PROBE[at]!r} to no pre-token, and tiktoken drops from the ids "
+                         f"whatever its pattern does not match; give a regex that matches every character, or {names}")
     return pattern
