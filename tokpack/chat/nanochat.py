@@ -13,6 +13,7 @@ See docs/chat.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 # nanochat's special tokens, by name: <|bos|> starts every document, the others render chats.
 NANOCHAT_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                    "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
+
+
+# The step each kind of token makes in the mask: assistant start and end, output start and end.
+_STEPS = np.array([0, 1, -1, -1, 1], dtype=np.int8)
+_OUTPUT_START = 3
 
 
 class Nanochat:
@@ -80,13 +86,26 @@ class Nanochat:
     def _mask(self, ids: np.ndarray) -> np.ndarray:
         """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs
         (with their tokens) left out; 0 elsewhere: of one conversation, or many in a row. Text
-        never encodes to a special token, so the special tokens alone place the turns."""
-        t = self.ids
-        opened, closed = ids == t["assistant_start"], ids == t["assistant_end"]
-        trained = (np.cumsum(opened) - np.cumsum(closed) + closed > 0) & ~opened
-        opened, closed = ids == t["output_start"], ids == t["output_end"]
-        trained &= np.cumsum(opened) - np.cumsum(closed) + closed == 0
-        return trained.view(MASK_DTYPE)
+        never encodes to a special token, so the special tokens alone place the turns: each is a
+        step up or down where a trained stretch begins or ends, and the mask is where the steps
+        sum above 0 (a pass over the ids, the rest over the few special tokens)."""
+        kinds = self._kinds.take(ids, mode="clip")  # a place past the special tokens' ids holds 0
+        at = np.flatnonzero(kinds)
+        kind = kinds[at]
+        level = np.zeros(len(ids) + 1, dtype=np.int8)
+        # A step after its token, but an output's start steps down before it: its token is not trained.
+        np.add.at(level, at + (kind != _OUTPUT_START), _STEPS[kind])
+        return (np.cumsum(level[:-1], dtype=np.int8) > 0).view(MASK_DTYPE)
+
+    @cached_property
+    def _kinds(self) -> np.ndarray:
+        """Each id's kind of step (``_STEPS``' index), 0 for all but the four tokens that open and
+        close trained stretches; one place more than the highest of those, for ids past them."""
+        names = ("<|assistant_start|>", "<|assistant_end|>", "<|output_start|>", "<|output_end|>")
+        kinds = np.zeros(max(self.specials[name] for name in names) + 2, dtype=np.int8)
+        for kind, name in enumerate(names, 1):
+            kinds[self.specials[name]] = kind
+        return kinds
 
     def describe(self) -> dict[str, Any]:
         return {"renderer": Renderer.NANOCHAT.value, "max_tokens": self.max_tokens}
