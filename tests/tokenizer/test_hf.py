@@ -266,6 +266,9 @@ def test_encode_marked_is_each_stretch_encoded_alone_with_the_marks_between(gpt2
                 for s in stretches]
     marks = frozenset([mark])
     held = [len(s) for s in stretches]
-    for found in (gpt2.encode_marked(texts, marks), gpt2.encode_marked(texts, marks, held),
-                  gpt2_hf.encode_marked(texts, marks), encode_marked_stretches(gpt2_hf, texts, marks)):
-        assert [ids.tolist() for ids in found] == expected
+    splintr = gpt2.with_backend("splintr", 1.0, 0)
+    for ids, bounds in (gpt2.encode_marked(texts, marks), gpt2.encode_marked(texts, marks, held),
+                        splintr.encode_marked(texts, marks, held), gpt2_hf.encode_marked(texts, marks),
+                        encode_marked_stretches(gpt2_hf, texts, marks)):
+        assert ids.dtype == np.uint32 and len(bounds) == len(texts) + 1 and bounds[-1] == len(ids)
+        assert [ids[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == expected

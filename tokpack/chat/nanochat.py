@@ -73,8 +73,8 @@ class Nanochat:
         return [ChatPiece(doc, text, 0, [specials[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
                 for i, (marks, text) in enumerate(items)]
 
-    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
-        return encode_conversations(enc, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids))
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
+        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids))
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -7,6 +7,7 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -53,9 +54,10 @@ class ChatRenderer(Protocol):
         """The pieces of one conversation's checked messages (``where`` names it in errors)."""
         ...
 
-    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
         """The tokens of each piece of ``batch`` (many conversations' pieces, in order), as
-        ``assemble`` takes them; called in the pipeline's encoding threads."""
+        ``assemble`` takes them (as ``dtype`` where it can); called in the pipeline's encoding
+        threads."""
         ...
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
@@ -90,28 +92,28 @@ def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
 Masks = Callable[[np.ndarray, list[tuple[int, int]], list["ChatPiece"]], np.ndarray]
 
 
-def encode_conversations(enc: Encoder, batch: list[ChatPiece], marks: frozenset[str], masks: Masks) -> list[Any]:
-    """A batch's pieces encoded, in order: plain ones by ``encode_pieces``; marked ones as (ids,
-    mask), all in one ``encode_marked`` call (an encoding thread takes the GIL back once a batch,
-    not once a conversation); ``masks`` gives the mask of their ids laid end to end, from each
-    piece's range of them. Their special tokens must come out as their ``lead`` lists them, or
-    nothing is written (``Marks`` vouches for it: a difference is a bug)."""
+def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[ChatPiece], marks: frozenset[str],
+                         masks: Masks) -> list[Any]:
+    """A batch's pieces encoded, in order: plain ones by ``encode_pieces``; marked ones as (ids
+    of ``dtype``, mask), all in one ``encode_marked`` call (an encoding thread takes the GIL back
+    once a batch, not once a conversation); ``masks`` gives the mask of their ids laid end to
+    end, from each piece's range of them. Their special tokens must come out as their ``lead``
+    lists them, or nothing is written (``Marks`` vouches for it: a difference is a bug)."""
     marked = [p for p in batch if p.marked]
     plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
     if not marked:
         return list(plain)
-    parts = enc.encode_marked([p.text for p in marked], marks, [len(p.lead) for p in marked])
-    ids = np.concatenate(parts)
+    ids, bounds = enc.encode_marked([p.text for p in marked], marks, [len(p.lead) for p in marked])
     written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
-    special = np.zeros(max(int(ids.max(initial=0)), int(written.max(initial=0))) + 1, dtype=bool)
-    special[written] = True  # a table: one lookup an id, where a set test costs a sort
-    at = np.flatnonzero(special[ids])
+    at = np.flatnonzero(_table(frozenset(enc.specials[m] for m in marks)).take(ids, mode="clip"))
     if not np.array_equal(ids[at], written):
         raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
                          "written; this is a bug: report it, with the tokenizer")
-    ends = np.cumsum([len(part) for part in parts]).tolist()
-    ranges = list(zip([0] + ends[:-1], ends))
+    ranges = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
     mask, spans = masks(ids, ranges, marked), iter(ranges)
+    # Cast once a batch, here: a cast a conversation in the writing thread lets other threads take
+    # the GIL, and taking it back waits out their turn.
+    ids = ids.astype(dtype, copy=False)
     out = []
     for piece in batch:
         if piece.marked:
@@ -120,6 +122,15 @@ def encode_conversations(enc: Encoder, batch: list[ChatPiece], marks: frozenset[
         else:
             out.append(next(plain))
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _table(ids: frozenset[int]) -> np.ndarray:
+    """Whether each id up to the highest of ``ids`` is one of them, and a last place (False) for
+    every id past them: one lookup an id, where a set test costs a sort."""
+    table = np.zeros(max(ids) + 2, dtype=bool)
+    table[list(ids)] = True
+    return table
 
 
 def token_sizes(vocab: Vocabulary) -> np.ndarray:

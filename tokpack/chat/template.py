@@ -385,11 +385,11 @@ class Template:
             return ChatPiece(doc, text, 1, lead, lead_mask)
         return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
 
-    def encode(self, enc: Encoder, batch: list[ChatPiece]) -> list[Any]:
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
         def masks(ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
             return overlapping(ids, ranges, pieces, self._sizes).view(MASK_DTYPE)
 
-        return encode_conversations(enc, batch, frozenset(self.specials), masks)
+        return encode_conversations(enc, dtype, batch, frozenset(self.specials), masks)
 
     def assemble(self, encoded: list[tuple[ChatPiece, Any]],
                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:

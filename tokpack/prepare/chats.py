@@ -25,7 +25,7 @@ from ..corpus import parse_record, records
 from ..tokenizer import encode_in_order
 from .cluster import Entry
 from .config import Plan
-from .holdout import document_hash, document_key
+from .holdout import document_hash, document_key, hash_small
 from .mixture import mix, staging_writers
 from .writers import SplitWriter
 
@@ -56,7 +56,7 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
         if split is None:
             digest = document_hash(key)
             for m in found:
-                digest.update(f"{m['role']}\0{_text(m['content'])}\0".encode("utf-8", "surrogatepass"))
+                hash_small(digest, f"{m['role']}\0{_text(m['content'])}\0".encode("utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         splits[counts["conversations"]] = (split, source)
         yield from pieces
@@ -78,8 +78,8 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     splits: dict[int, tuple[str, int]] = {}
     held: list[tuple[ChatPiece, Any]] = []
     stream = _pieces(plan, renderer, entries, only, counts, splits)
-    for piece, tokens in encode_in_order(stream, functools.partial(renderer.encode, plan.enc), workers,
-                                         plan.config.piece_chars, in_flight):
+    encode = functools.partial(renderer.encode, plan.enc, plan.dtype)
+    for piece, tokens in encode_in_order(stream, encode, workers, plan.config.piece_chars, in_flight):
         held.append((piece, tokens))
         if not piece.last:
             continue
@@ -87,7 +87,9 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
         split, source = splits.pop(piece.doc)
         held = []
         counts["cropped"] += cut
-        if not mask.any():  # cut before its first trained token: a row of it would have no loss
+        # Cut before its first trained token, a row of it would have no loss. (A byte search: numpy
+        # lets other threads take the GIL, and the writing thread would wait out their turn.)
+        if 1 not in mask.tobytes():
             counts["unsupervised"] += 1
             continue
         writer = writers[split]

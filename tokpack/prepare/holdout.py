@@ -95,6 +95,22 @@ def document_hash(key: bytes) -> Any:
     return hashlib.blake2b(digest_size=8, key=key)
 
 
+# hashlib lets other threads run while it hashes this many bytes or more; the thread that hashed
+# then waits out one of their turns to go on.
+HASH_RELEASE_BYTES = 2048
+
+
+def hash_small(digest: Any, data: bytes) -> None:
+    """``digest.update(data)`` in pieces too small to let other threads run: for the many small
+    texts a thread hashes while the others wait on it."""
+    if len(data) < HASH_RELEASE_BYTES:
+        digest.update(data)
+        return
+    view = memoryview(data)
+    for i in range(0, len(data), HASH_RELEASE_BYTES - 1):
+        digest.update(view[i:i + HASH_RELEASE_BYTES - 1])
+
+
 def by_tokens(budget: int, files: Sequence[InputFile], enc: Encoder, eot: str, seed: int, options: ReadOptions) -> Holdout:
     """The threshold that makes val the smallest-hash documents holding at least ``budget`` tokens."""
     key = document_key(seed)

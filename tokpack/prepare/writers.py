@@ -396,7 +396,9 @@ class SplitWriter:
         self.tokens += len(tokens)
         if self.mask is not None:
             self.mask.write(mask if mask is not None else np.zeros(len(tokens), MASK_DTYPE))
-            self.supervised += int(np.count_nonzero(mask)) if mask is not None else 0
+            # counted in bytes: numpy's count lets other threads take the GIL, and the writing
+            # thread would wait out their turn to go on
+            self.supervised += len(mask) - mask.tobytes().count(0) if mask is not None else 0
 
     def end_document(self) -> None:
         if self.eot == "append":

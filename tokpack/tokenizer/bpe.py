@@ -133,13 +133,14 @@ class TiktokenEncoder:
             self._check.submit(self.backend, self.library, texts, flat, bounds)
         return flat, bounds
 
-    def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
+    def encode_marked(self, texts: list[str], marks: frozenset[str],
+                      held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         # One call for all the texts, joined by a mark (no stretch runs past one): a call a text
         # would hand the GIL back once a text. tiktoken cuts at the allowed specials and encodes
         # each stretch on its own; an accelerated backend, which knows no special tokens, is given
         # the stretches between them.
         if not texts:
-            return []
+            return np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
         joined = min(marks).join(texts)
         if held is None:
             held = [len(found) for found in map(marks_pattern(marks).findall, texts)]
@@ -162,8 +163,11 @@ class TiktokenEncoder:
         if len(at) != sum(held) + len(texts) - 1:
             raise ValueError(f"{self.name} read {len(at)} special tokens in {len(texts)} texts holding "
                              f"{sum(held)}; this is a bug: report it, with the tokenizer")
-        gaps = at[np.cumsum(np.add(held[:-1], 1), dtype=np.int64) - 1].tolist()
-        return [ids[a:b] for a, b in zip([0] + [g + 1 for g in gaps], gaps + [len(ids)])]
+        gaps = at[np.cumsum(np.add(held[:-1], 1), dtype=np.int64) - 1]  # the marks that joined the texts
+        kept = np.ones(len(ids), dtype=bool)
+        kept[gaps] = False
+        bounds = np.concatenate(([0], gaps - np.arange(len(gaps)), [len(ids) - len(gaps)]))
+        return ids[kept], bounds
 
     def chat_template(self) -> None:
         """A tiktoken encoding carries no chat template: pass one with --chat-template."""

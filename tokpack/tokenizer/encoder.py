@@ -47,12 +47,14 @@ class Encoder(Protocol):
         """``encode_ordinary`` of every text, as uint32 arrays."""
         ...
 
-    def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
-        """Every text's ids as uint32 arrays, where the text of a special token in ``marks`` is
-        that token and the stretches between them are ``encode_ordinary``'s; the caller makes sure
-        no other special-token text touches them (``tokpack.chat.render.Marks``). Many texts a
-        call: an encoder may encode them at once. ``held``: how many marks each text holds,
-        where the caller knows (else they are counted)."""
+    def encode_marked(self, texts: list[str], marks: frozenset[str],
+                      held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of all the texts laid end to end (uint32), where the text of a special token in
+        ``marks`` is that token and the stretches between them are ``encode_ordinary``'s, and
+        where each text's ids start (``len(texts) + 1`` offsets, the last their end); the caller
+        makes sure no other special-token text touches them (``tokpack.chat.render.Marks``). Many
+        texts a call: an encoder may encode them at once. ``held``: how many marks each text
+        holds, where the caller knows (else they are counted)."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -86,21 +88,24 @@ def marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
     return re.compile("(" + "|".join(map(re.escape, sorted(marks, key=len, reverse=True))) + ")")
 
 
-def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> list[np.ndarray]:
+def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
     """``encode_marked`` for an encoder without it built in: each text cut at the marks, the
     stretches between them encoded in one ``encode_batch``, the marks' ids put between them."""
-    pattern = marks_pattern(marks)
-    cut = [pattern.split(text) for text in texts]  # text, mark, text, ..., text
+    cut = [marks_pattern(marks).split(text) for text in texts]  # text, mark, text, ..., text
     stretches = iter(enc.encode_batch([part for parts in cut for part in parts[::2]]))
     out = []
     for parts in cut:
-        arrays = [next(stretches) for _ in range(0, len(parts), 2)]
-        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        at = np.cumsum(lengths[:-1]) + np.arange(len(arrays) - 1)  # each mark's place, after its stretch
-        ids = np.empty(int(lengths.sum()) + len(at), dtype=np.uint32)
-        ids[at] = [enc.specials[mark] for mark in parts[1::2]]
-        stored = np.ones(len(ids), dtype=bool)
-        stored[at] = False
-        ids[stored] = np.concatenate(arrays)
-        out.append(ids)
-    return out
+        for i, part in enumerate(parts):
+            out.append(next(stretches) if i % 2 == 0 else np.array([enc.specials[part]], dtype=np.uint32))
+    return joined(out, [len(parts) for parts in cut])
+
+
+def joined(arrays: list[np.ndarray], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``arrays`` laid end to end, and the offsets of the groups of ``counts`` consecutive ones."""
+    sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    ends = np.cumsum(sizes)
+    last = np.cumsum(counts, dtype=np.int64) - 1  # each group's last array
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    bounds[1:] = ends[last]
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)
+    return flat.astype(np.uint32, copy=False), bounds

@@ -15,6 +15,7 @@ See docs/tokenizers.md.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import warnings
 from functools import cached_property
@@ -158,12 +159,16 @@ class HFEncoder:
         encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
 
-    def encode_marked(self, texts: list[str], marks: frozenset[str], held: list[int] | None = None) -> list[np.ndarray]:
+    def encode_marked(self, texts: list[str], marks: frozenset[str],
+                      held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         whole = self._whole
         if whole is None:
             return encode_marked_stretches(self, texts, marks)
         encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+        ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+        bounds = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=bounds[1:])
+        return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(bounds[-1])), bounds
 
     @cached_property
     def _whole(self) -> Any:
