@@ -56,7 +56,6 @@ class Nanochat:
                              f"{', '.join(missing)}; train one with python -m tokpack.tokenizer train --special "
                              "nanochat")
         self.specials, self.max_tokens = dict(specials), max_tokens
-        self.ids = {name[2:-2]: specials[name] for name in NANOCHAT_TOKENS}
         self._safe = Marks(self.specials)  # whether a conversation's texts may go between its marks
 
     def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:

@@ -97,10 +97,10 @@ def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str
     for parts in cut:
         for i, part in enumerate(parts):
             out.append(next(stretches) if i % 2 == 0 else np.array([enc.specials[part]], dtype=np.uint32))
-    return joined(out, [len(parts) for parts in cut])
+    return _joined(out, [len(parts) for parts in cut])
 
 
-def joined(arrays: list[np.ndarray], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _joined(arrays: list[np.ndarray], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """``arrays`` laid end to end, and the offsets of the groups of ``counts`` consecutive ones."""
     sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
     ends = np.cumsum(sizes)
