@@ -108,3 +108,15 @@ def test_a_val_input_reached_by_another_path_never_leaks_into_train(tmp_path, sp
     held = [*enc.encode_ordinary(docs[5]), EOT]
     assert _split(out, "val") == held
     assert _split(out, "train") == [t for i, d in enumerate(docs) if i != 5 for t in [*enc.encode_ordinary(d), EOT]]
+
+
+@pytest.mark.parametrize("size", [0, 1, 2047, 2048, 2049, 4095, 4096, 10_000])
+def test_a_text_hashed_in_small_pieces_decides_its_split_as_hashed_whole(size):
+    from tokpack.prepare.holdout import document_hash, document_key, hash_small
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    pieces, whole = document_hash(document_key(7)), document_hash(document_key(7))
+    hash_small(pieces, data)
+    whole.update(data)
+    assert pieces.digest() == whole.digest() == hashlib.blake2b(data, digest_size=8,
+                                                                  key=document_key(7)).digest()
