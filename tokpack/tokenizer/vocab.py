@@ -75,6 +75,11 @@ def read_ranks(path: Path) -> dict[bytes, int]:
         seen.add(rank)
     if not ranks:
         raise ValueError(f"{path} holds no ranks; {fix}")
+    # tiktoken fails on a byte it has no rank for, and an accelerated backend would leave it out.
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(f"{path} gives no rank to the byte {missing[0]:#04x} ({len(missing)} of the 256 bytes have "
+                         "none), so text holding it cannot be encoded; a byte-level vocabulary ranks every byte")
     return ranks
 
 
