@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from helpers import run_module, write_gpt2_tokenizer
+from helpers import make_docs, prepare_docs, run_module, write_gpt2_tokenizer
 from tokpack.bench.__main__ import main
 
 
@@ -97,8 +97,10 @@ def test_every_bench_states_the_machine_and_each_ratios_range(capsys):
     assert len(ranges) >= 5 and all(float(lo) <= float(hi) for lo, hi in ranges)
 
 
-def test_bench_evaluate_compares_with_estimate_loss(prepared, capsys):
-    figures = _figures(capsys, ["evaluate", "--folder", str(prepared), "--block-size", "16", "--batch-size", "4",
+def test_bench_evaluate_compares_with_estimate_loss(tmp_path, capsys):
+    # A val split of a few hundred tokens: each run scores them all against 50,304 logits.
+    folder = prepare_docs(tmp_path, make_docs(16), val_fraction=0.2)
+    figures = _figures(capsys, ["evaluate", "--folder", str(folder), "--block-size", "16", "--batch-size", "4",
                                 "--n-layer", "1", "--n-embd", "16", "--rounds", "1"])
     assert [row["run"] for row in figures["rows"]][:2] == ["nanoGPT estimate_loss (batches built)",
                                                            "nanoGPT estimate_loss (get_batch)"]
