@@ -54,9 +54,9 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
             continue
         split = only
         if split is None:
-            digest = document_hash(key)
-            for m in found:
-                hash_small(digest, f"{m['role']}\0{_text(m['content'])}\0".encode("utf-8", "surrogatepass"))
+            digest = document_hash(key)  # over each message's "role\0content\0", in one update
+            hash_small(digest, "".join(f"{m['role']}\0{_text(m['content'])}\0" for m in found).encode(
+                "utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         splits[counts["conversations"]] = (split, source)
         yield from pieces
