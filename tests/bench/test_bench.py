@@ -112,5 +112,6 @@ def test_bench_chat_matches_nanochats_rendering_and_rows(capsys):
                                 "--rounds", "1"])
     assert figures["identical"] is True and figures["rows_identical"] is True
     assert figures["prepare_vs_nanochat"] > 0 and figures["rows_vs_nanochat"] > 0 and figures["peak_rss_mb"] > 0
-    assert figures["tiktoken_alone_vs_nanochat"] > 0 and figures["prepare_tiktoken_vs_nanochat"] > 0 and figures.get("tokenizer_alone_vs_transformers", 1) > 0
+    assert figures["tiktoken_alone_vs_nanochat"] > 0 and figures["prepare_tiktoken_vs_nanochat"] > 0
+    assert figures.get("tokenizer_alone_vs_transformers", 1) > 0
     assert 0 <= figures["padding"] < 1 and figures["conversations"] > 10

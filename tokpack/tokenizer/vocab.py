@@ -137,9 +137,10 @@ SPEC_KEYS = {"ranks": str, "pattern": str, "special_tokens": dict, "eot": str}
 
 def from_spec(path: Path, spec: Any) -> TiktokenEncoder:
     """An encoding described by a spec (read from TOML or JSON): ``ranks`` (a .tiktoken file beside
-    the spec, named alone), ``pattern`` (a regex, or the name of a known encoding or of a
-    pattern ``tokenizer train`` names, to borrow its pattern), ``special_tokens`` (name -> id) and ``eot`` (the special token that ends or starts
-    documents). Only text is read: a tokenizer is never unpickled."""
+    the spec, named alone), ``pattern`` (a regex, or the name of a known encoding or of a pattern
+    ``tokenizer train`` names, to borrow its pattern), ``special_tokens`` (name -> id) and ``eot``
+    (the special token that ends or starts documents). Only text is read: a tokenizer is never
+    unpickled."""
     _check_spec_keys(path, spec)
     name = path.stem
     if name in KNOWN_SETTINGS or name in tiktoken.list_encoding_names():
@@ -181,8 +182,8 @@ def _check_spec_keys(path: Path, spec: Any) -> None:
 
 # A character of every kind text holds: a split pattern must give each to some pre-token, since
 # tiktoken encodes only what its pattern matches and leaves the rest out, silently.
-COVERAGE_PROBE = ("Hello, World! It's 2026: naïve café — 東京 ΑΒΓ x_y-z 3.14 @#$%^&*()[]{}<>|\\/~`\"';?+=\n\n\t  "
-                  "\r\n \u00a0\u200b 😀 ٣ end  ")
+COVERAGE_PROBE = ("Hello, World! It's 2026: naïve café — 東京 ΑΒΓ x_y-z 3.14 @#$%^&*()[]{}<>|\\/~`\"';?+="
+                  "\n\n\t  \r\n \u00a0\u200b 😀 ٣ end  ")
 
 
 def split_pattern(pattern: str, what: str, names: str) -> str:
