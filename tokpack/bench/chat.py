@@ -3,17 +3,18 @@
     python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--block-size 2048] [--batch-size 8]
 
 On synthetic conversations in nanochat's record form (a nanochat tokenizer: gpt2's ranks with
-its nine special tokens): ``prepare --chat nanochat`` against nanochat's loop of
-``render_conversation`` over the same records (a faithful miniature: json per line, tiktoken's
-``encode_ordinary`` per message, as nanochat's tokenizer runs it), ids and masks compared; the
-prepare's peak RSS on ``--rss-mb`` of conversations in a fresh process; and ``bestfit-pad`` batches
-(the loader's, resumable) against nanochat's ``sft_data_generator_bos_bestfit`` on the same
-conversations already rendered, with each one's share of padding; and ``prepare --chat
+its nine special tokens): ``prepare --chat nanochat`` (on the default backend, and on tiktoken,
+nanochat's own) against nanochat's loop of ``render_conversation`` over the same records (a
+faithful miniature: json per line, tiktoken's ``encode_ordinary`` per message, as nanochat's
+tokenizer runs it), ids and masks compared; the prepare's peak RSS on ``--rss-mb`` of
+conversations in a fresh process; and ``bestfit-pad`` batches (the loader's, resumable) against
+nanochat's ``sft_data_generator_bos_bestfit`` on the same conversations already rendered, each
+building its tensors as it does, with each one's share of padding; and ``prepare --chat
 template`` (ChatML with ``{% generation %}`` on GPT-2's BPE) against transformers'
 ``apply_chat_template(tokenize=True, return_assistant_tokens_mask=True)`` on the same
 conversations, ids and masks compared (where transformers is installed). Beside each prepare,
-the tokenizer alone on the same texts on every core (the most a prepare can reach on the machine),
-and the CPU seconds of the nanochat prepare and of its loop. Costs: prepare is O(corpus)
+each tokenizer alone on the same texts on every core (the most a prepare with it can reach on the
+machine), and the CPU seconds of the nanochat prepare and of its loop. Costs: prepare is O(corpus)
 in time, O(batch) in memory beside one conversation; a row's choice is O(log buffer) where
 nanochat scans its buffer, O(buffer).
 
