@@ -89,7 +89,7 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
         counts["cropped"] += cut
         # Cut before its first trained token, a row of it would have no loss. (A byte search: numpy
         # lets other threads take the GIL, and the writing thread would wait out their turn.)
-        if 1 not in mask.tobytes():
+        if not mask.tobytes().strip(b"\0"):
             counts["unsupervised"] += 1
             continue
         writer = writers[split]
