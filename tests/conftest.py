@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
-import pytest
+# The suite's two processes (pytest -n 2) share the two cores: one compute thread each for torch,
+# and for the processes their tests start, where two each crowded the cores (a fifth of the run).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from helpers import make_docs, prepare_docs
+import pytest  # noqa: E402
+
+from helpers import make_docs, prepare_docs  # noqa: E402
 
 
 @pytest.fixture(scope="session")
