@@ -291,7 +291,6 @@ class Template:
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
         self._names = tuple(self.specials)  # the key of their patterns, made once
         self._safe = Marks(self.specials)
-        self._written = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
         self.generation = bool(GENERATION.search(source))
@@ -350,7 +349,7 @@ class Template:
         text, spans = self.render(found, where, size)
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
         if markers is None and self._safe.usable:  # every special token's text in it is the template's
-            lead = [self.specials[name] for name in self._written.findall(text)]
+            lead = [self.specials[name] for _, name, _ in typed.findall(text)]
             inside = _byte_spans(text, 0, spans, None)[1]
             return [ChatPiece(doc, text, 0, lead, [], last=True, spans=inside, marked=True)]
         return self._split(text, spans, markers, doc)

@@ -65,7 +65,7 @@ class _Check:
     def _run(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
              flat: np.ndarray, bounds: np.ndarray) -> None:
         for i, text in enumerate(texts):
-            if fast.sampled(text, self.seed, self.fraction):
+            if fast.sampled(text, self.seed, self.fraction):  # only a sampled text's ids are sliced out
                 fast.check_piece(backend, library, text, flat[bounds[i]:bounds[i + 1]])
 
     def submit(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
@@ -122,8 +122,7 @@ class TiktokenEncoder:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if self.backend is None:
             return [self.library.encode_to_numpy(text, disallowed_special=()) for text in texts]
-        flat, bounds = self._encode_flat(texts)
-        return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+        return fast.split_flat(*self._encode_flat(texts))
 
     def _encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The backend's ids of ``texts`` one after another, and each one's offset; checked."""

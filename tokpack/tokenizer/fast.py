@@ -48,6 +48,11 @@ def without_surrogates(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
+def split_flat(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    """Each text's ids, from all of them laid end to end and the ``len(texts) + 1`` offsets."""
+    return [flat[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
 class SplintrBackend:
     """splintr-rs over an encoding's ranks: ``encode_batch`` in its own threads (Rayon)."""
 
@@ -69,8 +74,7 @@ class SplintrBackend:
         return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        flat, bounds = self.encode_flat(texts)
-        return [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+        return split_flat(*self.encode_flat(texts))
 
     def describe(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version}
