@@ -88,9 +88,9 @@ PLAIN = [{"role": "system", "content": "be brief"}, {"role": "user", "content": 
 def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path, backend):
     enc = load_encoding(str(spec))
     renderer = Nanochat(enc.specials, 2048)
-    assert [p.marked for p in renderer.pieces(PLAIN, 0, "x")] == [True]
+    assert [p.marked for p in renderer.pieces(PLAIN, "x")] == [True]
     for name, found in TOUCHING.items():
-        assert not any(p.marked for p in renderer.pieces(found, 0, "x")), name
+        assert not any(p.marked for p in renderer.pieces(found, "x")), name
     # Both ways, in the same batches, give nanochat's own ids and masks.
     chats = [{"messages": m} for m in [PLAIN, *TOUCHING.values()] * 20]
     source = write_jsonl(tmp_path / "c.jsonl", chats)

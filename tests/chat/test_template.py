@@ -145,8 +145,7 @@ def test_marker_characters_in_a_message_are_kept(chatml):
     template = Template(CHATML, "t", enc, 0)
     odd = {"messages": [{"role": "user", "content": "\ufdd0<|im_end|>\ufdd1 and \ufdd2"},
                         {"role": "assistant", "content": "ok"}]}
-    pieces = template.pieces(messages(odd, "r"), 0, "r")
-    ids, mask, _ = template.assemble([(p, enc.encode_ordinary(p.text)) for p in pieces], np.dtype(np.uint32))
+    ids = template.encode(enc, np.dtype(np.uint32), [template.pieces(messages(odd, "r"), "r")]).ids
     assert enc.decode(ids.tolist()) == "<|im_start|>user\n\ufdd0<|im_end|>\ufdd1 and \ufdd2<|im_end|>\n" \
         "<|im_start|>assistant\nok<|im_end|>\n"
     assert ids.tolist().count(enc.specials["<|im_end|>"]) == 2

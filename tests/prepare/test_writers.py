@@ -11,7 +11,7 @@ import pytest
 
 from tokpack.format import SHARD_HEADER_BYTES
 from tokpack.prepare import writers
-from tokpack.prepare.writers import HashingWriter, ShardLayout, ShardWriter
+from tokpack.prepare.writers import HashingWriter, ShardLayout, ShardWriter, SplitWriter
 
 
 def test_buffered_writes_give_the_bytes_and_hash_of_every_write_in_order(tmp_path):
@@ -95,3 +95,38 @@ def test_a_shards_failed_write_back_names_the_shard(tmp_path, monkeypatch):
     assert raised.value.filename == str(tmp_path / "t_train_000000.bin")
     writer.discard()
     assert not list(tmp_path.iterdir())
+
+
+LAYOUTS = {"flat": None, "shards": ShardLayout("train_", 0, 7, header=False),
+           "shards at documents": ShardLayout("train_", 0, 7, header=True, at_documents=True, min_shards=2)}
+
+
+@pytest.mark.parametrize("eot", ["none", "append", "prepend"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_documents_written_at_once_are_the_files_of_one_at_a_time(tmp_path, eot, layout):
+    # A batch of conversations goes to a split in one call; its files, index and counts must be
+    # those of each document started, written and ended on its own.
+    rng = np.random.default_rng(1)
+    lengths = [3, 1, 9, 4, 4, 2, 12, 5]
+    tokens = rng.integers(0, 50, sum(lengths)).astype(np.uint16)
+    mask = rng.integers(0, 2, sum(lengths)).astype(np.uint8)
+    bounds = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    made = []
+    for way in ("one", "all"):
+        folder = tmp_path / way
+        folder.mkdir()
+        writer = SplitWriter(folder, "train", np.dtype(np.uint16), eot, 99, LAYOUTS[layout], masked=True)
+        for lo, hi in ((0, 3), (3, 8)):  # two batches, so the second's starts follow the first's
+            if way == "all":
+                part = bounds[lo:hi + 1]
+                writer.write_documents(tokens[part[0]:part[-1]], mask[part[0]:part[-1]], part - part[0])
+                continue
+            for a, b in zip(bounds[lo:hi], bounds[lo + 1:hi + 1]):
+                writer.start_document(int(b - a) + (eot != "none"))
+                writer.write(tokens[a:b], mask[a:b])
+                writer.end_document()
+        info = writer.close()
+        made.append((info, {p.name: p.read_bytes() for p in folder.iterdir()}))
+    assert made[0] == made[1]
+    info = made[0][0]
+    assert info["documents"] == len(lengths) and info["supervised"] == int(mask.sum())

@@ -4,16 +4,17 @@
     python -m tokpack.prepare chats.jsonl --chat template --encoding model/tokenizer.json
 
 ``records`` checks a record's messages; ``nanochat`` and ``template`` render them (each a
-``ChatRenderer``: pieces of text to encode, special tokens placed by id); ``render.assemble``
-makes a conversation's ids and mask from the pieces' tokens, the same for every rendering.
+``ChatRenderer``: pieces of text to encode, special tokens placed by id), and encode a batch of
+conversations at once into their ids and masks (``Encoded``), in the same way for every rendering
+(``render.encode_conversations``).
 
 See docs/chat.md.
 """
 
 from .nanochat import NANOCHAT_TOKENS, Nanochat
 from .records import messages
-from .render import ChatPiece, ChatRenderer, Renderer, assemble
+from .render import ChatPiece, ChatRenderer, Encoded, Renderer
 from .template import Template, read_template, template_source
 
-__all__ = ["NANOCHAT_TOKENS", "ChatPiece", "ChatRenderer", "Nanochat", "Renderer", "Template", "assemble",
+__all__ = ["NANOCHAT_TOKENS", "ChatPiece", "ChatRenderer", "Encoded", "Nanochat", "Renderer", "Template",
            "messages", "read_template", "template_source"]

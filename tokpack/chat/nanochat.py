@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPiece, Marks, Renderer, crop, encode_conversations
+from .render import ChatPiece, Encoded, Marks, Renderer, encode_conversations
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -58,7 +58,7 @@ class Nanochat:
         self.specials, self.max_tokens = dict(specials), max_tokens
         self._safe = Marks(self.specials)  # whether a conversation's texts may go between its marks
 
-    def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
+    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
         items = _rendered(found)
         # Texts next to each other are encoded apart, as nanochat does: never as one text.
         specials = self.specials
@@ -68,19 +68,16 @@ class Nanochat:
                 out += marks
                 out.append(text)
             lead = [specials[m] for marks, _ in items for m in marks]
-            return [ChatPiece(doc, "".join(out), 0, lead, [], last=True, marked=True)]
-        return [ChatPiece(doc, text, 0, [specials[m] for m in marks], [0] * len(marks), last=i == len(items) - 1)
-                for i, (marks, text) in enumerate(items)]
+            return [ChatPiece("".join(out), 0, lead, [], marked=True)]
+        return [ChatPiece(text, 0, [specials[m] for m in marks], [0] * len(marks)) for marks, text in items]
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
-        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids))
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
+        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids),
+                                    self._assemble, self.max_tokens)
 
-    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
-                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        if len(encoded) == 1 and encoded[0][0].marked:
-            return crop(*encoded[0][1], self.max_tokens, dtype)
+    def _assemble(self, encoded: list[tuple[ChatPiece, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
         ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
-        return crop(ids, self._mask(ids), self.max_tokens, dtype)
+        return ids, self._mask(ids)
 
     def _mask(self, ids: np.ndarray) -> np.ndarray:
         """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs

@@ -31,39 +31,50 @@ class Renderer(StrEnum):
 
 
 class ChatPiece(NamedTuple):
-    """One text of a conversation to encode, led by special tokens (``lead``, with their masks);
-    ``last`` ends the conversation ``doc``. Its tokens' mask is ``mask``, or, where ``spans`` is
-    given, 1 on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere.
-    A ``marked`` piece is a whole conversation with its special tokens written in its text, for
+    """One text of a conversation to encode, led by special tokens (``lead``, with their masks); a
+    conversation is a list of them. Its tokens' mask is ``mask``, or, where ``spans`` is given, 1
+    on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere. A
+    ``marked`` piece is a whole conversation with its special tokens written in its text, for
     ``Encoder.encode_marked``: ``lead`` lists their ids in order, and its renderer masks it."""
 
-    doc: int
     text: str
     mask: int
     lead: list[int]
     lead_mask: list[int]
-    last: bool = False
     spans: tuple[tuple[int, int], ...] | None = None
     marked: bool = False
 
 
-class ChatRenderer(Protocol):
-    """A rendering: a checked conversation's pieces, their tokens, and its ids and mask from them."""
+class Encoded(NamedTuple):
+    """A batch of conversations as tokens: their ids (of the split's dtype) and masks laid end to
+    end, where each starts (``len + 1`` offsets, the last their end), whether each was cut to the
+    renderer's ``max_tokens``, and whether each has a token to train on."""
 
-    def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
+    ids: np.ndarray
+    mask: np.ndarray
+    bounds: np.ndarray
+    cut: np.ndarray
+    trained: np.ndarray
+
+    def select(self, keep: np.ndarray) -> Encoded:
+        """The conversations where ``keep``, in order."""
+        lengths = np.diff(self.bounds)
+        tokens = np.repeat(keep, lengths)
+        bounds = np.zeros(np.count_nonzero(keep) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=bounds[1:])
+        return Encoded(self.ids[tokens], self.mask[tokens], bounds, self.cut[keep], self.trained[keep])
+
+
+class ChatRenderer(Protocol):
+    """A rendering: a checked conversation's pieces, and a batch of conversations' ids and masks."""
+
+    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
         """The pieces of one conversation's checked messages (``where`` names it in errors)."""
         ...
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
-        """The tokens of each piece of ``batch`` (many conversations' pieces, in order), as
-        ``assemble`` takes them (as ``dtype`` where it can); called in the pipeline's encoding
-        threads."""
-        ...
-
-    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
-                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        """A conversation's ids (of ``dtype``) and mask from its pieces and their tokens, cut to
-        its ``max_tokens``; and whether it was cut."""
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
+        """Many conversations' ids (as ``dtype``) and masks, in order, each cut to the renderer's
+        ``max_tokens``; called in the pipeline's encoding threads."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -90,38 +101,65 @@ def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
 
 
 Masks = Callable[[np.ndarray, list[tuple[int, int]], list["ChatPiece"]], np.ndarray]
+Assemble = Callable[[list[tuple["ChatPiece", list[int]]]], tuple[np.ndarray, np.ndarray]]
 
 
-def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[ChatPiece], marks: frozenset[str],
-                         masks: Masks) -> list[Any]:
-    """A batch's pieces encoded, in order: plain ones by ``encode_pieces``; marked ones as (ids
-    of ``dtype``, mask), all in one ``encode_marked`` call (an encoding thread takes the GIL back
-    once a batch, not once a conversation); ``masks`` gives the mask of their ids laid end to
-    end, from each piece's range of them. Their special tokens must come out as their ``lead``
-    lists them, or nothing is written (``Marks`` vouches for it: a difference is a bug)."""
-    marked = [p for p in batch if p.marked]
-    plain = iter(encode_pieces(enc, [p for p in batch if not p.marked]))
+def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]], marks: frozenset[str],
+                         masks: Masks, assemble: Assemble, max_tokens: int) -> Encoded:
+    """A batch of conversations encoded, in order, and each cut to ``max_tokens`` (0: none cut).
+    The marked ones all in one ``encode_marked`` call (an encoding thread takes the GIL back once
+    a batch, not once a conversation); ``masks`` gives the mask of their ids laid end to end, from
+    each piece's range of them. Their special tokens must come out as their ``lead`` lists them, or
+    nothing is written (``Marks`` vouches for it: a difference is a bug). The others' pieces are
+    encoded by ``encode_pieces`` and made a conversation each by ``assemble``."""
+    marked = [conversation[0] for conversation in batch if conversation[0].marked]
+    ids, mask, bounds = _encode_marked(enc, marked, marks, masks)
+    if len(marked) < len(batch):
+        ids, mask, bounds = _with_pieces(enc, batch, ids, mask, bounds, assemble)
+    ids, mask, bounds, cut = crop(ids, mask, bounds, max_tokens)
+    lengths = np.diff(bounds)
+    trained = np.zeros(len(batch), dtype=bool)
+    filled = lengths > 0
+    if filled.any():
+        trained[filled] = np.logical_or.reduceat(mask.view(bool), bounds[:-1][filled])
+    # Cast once a batch, here: a cast a conversation in the writing thread would let other threads
+    # take the GIL, and taking it back waits out their turn.
+    return Encoded(ids.astype(dtype, copy=False), mask, bounds, cut, trained)
+
+
+def _encode_marked(enc: Encoder, marked: list[ChatPiece], marks: frozenset[str],
+                   masks: Masks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ids, masks and offsets of whole conversations written with their marks."""
     if not marked:
-        return list(plain)
+        return np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=MASK_DTYPE), np.zeros(1, dtype=np.int64)
     ids, bounds = enc.encode_marked([p.text for p in marked], marks, [len(p.lead) for p in marked])
     written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
     at = np.flatnonzero(_table(frozenset(enc.specials[m] for m in marks)).take(ids, mode="clip"))
     if not np.array_equal(ids[at], written):
         raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
                          "written; this is a bug: report it, with the tokenizer")
-    ranges = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    mask, spans = masks(ids, ranges, marked), iter(ranges)
-    # Cast once a batch, here: a cast a conversation in the writing thread lets other threads take
-    # the GIL, and taking it back waits out their turn.
-    ids = ids.astype(dtype, copy=False)
-    out = []
-    for piece in batch:
-        if piece.marked:
-            a, b = next(spans)
-            out.append((ids[a:b], mask[a:b]))
+    mask = masks(ids, list(zip(bounds[:-1].tolist(), bounds[1:].tolist())), marked)
+    return ids, mask.view(MASK_DTYPE), bounds
+
+
+def _with_pieces(enc: Encoder, batch: list[list[ChatPiece]], ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,
+                 assemble: Assemble) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch laid end to end: its marked conversations from ``ids``, ``mask`` and ``bounds``,
+    the others made of their pieces."""
+    plain = iter(encode_pieces(enc, [piece for conversation in batch if not conversation[0].marked
+                                     for piece in conversation]))
+    parts, marked = [], 0
+    for conversation in batch:
+        if conversation[0].marked:
+            a, b = int(bounds[marked]), int(bounds[marked + 1])
+            parts.append((ids[a:b], mask[a:b]))
+            marked += 1
         else:
-            out.append(next(plain))
-    return out
+            parts.append(assemble([(piece, next(plain)) for piece in conversation]))
+    out = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(i) for i, _ in parts], out=out[1:])
+    return (np.concatenate([i.astype(np.int64, copy=False) for i, _ in parts]),
+            np.concatenate([m.astype(MASK_DTYPE, copy=False) for _, m in parts]), out)
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,13 +208,10 @@ def overlapping(ids: Any, ranges: list[tuple[int, int]], pieces: list[ChatPiece]
     return inside
 
 
-def assemble(encoded: list[tuple[ChatPiece, Any]], dtype: np.dtype, max_tokens: int,
-             sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
-    """A conversation's ids and mask from its pieces and their tokens (a marked piece's: its ids
-    and mask), cut to ``max_tokens`` (0: none cut), and whether it was cut; ``sizes`` (each
-    token's bytes) places a piece's spans."""
-    if len(encoded) == 1 and encoded[0][0].marked:
-        return crop(*encoded[0][1], max_tokens, dtype)
+def assemble(encoded: list[tuple[ChatPiece, list[int]]],
+             sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation's ids and mask from its pieces and their tokens; ``sizes`` (each token's
+    bytes) places a piece's spans."""
     ids: list[int] = []
     mask: list[int] = []
     for piece, tokens in encoded:
@@ -188,15 +223,23 @@ def assemble(encoded: list[tuple[ChatPiece, Any]], dtype: np.dtype, max_tokens: 
         else:
             assert sizes is not None
             mask += overlapping(tokens, [(0, len(tokens))], [piece], sizes).tolist()
-    return crop(np.array(ids, dtype=dtype), np.array(mask, dtype=MASK_DTYPE), max_tokens, dtype)
+    return np.array(ids, dtype=np.int64), np.array(mask, dtype=MASK_DTYPE)
 
 
-def crop(ids: np.ndarray, mask: np.ndarray, max_tokens: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-    """A conversation's ids (as ``dtype``) and mask cut to ``max_tokens`` (0: none cut), and whether it was."""
-    cut = bool(max_tokens) and len(ids) > max_tokens
-    if cut:
-        ids, mask = ids[:max_tokens], mask[:max_tokens]
-    return ids.astype(dtype, copy=False), mask.astype(MASK_DTYPE, copy=False), cut
+def crop(ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,
+         max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Conversations laid end to end (the i-th at ``bounds[i]:bounds[i + 1]``) each cut to
+    ``max_tokens`` (0: none cut): their ids, masks and offsets, and whether each was cut."""
+    lengths = np.diff(bounds)
+    cut = lengths > max_tokens if max_tokens else np.zeros(len(lengths), dtype=bool)
+    if not cut.any():
+        return ids, mask, bounds, cut
+    keep = np.ones(len(ids), dtype=bool)
+    for i in np.flatnonzero(cut).tolist():
+        keep[bounds[i] + max_tokens:bounds[i + 1]] = False
+    out = np.zeros(len(bounds), dtype=np.int64)
+    np.cumsum(np.minimum(lengths, max_tokens), out=out[1:])
+    return ids[keep], mask[keep], out, cut
 
 
 class Marks:

@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +40,9 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 import numpy as np
 
-from ..format import MASK_DTYPE, load_json, read_file
+from ..format import load_json, read_file
 from .records import bad_record
-from .render import (ChatPiece, Marks, Renderer, Vocabulary, assemble, encode_conversations, overlapping,
+from .render import (ChatPiece, Encoded, Marks, Renderer, Vocabulary, assemble, encode_conversations, overlapping,
                      token_sizes)
 
 if TYPE_CHECKING:
@@ -336,7 +336,7 @@ class Template:
             spans.append((len(before), len(upto)))
         return spans
 
-    def pieces(self, found: list[dict[str, Any]], doc: int, where: str) -> list[ChatPiece]:
+    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
         markers, held = None, _strings(found)
         typed = _specials_pattern(self._names, None)
         # Special-token text in a message is marked, to stay text.
@@ -351,11 +351,10 @@ class Template:
         if markers is None and self._safe.usable:  # every special token's text in it is the template's
             lead = [self.specials[name] for _, name, _ in typed.findall(text)]
             inside = _byte_spans(text, 0, spans, None)[1]
-            return [ChatPiece(doc, text, 0, lead, [], last=True, spans=inside, marked=True)]
-        return self._split(text, spans, markers, doc)
+            return [ChatPiece(text, 0, lead, [], spans=inside, marked=True)]
+        return self._split(text, spans, markers)
 
-    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
-               doc: int) -> list[ChatPiece]:
+    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> list[ChatPiece]:
         """The rendered text cut at the special tokens the template wrote."""
         out, lead, lead_mask, lo = [], [], [], 0
         for m in _specials_pattern(self._names, markers).finditer(text) if self.specials else ():
@@ -363,36 +362,33 @@ class Template:
                 continue
             start, end = m.span(2)
             if start > lo:
-                out.append(self._piece(text[lo:start], lo, spans, markers, doc, lead, lead_mask))
+                out.append(self._piece(text[lo:start], lo, spans, markers, lead, lead_mask))
                 lead, lead_mask = [], []
             lead.append(self.specials[m.group(2)])
             lead_mask.append(int(any(s < end and e > start for s, e in spans)))
             lo = end
         if lo < len(text):
-            out.append(self._piece(text[lo:], lo, spans, markers, doc, lead, lead_mask))
+            out.append(self._piece(text[lo:], lo, spans, markers, lead, lead_mask))
             lead, lead_mask = [], []
-        out.append(ChatPiece(doc, "", 0, lead, lead_mask, last=True))
+        out.append(ChatPiece("", 0, lead, lead_mask))
         return out
 
     @staticmethod
-    def _piece(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None, doc: int,
-               lead: list[int], lead_mask: list[int]) -> ChatPiece:
+    def _piece(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None, lead: list[int],
+               lead_mask: list[int]) -> ChatPiece:
         text, inside = _byte_spans(raw, lo, spans, markers)
         if not inside:
-            return ChatPiece(doc, text, 0, lead, lead_mask)
+            return ChatPiece(text, 0, lead, lead_mask)
         if inside == ((0, len(text.encode("utf-8", "surrogatepass"))),):
-            return ChatPiece(doc, text, 1, lead, lead_mask)
-        return ChatPiece(doc, text, 0, lead, lead_mask, spans=inside)
+            return ChatPiece(text, 1, lead, lead_mask)
+        return ChatPiece(text, 0, lead, lead_mask, spans=inside)
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPiece]) -> list[Any]:
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
         def masks(ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
-            return overlapping(ids, ranges, pieces, self._sizes).view(MASK_DTYPE)
+            return overlapping(ids, ranges, pieces, self._sizes)
 
-        return encode_conversations(enc, dtype, batch, frozenset(self.specials), masks)
-
-    def assemble(self, encoded: list[tuple[ChatPiece, Any]],
-                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
-        return assemble(encoded, dtype, self.max_tokens, self._sizes)
+        return encode_conversations(enc, dtype, batch, frozenset(self.specials), masks,
+                                    partial(assemble, sizes=self._sizes), self.max_tokens)
 
     @cached_property
     def _sizes(self) -> np.ndarray:

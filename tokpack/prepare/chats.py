@@ -15,19 +15,30 @@ See docs/chat.md.
 from __future__ import annotations
 
 import array
-import functools
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..chat import ChatPiece, ChatRenderer, messages
+import numpy as np
+
+from ..chat import ChatPiece, ChatRenderer, Encoded, messages
 from ..corpus import parse_record, records
-from ..tokenizer import encode_in_order
+from ..tokenizer import encoded_batches
 from .cluster import Entry
 from .config import Plan
 from .holdout import document_hash, document_key, hash_small
 from .mixture import mix, staging_writers
 from .writers import SplitWriter
+
+
+class Conversation(NamedTuple):
+    """A conversation on its way through the pipeline: its pieces, the split it goes to, the input
+    it is of (in a mixture), and its characters (a batch's measure)."""
+
+    pieces: list[ChatPiece]
+    split: str
+    source: int
+    chars: int
 
 
 def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]:
@@ -38,15 +49,15 @@ def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]
             yield source, where, value
 
 
-def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None, counts: dict[str, int],
-            splits: dict[int, tuple[str, int]]) -> Iterator[ChatPiece]:
-    """Each conversation's pieces; ``splits`` gains its split (``only``, or by the hash of its
-    messages' roles and contents, so the same whatever the tokenizer or rendering) and its input."""
+def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None,
+                   counts: dict[str, int]) -> Iterator[Conversation]:
+    """Each conversation, rendered, with its split: ``only``, or by the hash of its messages'
+    roles and contents, so the same whatever the tokenizer or rendering."""
     key = document_key(plan.config.seed)
     for source, where, value in _records(plan, entries):
         try:
             found = messages(parse_record(value, where, plan.read.errors), where)
-            pieces = renderer.pieces(found, counts["conversations"], where)
+            pieces = renderer.pieces(found, where)
         except ValueError:
             if not plan.config.skip_bad:
                 raise
@@ -58,9 +69,8 @@ def _pieces(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str 
             hash_small(digest, "".join(f"{m['role']}\0{_text(m['content'])}\0" for m in found).encode(
                 "utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
-        splits[counts["conversations"]] = (split, source)
-        yield from pieces
         counts["conversations"] += 1
+        yield Conversation(pieces, split, source, sum(len(piece.text) for piece in pieces))
 
 
 def _text(content: Any) -> str:
@@ -75,29 +85,25 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     renderer = plan.chat
     assert renderer is not None
     workers, in_flight = plan.encoding_threads()
-    splits: dict[int, tuple[str, int]] = {}
-    held: list[tuple[ChatPiece, Any]] = []
-    stream = _pieces(plan, renderer, entries, only, counts, splits)
-    encode = functools.partial(renderer.encode, plan.enc, plan.dtype)
-    for piece, tokens in encode_in_order(stream, encode, workers, plan.config.piece_chars, in_flight):
-        held.append((piece, tokens))
-        if not piece.last:
-            continue
-        ids, mask, cut = renderer.assemble(held, plan.dtype)
-        split, source = splits.pop(piece.doc)
-        held = []
-        counts["cropped"] += cut
-        # Cut before its first trained token, a row of it would have no loss. (A byte search: numpy
-        # lets other threads take the GIL, and the writing thread would wait out their turn.)
-        if not mask.tobytes().strip(b"\0"):
-            counts["unsupervised"] += 1
-            continue
-        writer = writers[split]
-        writer.start_document(len(ids))
-        writer.write(ids, mask)
-        writer.end_document()
-        if kinds is not None:
-            kinds[split].append(source)
+
+    def encode(batch: list[Conversation]) -> Encoded:
+        return renderer.encode(plan.enc, plan.dtype, [conversation.pieces for conversation in batch])
+
+    stream = _conversations(plan, renderer, entries, only, counts)
+    for batch, encoded in encoded_batches(stream, encode, workers, plan.config.piece_chars, in_flight,
+                                          size=lambda conversation: conversation.chars):
+        counts["cropped"] += int(np.count_nonzero(encoded.cut))
+        # Cut before its first trained token, a row of it would have no loss.
+        counts["unsupervised"] += len(batch) - int(np.count_nonzero(encoded.trained))
+        splits = [conversation.split for conversation in batch]
+        for split in dict.fromkeys(splits):
+            keep = encoded.trained & np.fromiter((s == split for s in splits), dtype=bool, count=len(splits))
+            if not keep.any():
+                continue
+            chosen = encoded if keep.all() else encoded.select(keep)
+            writers[split].write_documents(chosen.ids, chosen.mask, chosen.bounds)
+            if kinds is not None:
+                kinds[split].extend(c.source for c, k in zip(batch, keep.tolist()) if k)
 
 
 def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writers: dict[str, SplitWriter],

@@ -162,6 +162,10 @@ class HashingWriter:
     def start_document(self, tokens: int) -> None:
         """A flat file keeps no document boundaries of its own (the index does)."""
 
+    def write_documents(self, data: np.ndarray, bounds: np.ndarray) -> None:
+        """Documents laid end to end (the i-th at ``bounds[i]:bounds[i + 1]``): one write."""
+        self.write(data)
+
     def renames(self) -> list[tuple[str, str]]:
         """(temporary, final) path of the file, for the publishing rename."""
         return [(str(self.tmp), str(self.path))]
@@ -237,6 +241,13 @@ class ShardWriter:
             self._pending = True
         elif self.layout.at_documents or self.layout.min_shards > 1:
             self._starts.append(self._count)
+
+    def write_documents(self, data: np.ndarray, bounds: np.ndarray) -> None:
+        """Documents laid end to end (the i-th at ``bounds[i]:bounds[i + 1]``), each started as a
+        document: shards cut at documents need every start."""
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            self.start_document(b - a)
+            self.write(data[a:b])
 
     def _hold(self) -> None:
         """The open shard is done: it waits as the held one, and the one held before is finished."""
@@ -399,6 +410,26 @@ class SplitWriter:
             # counted in bytes: numpy's count lets other threads take the GIL, and the writing
             # thread would wait out their turn to go on
             self.supervised += len(mask) - mask.tobytes().count(0) if mask is not None else 0
+
+    def write_documents(self, tokens: np.ndarray, mask: np.ndarray, bounds: np.ndarray) -> None:
+        """Documents laid end to end (the i-th at ``bounds[i]:bounds[i + 1]``, ``bounds[0]`` 0) and
+        their masks, as ``start_document``, ``write`` and ``end_document`` of each would write them:
+        a write a file for the lot where the files need no document's start."""
+        if self.eot != "none":  # an end-of-text goes between them
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                self.start_document(b - a + 1)
+                self.write(tokens[a:b], mask[a:b])
+                self.end_document()
+            return
+        self.bin.write_documents(tokens, bounds)
+        if self.mask is not None:
+            self.mask.write_documents(mask, bounds)
+            self.supervised += len(mask) - mask.tobytes().count(0)  # as in write
+        self._starts.frombytes((bounds[:-1] + self.tokens).astype(np.uint64).tobytes())
+        self.tokens += len(tokens)
+        self.documents += len(bounds) - 1
+        if len(self._starts) >= INDEX_FLUSH:
+            self._flush_starts()
 
     def end_document(self) -> None:
         if self.eot == "append":

@@ -41,11 +41,12 @@ from .patterns import (CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTI
 from .vocab import MAX_FILE_BYTES, PINNED_RANKS_SHA256, build, bundled_gpt2, from_spec, from_tiktoken_file, read_file
 
 __all__ = ["Encoder", "TiktokenEncoder", "HFEncoder", "load_encoding", "folder_encoding", "token_dtype",
-           "safe_cut", "encode_in_order", "ranks_sha256", "PINNED_RANKS_SHA256", "KNOWN_SETTINGS",
+           "safe_cut", "encode_in_order", "encoded_batches", "ranks_sha256", "PINNED_RANKS_SHA256", "KNOWN_SETTINGS",
            "CUT_SAFE_PATTERNS", "ENDOFTEXT", "R50K_PATTERN", "CL100K_PATTERN", "O200K_PATTERN", "NANOCHAT_PATTERN",
            "MAX_FILE_BYTES"]
 
 P = TypeVar("P")
+R = TypeVar("R")
 SPECIAL_TEXT = ("ordinary", "special")
 
 _CUT_BEFORE_SPACE = r"[\p{L}\p{N}\p{P}\p{S}\p{M}] "
@@ -244,27 +245,35 @@ def token_dtype(enc: Encoder, requested: str = "auto") -> np.dtype:
     return np.dtype(requested)
 
 
-def encode_in_order(stream: Iterator[P], encode: Callable[[list[P]], list[Any]], workers: int,
-                    batch_chars: int, in_flight: int) -> Iterator[tuple[P, Any]]:
-    """Each piece (anything with ``.text``) with its tokens, in input order, tokenized by
-    ``workers`` threads; ``encode`` takes a batch of pieces and gives their tokens. At most
-    ``in_flight`` batches wait or encode while the caller takes the results of another."""
+def encoded_batches(stream: Iterator[P], encode: Callable[[list[P]], R], workers: int, batch_chars: int, in_flight: int,
+                    size: Callable[[P], int] = lambda piece: len(piece.text)) -> Iterator[tuple[list[P], R]]:
+    """Batches of the items of ``stream`` (about ``batch_chars`` of ``size`` each), in input order,
+    each with what ``encode`` made of it in one of ``workers`` threads. At most ``in_flight``
+    batches wait or encode while the caller takes the results of another."""
     # tiktoken releases the GIL while it encodes, so threads use every core; a bounded number of
     # batches in flight keeps memory flat however large the corpus is.
-    pending: list[tuple[list[P], Future[list[Any]]]] = []
+    pending: list[tuple[list[P], Future[R]]] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
         batch: list[P] = []
-        size = 0
-        for piece in stream:
-            batch.append(piece)
-            size += len(piece.text)
-            if size >= batch_chars:
+        chars = 0
+        for item in stream:
+            batch.append(item)
+            chars += size(item)
+            if chars >= batch_chars:
                 pending.append((batch, pool.submit(encode, batch)))
-                batch, size = [], 0
+                batch, chars = [], 0
                 if len(pending) > in_flight:
                     done, future = pending.pop(0)
-                    yield from zip(done, future.result())
+                    yield done, future.result()
         if batch:
             pending.append((batch, pool.submit(encode, batch)))
         for done, future in pending:
-            yield from zip(done, future.result())
+            yield done, future.result()
+
+
+def encode_in_order(stream: Iterator[P], encode: Callable[[list[P]], list[Any]], workers: int,
+                    batch_chars: int, in_flight: int) -> Iterator[tuple[P, Any]]:
+    """Each piece (anything with ``.text``) with its tokens, in input order: ``encoded_batches``
+    where ``encode`` gives each piece of a batch its tokens."""
+    for batch, tokens in encoded_batches(stream, encode, workers, batch_chars, in_flight):
+        yield from zip(batch, tokens)
