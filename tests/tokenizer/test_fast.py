@@ -161,3 +161,21 @@ def test_fallbacks_are_tiktoken_with_one_warning_or_one_line_when_asked(tmp_path
     with pytest.raises(SystemExit):
         main([str(corpus), "--out-dir", str(tmp_path / "o4"), "--backend", "splintr"])
     assert 'needs splintr-rs; pip install "tokpack[fast]"' in capsys.readouterr().err
+
+
+def test_the_checked_share_is_chosen_by_each_texts_ids_whatever_its_batch():
+    # A text is checked or not by its own ids and the seed: the same in any batch, on any run, and
+    # about the asked share of the texts with ids.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 12, 40_000)
+    bounds = np.concatenate(([0], np.cumsum(lengths)))
+    flat = rng.integers(0, 50_000, int(bounds[-1])).astype(np.uint32)
+    chosen = fast.sampled(flat, bounds, 7, 0.05)
+    filled = np.count_nonzero(lengths)
+    assert abs(len(chosen) / filled - 0.05) < 0.01 and lengths[chosen].all()
+    half = len(lengths) // 2  # the second half alone, as a batch of its own
+    alone = fast.sampled(flat[bounds[half]:], bounds[half:] - bounds[half], 7, 0.05)
+    assert (alone + half).tolist() == chosen[chosen >= half].tolist()
+    other = fast.sampled(flat, bounds, 8, 0.05)
+    assert len(np.intersect1d(chosen, other)) < len(chosen) / 4  # another seed, other texts
+    assert not len(fast.sampled(flat, bounds, 7, 0.0)) and len(fast.sampled(flat, bounds, 7, 1.0)) == len(lengths)

@@ -64,9 +64,8 @@ class _Check:
 
     def _run(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
              flat: np.ndarray, bounds: np.ndarray) -> None:
-        for i, text in enumerate(texts):
-            if fast.sampled(text, self.seed, self.fraction):  # only a sampled text's ids are sliced out
-                fast.check_piece(backend, library, text, flat[bounds[i]:bounds[i + 1]])
+        for i in fast.sampled(flat, bounds, self.seed, self.fraction).tolist():
+            fast.check_piece(backend, library, texts[i], flat[bounds[i]:bounds[i + 1]])
 
     def submit(self, backend: fast.SplintrBackend, library: tiktoken.Encoding, texts: list[str],
                flat: np.ndarray, bounds: np.ndarray) -> None:
@@ -155,7 +154,7 @@ class TiktokenEncoder:
             flat, bounds = self._encode_flat(parts[::2])
             at = bounds[1:-1] + np.arange(len(bounds) - 2)  # each mark after its stretch
             ids = np.empty(len(flat) + len(at), dtype=np.uint32)
-            ids[at] = [self.specials[mark] for mark in parts[1::2]]
+            ids[at] = list(map(self.specials.__getitem__, parts[1::2]))
             stretch = np.ones(len(ids), dtype=bool)
             stretch[at] = False
             ids[stretch] = flat

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import functools
 import warnings
-import zlib
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,9 @@ class SplintrBackend:
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids one after another (uint32), and where each text's start: ``len(texts) + 1``
         offsets."""
-        ids, offsets = self.tokenizer.encode_batch_flat([t if t.isascii() else without_surrogates(t) for t in texts])
+        if not all(map(str.isascii, texts)):  # else no text can hold a surrogate
+            texts = [without_surrogates(t) for t in texts]
+        ids, offsets = self.tokenizer.encode_batch_flat(texts)
         return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -122,17 +123,31 @@ def _built(enc: Any) -> tuple[SplintrBackend, bool]:
     return backend, backend.encode_batch([_PROBE])[0].tolist() == enc.encode_ordinary(_PROBE)
 
 
-SAMPLE_CHARS = 256  # of each end of a piece, with its length, decide whether it is checked
+def _mixed(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer over uint64s: every bit of the output depends on every bit of the input."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-def sampled(text: str, seed: int, fraction: float) -> bool:
-    """Whether a piece is among the seeded ``fraction`` checked against tiktoken: by its content,
-    so the same pieces are checked on every run, but by its ends and length alone. Hashing every
-    byte cost as much CPU as the checks themselves, next to a backend ten times tiktoken's speed."""
-    if fraction <= 0:
-        return False
-    ends = f"{len(text)}:{text[:SAMPLE_CHARS]}{text[-SAMPLE_CHARS:]}".encode("utf-8", "surrogatepass")
-    return zlib.crc32(ends, seed & 0xFFFFFFFF) < fraction * 2**32
+def sampled(flat: np.ndarray, bounds: np.ndarray, seed: int, fraction: float) -> np.ndarray:
+    """Which texts (indices) are among the seeded ``fraction`` checked against tiktoken, from the
+    backend's ids of them laid end to end (``bounds``, each text's offsets): by their count, sum,
+    first and last ids, so the same texts are checked on every run, in a few array operations a
+    batch. A decision a text cost as much as the checks themselves, for conversations cut into
+    tens of thousands of short stretches."""
+    lengths = np.diff(bounds)
+    if fraction >= 1:
+        return np.arange(len(lengths))
+    filled = np.flatnonzero(lengths)  # an empty text's ids are its length: nothing more to check
+    if fraction <= 0 or not len(filled):
+        return filled[:0]
+    ids, starts = flat.astype(np.uint64), bounds[:-1][filled]
+    with np.errstate(over="ignore"):  # the mixing wraps around, as meant
+        key = _mixed(lengths[filled].astype(np.uint64) ^ np.uint64(seed & (2**64 - 1)))
+        key = _mixed(key ^ np.add.reduceat(ids, starts))
+        key = _mixed(key ^ ids[starts] ^ (ids[bounds[1:][filled] - 1] << np.uint64(32)))
+    return filled[key < np.uint64(int(fraction * 2**64))]
 
 
 def check_piece(backend: SplintrBackend, enc: Any, text: str, ids: np.ndarray) -> None:
