@@ -10,6 +10,8 @@ import json
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import chat_documents, gpt2_tokenizer, nanochat_render
@@ -107,6 +109,27 @@ def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_
     assert not marks.safe(["ends [b"]) and not marks.safe(["holds <|a|> inside"])
 
 
+SPECIALS = {"<|a|>": 1, "[b]": 2, "<|user_end|>": 3}
+
+
+def _safe_by_definition(texts: list[str]) -> bool:
+    """No text holds a special token's text or ends with the start of one."""
+    starts = {name[:k] for name in SPECIALS for k in range(1, len(name))}
+    return not any(name in text for text in texts for name in SPECIALS) and \
+        not any(text.endswith(start) for text in texts for start in starts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="<|a>[b]user_end x\x00\x01", max_size=14), max_size=4))
+def test_marks_finds_unsafe_texts_as_the_definition_does(texts):
+    # One regex over the joined texts stands for a scan of every text's end: it must never call a
+    # text safe that is not, and where no text holds its joining character, agree exactly.
+    marks = Marks(SPECIALS)
+    assert marks.safe(texts) <= _safe_by_definition(texts)
+    if not any(marks._gap in text for text in texts):
+        assert marks.safe(texts) == _safe_by_definition(texts)
+
+
 @pytest.mark.parametrize("strips", [False, True], ids=["whole", "stretches"])
 def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_nanochats_ids(spec, tmp_path, strips):
     from tokenizers import AddedToken
@@ -164,6 +187,9 @@ def test_max_tokens_cuts_and_a_conversation_left_with_nothing_to_train_on_is_lef
 
 BAD = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "of role 'robot'"),
+    ({"messages": [{"role": ["user"], "content": "hi"}]}, "without a role and content"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                   {"role": "system", "content": "c"}]}, "a system message where a user turn"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "where a user turn comes"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, "where an assistant turn"),
     ({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}, "content is int"),
@@ -174,6 +200,7 @@ BAD = [
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
                                                       "content": [{"type": "image", "text": "x"}]}]}, "a part"),
     ("[" * 100_000, "nested too deeply"),
+    ('{"messages": [' + "[" * 5000 + "]" * 5000 + "]}", "nested too deeply"),
     ("{not json", "is not valid JSON"),
 ]
 

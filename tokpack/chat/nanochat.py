@@ -12,6 +12,7 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -59,17 +60,14 @@ class Nanochat:
         self._safe = Marks(self.specials)  # whether a conversation's texts may go between its marks
 
     def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
-        items = _rendered(found)
-        # Texts next to each other are encoded apart, as nanochat does: never as one text.
+        texts, leads, apart = _rendered(found)
         specials = self.specials
-        if self._safe.safe([text for _, text in items]) and all(marks or not text for marks, text in items[1:]):
-            out: list[str] = []
-            for marks, text in items:
-                out += marks
-                out.append(text)
-            lead = [specials[m] for marks, _ in items for m in marks]
-            return [ChatPiece("".join(out), 0, lead, [], marked=True)]
-        return [ChatPiece(text, 0, [specials[m] for m in marks], [0] * len(marks)) for marks, text in items]
+        # Texts next to each other are encoded apart, as nanochat does: never as one text.
+        if apart and self._safe.safe(texts):
+            text = "".join(itertools.chain.from_iterable(zip(map("".join, leads), texts)))
+            return [ChatPiece(text, 0, list(map(specials.__getitem__, itertools.chain.from_iterable(leads))), [],
+                              marked=True)]
+        return [ChatPiece(text, 0, [specials[m] for m in marks], [0] * len(marks)) for marks, text in zip(leads, texts)]
 
     def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
         return encode_conversations(enc, dtype, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids),
@@ -107,33 +105,40 @@ class Nanochat:
         return {"renderer": Renderer.NANOCHAT.value, "max_tokens": self.max_tokens}
 
 
-def _rendered(found: list[dict[str, Any]]) -> list[tuple[list[str], str]]:
-    """A conversation as nanochat renders it: each text with the special tokens before it, the
-    last (empty) with those after the last text."""
+def _rendered(found: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], bool]:
+    """A conversation as nanochat renders it: its texts, the special tokens before each (the last
+    text, empty, has those after the last text), and whether every text but the first is led by
+    one or empty (else two texts would meet)."""
     if found[0]["role"] == "system":  # merged into the first user turn, as nanochat does
         found = [{"role": "user", "content": found[0]["content"] + "\n\n" + found[1]["content"]}, *found[2:]]
-    out, marks = [], ["<|bos|>"]
+    texts, leads, marks, apart = [], [], ["<|bos|>"], True
     for message in found:
         content = message["content"]
         if message["role"] == "user":
             marks.append("<|user_start|>")
-            out.append((marks, content))
+            texts.append(content)
+            leads.append(marks)
             marks = ["<|user_end|>"]
             continue
         marks.append("<|assistant_start|>")
         if isinstance(content, str):
-            out.append((marks, content))
+            texts.append(content)
+            leads.append(marks)
             marks = ["<|assistant_end|>"]
             continue
         for part in content:
             kind = part["type"]
             if kind == "text":
-                out.append((marks, part["text"]))
+                apart = apart and bool(marks or not part["text"])
+                texts.append(part["text"])
+                leads.append(marks)
                 marks = []
             else:
                 marks.append("<|python_start|>" if kind == "python" else "<|output_start|>")
-                out.append((marks, part["text"]))
+                texts.append(part["text"])
+                leads.append(marks)
                 marks = ["<|python_end|>" if kind == "python" else "<|output_end|>"]
         marks.append("<|assistant_end|>")
-    out.append((marks, ""))
-    return out
+    texts.append("")
+    leads.append(marks)
+    return texts, leads, apart

@@ -16,6 +16,7 @@ from typing import Any
 
 
 PART_TYPES = ("text", "python", "python_output")
+ROLES = ("system", "user", "assistant")  # a tuple: a role may be any value, and unhashable
 
 
 def bad_record(where: str, problem: str) -> ValueError:
@@ -29,7 +30,7 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
             or "content" not in value:
         raise bad_record(where, f"has message {i} without a role and content")
     role, content = value["role"], value["content"]
-    if role not in ("system", "user", "assistant"):
+    if role not in ROLES:
         raise bad_record(where, f"has message {i} of role {role!r}; the roles are system, user and assistant")
     if isinstance(content, list) and role == "assistant":
         for part in content:
@@ -69,21 +70,28 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise bad_record(where, "has an empty conversation" if isinstance(raw, list)
                          else "has 'messages' that is not a list")
-    found = [_message(m, where, i) for i, m in enumerate(raw)]
+    # A message of just a known role and string content is good as it is: the common case, found
+    # without a call a message.
+    found = [m if m.__class__ is dict and len(m) == 2 and m.get("content").__class__ is str and m.get("role") in ROLES
+             else _message(m, where, i) for i, m in enumerate(raw)]
     turns = found[1:] if found[0]["role"] == "system" else found
-    for i, message in enumerate(turns):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if message["role"] != expected:
-            article = "an" if expected == "assistant" else "a"
-            raise bad_record(where, f"has a {message['role']} message where {article} {expected} turn comes (a system "
-                       "message first, then user and assistant turns alternating, from a user turn)")
-    assistant = [m for m in turns if m["role"] == "assistant"]
-    if not assistant:
+    roles = [message["role"] for message in turns]
+    if roles[::2] != ["user"] * ((len(roles) + 1) // 2) or roles[1::2] != ["assistant"] * (len(roles) // 2):
+        _out_of_order(roles, where)
+    if len(roles) < 2:
         raise bad_record(where, "has no assistant turn, so nothing to train on")
-    for message in assistant:
+    for message in turns[1::2]:
         content = message["content"]
-        text = content if isinstance(content, str) else "".join(p["text"] for p in content
-                                                                  if p["type"] != "python_output")
-        if not text:
+        if not (content if isinstance(content, str) else
+                "".join(p["text"] for p in content if p["type"] != "python_output")):
             raise bad_record(where, "has an assistant turn with no text to train on")
     return found
+
+
+def _out_of_order(roles: list[str], where: str) -> None:
+    for i, role in enumerate(roles):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if role != expected:
+            article = "an" if expected == "assistant" else "a"
+            raise bad_record(where, f"has a {role} message where {article} {expected} turn comes (a system message "
+                             "first, then user and assistant turns alternating, from a user turn)")

@@ -56,14 +56,6 @@ class Encoded(NamedTuple):
     cut: np.ndarray
     trained: np.ndarray
 
-    def select(self, keep: np.ndarray) -> Encoded:
-        """The conversations where ``keep``, in order."""
-        lengths = np.diff(self.bounds)
-        tokens = np.repeat(keep, lengths)
-        bounds = np.zeros(np.count_nonzero(keep) + 1, dtype=np.int64)
-        np.cumsum(lengths[keep], out=bounds[1:])
-        return Encoded(self.ids[tokens], self.mask[tokens], bounds, self.cut[keep], self.trained[keep])
-
 
 class ChatRenderer(Protocol):
     """A rendering: a checked conversation's pieces, and a batch of conversations' ids and masks."""
@@ -248,8 +240,8 @@ class Marks:
 
     A text is safe when it holds no special token's text and does not end with the start of one
     (which would run on into the mark after it); the tokenizer's special tokens must not start
-    one another (else one could be read where the other was meant). O(text) per check, in C but
-    for the few places near a text's end where a special token's first character stands.
+    one another (else one could be read where the other was meant). O(text) per check: one
+    regex search, in C, of the texts joined by a character no special token holds.
 
     Args:
         specials: every special token of the tokenizer, by text.
@@ -258,27 +250,17 @@ class Marks:
     def __init__(self, specials: dict[str, int]):
         names = sorted(specials, key=len, reverse=True)
         self.usable = bool(names) and not any(a != b and b.startswith(a) for a in names for b in names)
-        # Texts are searched joined by a character no special token holds, so no match spans two.
         self._gap = next(chr(c) for c in range(0x110000) if not any(chr(c) in name for name in names))
-        self._inside = re.compile("|".join(map(re.escape, names))) if names else None
-        self._starts = frozenset(name[:k] for name in names for k in range(1, len(name)))
-        self._firsts = "".join(sorted({name[0] for name in names}))
-        self._tail = max(map(len, names), default=1) - 1
+        starts = sorted({name[:k] for name in names for k in range(1, len(name))}, key=len, reverse=True)
+        # A special token anywhere, or the start of one just before a text's end (the gap after it).
+        # A text holding the gap character may be found unsafe where it is not: it is then encoded
+        # in pieces, which is never wrong, only slower.
+        self._unsafe = re.compile("|".join(map(re.escape, names)) + (
+            f"|(?:{'|'.join(map(re.escape, starts))})(?={re.escape(self._gap)})" if starts else "")) if names else None
 
     def safe(self, texts: list[str]) -> bool:
         """Whether every one of ``texts`` may stand between marks."""
         if not self.usable:
             return False
-        assert self._inside is not None
-        if self._inside.search(self._gap.join(texts)):
-            return False
-        starts = self._starts
-        for text in texts:
-            tail = text[-self._tail:] if self._tail else ""
-            for first in self._firsts:
-                at = tail.find(first)
-                while at >= 0:
-                    if tail[at:] in starts:
-                        return False
-                    at = tail.find(first, at + 1)
-        return True
+        assert self._unsafe is not None
+        return self._unsafe.search(self._gap.join(texts) + self._gap) is None

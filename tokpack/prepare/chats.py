@@ -66,15 +66,18 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
         split = only
         if split is None:
             digest = document_hash(key)  # over each message's "role\0content\0", in one update
-            hash_small(digest, "".join(f"{m['role']}\0{_text(m['content'])}\0" for m in found).encode(
+            hash_small(digest, "".join([f"{m['role']}\0{_text(m['content'])}\0" for m in found]).encode(
                 "utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         counts["conversations"] += 1
         yield Conversation(pieces, split, source, sum(len(piece.text) for piece in pieces))
 
 
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once
+
+
 def _text(content: Any) -> str:
-    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return content if isinstance(content, str) else _DUMPS(content)
 
 
 def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
@@ -94,16 +97,26 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
                                           size=lambda conversation: conversation.chars):
         counts["cropped"] += int(np.count_nonzero(encoded.cut))
         # Cut before its first trained token, a row of it would have no loss.
-        counts["unsupervised"] += len(batch) - int(np.count_nonzero(encoded.trained))
-        splits = [conversation.split for conversation in batch]
-        for split in dict.fromkeys(splits):
-            keep = encoded.trained & np.fromiter((s == split for s in splits), dtype=bool, count=len(splits))
-            if not keep.any():
-                continue
-            chosen = encoded if keep.all() else encoded.select(keep)
-            writers[split].write_documents(chosen.ids, chosen.mask, chosen.bounds)
+        trained = encoded.trained.tolist()
+        counts["unsupervised"] += trained.count(False)
+        _write(batch, encoded, [c.split if t else None for c, t in zip(batch, trained)], writers, kinds)
+
+
+def _write(batch: list[Conversation], encoded: Encoded, splits: list[str | None], writers: dict[str, SplitWriter],
+           kinds: dict[str, array.array] | None) -> None:
+    """A batch's conversations into their splits' writers (None: into none), a run of neighbours
+    of one split at a time: slices of the batch's arrays, never a copy."""
+    bounds, start = encoded.bounds, 0
+    for end in range(1, len(batch) + 1):
+        if end < len(batch) and splits[end] == splits[start]:
+            continue
+        split = splits[start]
+        if split is not None:
+            a, b = int(bounds[start]), int(bounds[end])
+            writers[split].write_documents(encoded.ids[a:b], encoded.mask[a:b], bounds[start:end + 1] - a)
             if kinds is not None:
-                kinds[split].extend(c.source for c, k in zip(batch, keep.tolist()) if k)
+                kinds[split].extend(c.source for c in batch[start:end])
+        start = end
 
 
 def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writers: dict[str, SplitWriter],
