@@ -1,6 +1,6 @@
 """What every rendering hands the prepare pipeline: a conversation as pieces of text to encode,
-led by special tokens placed by id, and the one way pieces and their tokens become a
-conversation's ids and loss mask.
+led by special tokens placed by id, and the one way a batch of conversations becomes their ids
+and loss masks (``encode_conversations``: O(batch) time and memory).
 
 See docs/chat.md.
 """

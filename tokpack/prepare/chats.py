@@ -3,11 +3,11 @@ with their loss masks, each conversation to the split its messages' hash chooses
 
     python -m tokpack.prepare chats.jsonl --chat nanochat --encoding tok/tokenizer.json
 
-The texts of many conversations are encoded together, in order, by the run's threads (as
-documents are), as their renderer asks (``ChatRenderer.encode``); no text a message holds ever
-becomes a special token. A conversation is held whole while it is assembled: O(conversation)
-memory beside the pipeline's batches. A record that is not a valid conversation stops the run
-with one line naming it, or with ``--skip-bad`` is left out and counted.
+Conversations go through a batch at a time: the run's threads encode a batch, in order, as its
+renderer asks (``ChatRenderer.encode``: ids and masks laid end to end), and the writing thread
+writes each run of neighbours of one split in one write a file; no text a message holds ever
+becomes a special token. O(batch) memory. A record that is not a valid conversation stops the
+run with one line naming it, or with ``--skip-bad`` is left out and counted.
 
 See docs/chat.md.
 """
