@@ -70,10 +70,11 @@ def test_special_token_text_a_user_typed_stays_text(chat_folder, spec):
         assert ids.count(start) == ids.count(enc.specials["<|assistant_end|>"])
 
 
-# Conversations that must not be encoded as one marked text, each for its own reason.
+# Texts that touch special tokens, each in its own way.
 TOUCHING = {
     "special text typed": [{"role": "user", "content": "say <|user_end|> now"},
                            {"role": "assistant", "content": "ok"}],
+    "the joining token typed": [{"role": "user", "content": "a <|bos|> b"}, {"role": "assistant", "content": "c"}],
     "a text ends with a special's start": [{"role": "user", "content": "finish this: <|assis"},
                                            {"role": "assistant", "content": "tant_start|>"}],
     "text parts side by side": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
@@ -87,13 +88,11 @@ PLAIN = [{"role": "system", "content": "be brief"}, {"role": "user", "content": 
 
 
 @pytest.mark.parametrize("backend", ["tiktoken", "splintr"])
-def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_token(spec, tmp_path, backend):
+def test_texts_that_touch_special_tokens_stay_text_in_the_same_batches(spec, tmp_path, backend):
+    # A batch's texts are encoded in one call (tiktoken: joined by <|bos|>, read as special alone)
+    # and the special tokens placed by id: texts like these must still give nanochat's own ids.
     enc = load_encoding(str(spec))
-    renderer = Nanochat(enc.specials, 2048)
-    assert [p.marked for p in renderer.pieces(PLAIN, "x")] == [True]
-    for name, found in TOUCHING.items():
-        assert not any(p.marked for p in renderer.pieces(found, "x")), name
-    # Both ways, in the same batches, give nanochat's own ids and masks.
+    assert not any(Nanochat(enc.specials, 0).pieces(found, "x").marked for found in [PLAIN, *TOUCHING.values()])
     chats = [{"messages": m} for m in [PLAIN, *TOUCHING.values()] * 20]
     source = write_jsonl(tmp_path / "c.jsonl", chats)
     checked = {"check_fraction": 1.0} if backend == "splintr" else {}  # every stretch against tiktoken too
@@ -102,8 +101,12 @@ def test_a_conversation_is_encoded_whole_only_where_no_text_can_touch_a_special_
     assert read_meta(tmp_path / "out")["encoding"]["backend"]["name"] == backend
     found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
     assert sorted(found) == sorted(nanochat_render(enc, json.loads(json.dumps(c))) for c in chats)
+
+
+def test_marks_admits_texts_that_cannot_touch_a_special_token():
+    enc = load_encoding("gpt2")
     # A tokenizer whose special tokens start one another never encodes a conversation whole.
-    assert not Marks({**enc.specials, "<|user": 1}).usable and Marks(enc.specials).usable
+    assert not Marks({**enc.specials, "<|endof": 1}).usable and Marks(enc.specials).usable
     marks = Marks({"<|a|>": 1, "[b]": 2})
     assert marks.safe(["x < y [ z", "b] <|a| z", ""]) and not marks.safe(["fine", "ends <|a"])
     assert not marks.safe(["ends [b"]) and not marks.safe(["holds <|a|> inside"])
@@ -135,7 +138,8 @@ def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_nanochats_ids(spec
     from tokenizers import AddedToken
 
     # Special tokens that strip the whitespace after them would read a whole text otherwise than
-    # its stretches: such a tokenizer has its stretches encoded apart.
+    # its stretches (a template's whole texts go apart with such a tokenizer); nanochat's texts are
+    # always encoded apart, a lone surrogate as U+FFFD, as tiktoken encodes it.
     tok = gpt2_tokenizer(["<|endoftext|>"])
     tok.add_special_tokens([AddedToken(t, special=True, rstrip=strips) for t in NANOCHAT_TOKENS])
     (tmp_path / "hf").mkdir()
@@ -145,7 +149,7 @@ def test_a_hugging_face_tokenizer_with_nanochats_tokens_gives_nanochats_ids(spec
     assert (hf._whole is None) == strips
     # Texts that start with whitespace, which such a special token would take.
     chats = CHATS + [{"messages": [{"role": "user", "content": f" hi {i}"}, {"role": "assistant", "content": "\n ok"}]}
-                     for i in range(20)]
+                     for i in range(20)] + [{"messages": m} for m in [PLAIN, *TOUCHING.values()]]
     prepare(PrepareConfig(inputs=(str(write_jsonl(tmp_path / "chats.jsonl", chats)),), out_dir=str(tmp_path / "out"),
                           encoding=str(tmp_path / "hf"), eot_token="<|bos|>", chat="nanochat", quiet=True))
     found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")

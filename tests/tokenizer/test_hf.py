@@ -272,3 +272,18 @@ def test_encode_marked_is_each_stretch_encoded_alone_with_the_marks_between(gpt2
                         encode_marked_stretches(gpt2_hf, texts, marks)):
         assert ids.dtype == np.uint32 and len(bounds) == len(texts) + 1 and bounds[-1] == len(ids)
         assert [ids[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == expected
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.lists(st.sampled_from([*ADVERSARIAL_ATOMS, "<|endof", "text|>", "\ud800"]), max_size=8)
+                      .map("".join), max_size=12))
+def test_encode_flat_is_each_text_encoded_alone(gpt2_hf, texts):
+    # One call for many short texts: tiktoken joins them by <|endoftext|> (each alone where a text
+    # holds it), splintr and tokenizers encode the batch; all must be encode_ordinary of each text.
+    gpt2 = load_encoding("gpt2")
+    expected = [gpt2.encode_ordinary(text) for text in texts]
+    for enc in (gpt2, gpt2.with_backend("splintr", 1.0, 0), gpt2_hf):
+        ids, bounds = enc.encode_flat(texts)
+        assert ids.dtype == np.uint32 and len(bounds) == len(texts) + 1 and bounds[-1] == len(ids)
+        assert [ids[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == expected, enc

@@ -13,8 +13,8 @@ See docs/chat.md.
 
 from .nanochat import NANOCHAT_TOKENS, Nanochat
 from .records import messages
-from .render import ChatPiece, ChatRenderer, Encoded, Renderer
+from .render import ChatPieces, ChatRenderer, Encoded, PieceMask, Renderer
 from .template import Template, read_template, template_source
 
-__all__ = ["NANOCHAT_TOKENS", "ChatPiece", "ChatRenderer", "Encoded", "Nanochat", "Renderer", "Template",
+__all__ = ["NANOCHAT_TOKENS", "ChatPieces", "ChatRenderer", "Encoded", "Nanochat", "PieceMask", "Renderer", "Template",
            "messages", "read_template", "template_source"]

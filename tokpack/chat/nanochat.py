@@ -12,15 +12,14 @@ See docs/chat.md.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPiece, Encoded, Marks, Renderer, encode_conversations
+from .render import ChatPieces, Encoded, Renderer, encode_conversations
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -38,10 +37,10 @@ _OUTPUT_START = 3
 class Nanochat:
     """nanochat's rendering, for a tokenizer that has its special tokens.
 
-    A conversation is rendered as one text with its special tokens written out, encoded in one
-    call that reads only those as special (``Encoder.encode_marked``), when its texts cannot be
-    mistaken for them (``Marks``); otherwise as pieces, each text encoded alone and the special
-    tokens placed by id. The mask follows from the ids either way.
+    A conversation is rendered as its texts, each led by the special tokens before it: the texts
+    of a batch of conversations are encoded in one call as ordinary text (``Encoder.encode_flat``)
+    and the special tokens placed between them by id, so no text is read as a special token and
+    texts side by side are encoded apart, as nanochat does. The mask follows from the ids.
 
     Args:
         specials: the tokenizer's special tokens, by text.
@@ -57,25 +56,14 @@ class Nanochat:
                              f"{', '.join(missing)}; train one with python -m tokpack.tokenizer train --special "
                              "nanochat")
         self.specials, self.max_tokens = dict(specials), max_tokens
-        self._safe = Marks(self.specials)  # whether a conversation's texts may go between its marks
+        self._ids = _Ids(*(self.specials[name] for name in NANOCHAT_TOKENS))
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
-        texts, leads, apart = _rendered(found)
-        specials = self.specials
-        # Texts next to each other are encoded apart, as nanochat does: never as one text.
-        if apart and self._safe.safe(texts):
-            text = "".join(itertools.chain.from_iterable(zip(map("".join, leads), texts)))
-            return [ChatPiece(text, 0, list(map(specials.__getitem__, itertools.chain.from_iterable(leads))), [],
-                              marked=True)]
-        return [ChatPiece(text, 0, [specials[m] for m in marks], [0] * len(marks)) for marks, text in zip(leads, texts)]
+    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
+        return ChatPieces(*_rendered(found, self._ids))
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
-        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, ranges, pieces: self._mask(ids),
-                                    self._assemble, self.max_tokens)
-
-    def _assemble(self, encoded: list[tuple[ChatPiece, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.array([token for piece, tokens in encoded for token in (*piece.lead, *tokens)], dtype=np.int64)
-        return ids, self._mask(ids)
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:
+        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, layout, pieces: self._mask(ids),
+                                    self.max_tokens)
 
     def _mask(self, ids: np.ndarray) -> np.ndarray:
         """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs
@@ -105,40 +93,50 @@ class Nanochat:
         return {"renderer": Renderer.NANOCHAT.value, "max_tokens": self.max_tokens}
 
 
-def _rendered(found: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], bool]:
-    """A conversation as nanochat renders it: its texts, the special tokens before each (the last
-    text, empty, has those after the last text), and whether every text but the first is led by
-    one or empty (else two texts would meet)."""
+class _Ids(NamedTuple):
+    """The ids of nanochat's special tokens, in ``NANOCHAT_TOKENS``' order."""
+
+    bos: int
+    user_start: int
+    user_end: int
+    assistant_start: int
+    assistant_end: int
+    python_start: int
+    python_end: int
+    output_start: int
+    output_end: int
+
+
+def _rendered(found: list[dict[str, Any]], ids: _Ids) -> tuple[list[str], list[list[int]]]:
+    """A conversation as nanochat renders it: its texts, and the ids of the special tokens before
+    each (the last text, empty, has those after the last text)."""
     if found[0]["role"] == "system":  # merged into the first user turn, as nanochat does
         found = [{"role": "user", "content": found[0]["content"] + "\n\n" + found[1]["content"]}, *found[2:]]
-    texts, leads, marks, apart = [], [], ["<|bos|>"], True
+    texts, leads, lead = [], [], [ids.bos]
     for message in found:
         content = message["content"]
         if message["role"] == "user":
-            marks.append("<|user_start|>")
+            lead.append(ids.user_start)
             texts.append(content)
-            leads.append(marks)
-            marks = ["<|user_end|>"]
+            leads.append(lead)
+            lead = [ids.user_end]
             continue
-        marks.append("<|assistant_start|>")
+        lead.append(ids.assistant_start)
         if isinstance(content, str):
             texts.append(content)
-            leads.append(marks)
-            marks = ["<|assistant_end|>"]
+            leads.append(lead)
+            lead = [ids.assistant_end]
             continue
         for part in content:
             kind = part["type"]
-            if kind == "text":
-                apart = apart and bool(marks or not part["text"])
-                texts.append(part["text"])
-                leads.append(marks)
-                marks = []
-            else:
-                marks.append("<|python_start|>" if kind == "python" else "<|output_start|>")
-                texts.append(part["text"])
-                leads.append(marks)
-                marks = ["<|python_end|>" if kind == "python" else "<|output_end|>"]
-        marks.append("<|assistant_end|>")
+            if kind == "python":
+                lead.append(ids.python_start)
+            elif kind == "python_output":
+                lead.append(ids.output_start)
+            texts.append(part["text"])
+            leads.append(lead)
+            lead = [] if kind == "text" else [ids.python_end if kind == "python" else ids.output_end]
+        lead.append(ids.assistant_end)
     texts.append("")
-    leads.append(marks)
-    return texts, leads, apart
+    leads.append(lead)
+    return texts, leads

@@ -30,18 +30,25 @@ class Renderer(StrEnum):
     TEMPLATE = "template"  #: the tokenizer's own chat template, as transformers renders it
 
 
-class ChatPiece(NamedTuple):
-    """One text of a conversation to encode, led by special tokens (``lead``, with their masks); a
-    conversation is a list of them. Its tokens' mask is ``mask``, or, where ``spans`` is given, 1
-    on each token whose bytes overlap one of these byte ranges of the text and 0 elsewhere. A
-    ``marked`` piece is a whole conversation with its special tokens written in its text, for
-    ``Encoder.encode_marked``: ``lead`` lists their ids in order, and its renderer masks it."""
+class PieceMask(NamedTuple):
+    """How a rendering masks one text of a conversation and the special tokens before it: ``lead``
+    a value each; the text's tokens ``value``, or, where ``spans`` is given, 1 on each token whose
+    bytes overlap one of these byte ranges of the text and 0 elsewhere."""
 
-    text: str
-    mask: int
     lead: list[int]
-    lead_mask: list[int]
+    value: int
     spans: tuple[tuple[int, int], ...] | None = None
+
+
+class ChatPieces(NamedTuple):
+    """A conversation as the pipeline encodes it: its texts, each encoded as ordinary text and led
+    by special tokens placed by id (``leads``, their ids); or, ``marked``, one text with its
+    special tokens written in it (``leads[0]``: their ids in order), for ``Encoder.encode_marked``.
+    ``masks``: a ``PieceMask`` a text, or None where the renderer masks from the ids alone."""
+
+    texts: list[str]
+    leads: list[list[int]]
+    masks: list[PieceMask] | None = None
     marked: bool = False
 
 
@@ -60,11 +67,11 @@ class Encoded(NamedTuple):
 class ChatRenderer(Protocol):
     """A rendering: a checked conversation's pieces, and a batch of conversations' ids and masks."""
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
-        """The pieces of one conversation's checked messages (``where`` names it in errors)."""
+    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
+        """One conversation's checked messages, rendered (``where`` names it in errors)."""
         ...
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:
         """Many conversations' ids (as ``dtype``) and masks, in order, each cut to the renderer's
         ``max_tokens``; called in the pipeline's encoding threads."""
         ...
@@ -84,31 +91,22 @@ class Vocabulary(Protocol):
         ...
 
 
-def encode_pieces(enc: Encoder, pieces: list[ChatPiece]) -> list[list[int]]:
-    """Each piece's text encoded as ordinary text, as lists: a conversation in pieces is
-    assembled from a handful of short texts, cheaper as lists."""
-    if enc.parallel:
-        return [ids.tolist() for ids in enc.encode_batch([p.text for p in pieces])]
-    return [enc.encode_ordinary(p.text) for p in pieces]
+# A batch's masks, from its ids laid end to end, where each text's lead, text and end are in them
+# (one row a text, the conversations' texts in order), and the conversations.
+Masks = Callable[[np.ndarray, np.ndarray, list["ChatPieces"]], np.ndarray]
+_EMPTY = (np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=MASK_DTYPE), np.zeros(1, dtype=np.int64))
 
 
-Masks = Callable[[np.ndarray, list[tuple[int, int]], list["ChatPiece"]], np.ndarray]
-Assemble = Callable[[list[tuple["ChatPiece", list[int]]]], tuple[np.ndarray, np.ndarray]]
-
-
-def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]], marks: frozenset[str],
-                         masks: Masks, assemble: Assemble, max_tokens: int) -> Encoded:
-    """A batch of conversations encoded, in order, and each cut to ``max_tokens`` (0: none cut).
-    The marked ones all in one ``encode_marked`` call (an encoding thread takes the GIL back once
-    a batch, not once a conversation); ``masks`` gives the mask of their ids laid end to end, from
-    each piece's range of them. Their special tokens must come out as their ``lead`` lists them, or
-    nothing is written (``Marks`` vouches for it: a difference is a bug). The others' pieces are
-    encoded by ``encode_pieces`` and made a conversation each by ``assemble``."""
-    marked = [conversation[0] for conversation in batch if conversation[0].marked]
-    ids, mask, bounds = _encode_marked(enc, marked, marks, masks)
-    if len(marked) < len(batch):
-        ids, mask, bounds = _with_pieces(enc, batch, ids, mask, bounds, assemble)
-    ids, mask, bounds, cut = crop(ids, mask, bounds, max_tokens)
+def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[ChatPieces], marks: frozenset[str],
+                         masks: Masks, max_tokens: int) -> Encoded:
+    """A batch of conversations encoded, in order, and each cut to ``max_tokens`` (0: none cut):
+    the marked ones in one ``encode_marked`` call, every text of the others in one
+    ``encode_flat`` call with the special tokens placed between by id (an encoding thread takes
+    the GIL back once a batch, not once a conversation); ``masks`` masks them."""
+    kinds = [conversation.marked for conversation in batch]
+    marked = _encode_marked(enc, [c for c, m in zip(batch, kinds) if m], marks, masks)
+    plain = _encode_pieces(enc, [c for c, m in zip(batch, kinds) if not m], masks)
+    ids, mask, bounds, cut = crop(*_in_order(kinds, marked, plain), max_tokens)
     lengths = np.diff(bounds)
     trained = np.zeros(len(batch), dtype=bool)
     filled = lengths > 0
@@ -119,39 +117,62 @@ def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[list[ChatPie
     return Encoded(ids.astype(dtype, copy=False), mask, bounds, cut, trained)
 
 
-def _encode_marked(enc: Encoder, marked: list[ChatPiece], marks: frozenset[str],
+def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str],
                    masks: Masks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ids, masks and offsets of whole conversations written with their marks."""
+    """The ids, masks and offsets of whole conversations written with their marks. Their special
+    tokens must come out as their ``leads`` list them, or nothing is written (``Marks`` vouches
+    for it: a difference is a bug)."""
     if not marked:
-        return np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=MASK_DTYPE), np.zeros(1, dtype=np.int64)
-    ids, bounds = enc.encode_marked([p.text for p in marked], marks, [len(p.lead) for p in marked])
-    written = np.fromiter(itertools.chain.from_iterable(p.lead for p in marked), dtype=np.int64)
+        return _EMPTY
+    ids, bounds = enc.encode_marked([c.texts[0] for c in marked], marks, [len(c.leads[0]) for c in marked])
+    written = np.fromiter(itertools.chain.from_iterable(c.leads[0] for c in marked), dtype=np.int64)
     at = np.flatnonzero(_table(frozenset(enc.specials[m] for m in marks)).take(ids, mode="clip"))
     if not np.array_equal(ids[at], written):
         raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
                          "written; this is a bug: report it, with the tokenizer")
-    mask = masks(ids, list(zip(bounds[:-1].tolist(), bounds[1:].tolist())), marked)
-    return ids, mask.view(MASK_DTYPE), bounds
+    layout = np.stack([bounds[:-1], bounds[:-1], bounds[1:]], axis=1)
+    return ids, masks(ids, layout, marked).view(MASK_DTYPE), bounds
 
 
-def _with_pieces(enc: Encoder, batch: list[list[ChatPiece]], ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,
-                 assemble: Assemble) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The batch laid end to end: its marked conversations from ``ids``, ``mask`` and ``bounds``,
-    the others made of their pieces."""
-    plain = iter(encode_pieces(enc, [piece for conversation in batch if not conversation[0].marked
-                                     for piece in conversation]))
-    parts, marked = [], 0
-    for conversation in batch:
-        if conversation[0].marked:
-            a, b = int(bounds[marked]), int(bounds[marked + 1])
-            parts.append((ids[a:b], mask[a:b]))
-            marked += 1
-        else:
-            parts.append(assemble([(piece, next(plain)) for piece in conversation]))
-    out = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(i) for i, _ in parts], out=out[1:])
-    return (np.concatenate([i.astype(np.int64, copy=False) for i, _ in parts]),
-            np.concatenate([m.astype(MASK_DTYPE, copy=False) for _, m in parts]), out)
+def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
+                   masks: Masks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ids, masks and offsets of conversations in pieces: every text encoded as ordinary
+    text, its lead's ids before it."""
+    texts = [text for conversation in conversations for text in conversation.texts]
+    if not texts:
+        return _EMPTY
+    flat, text_bounds = enc.encode_flat(texts)
+    leads = [lead for conversation in conversations for lead in conversation.leads]
+    held = np.fromiter(map(len, leads), dtype=np.int64, count=len(leads))
+    sizes = held + np.diff(text_bounds)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    ids = np.empty(int(ends[-1]), dtype=np.uint32)
+    lead_ids = np.fromiter(itertools.chain.from_iterable(leads), dtype=np.uint32, count=int(held.sum()))
+    at = np.repeat(starts - (np.cumsum(held) - held), held) + np.arange(len(lead_ids))  # each lead id's place
+    text = np.ones(len(ids), dtype=bool)
+    text[at] = False
+    ids[at] = lead_ids
+    ids[text] = flat
+    mask = masks(ids, np.stack([starts, starts + held, ends], axis=1), conversations).view(MASK_DTYPE)
+    last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
+    return ids, mask, np.concatenate(([0], ends[last - 1]))
+
+
+def _in_order(kinds: list[bool], marked: tuple[np.ndarray, np.ndarray, np.ndarray],
+              plain: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's conversations in order, from its marked ones (where ``kinds``) and its others."""
+    if all(kinds) or not any(kinds):
+        return marked if kinds and kinds[0] else plain
+    ids, mask, bounds, taken = [], [], [0], [0, 0]
+    for kind in kinds:
+        source, i = (marked, 0) if kind else (plain, 1)
+        a, b = int(source[2][taken[i]]), int(source[2][taken[i] + 1])
+        taken[i] += 1
+        ids.append(source[0][a:b])
+        mask.append(source[1][a:b])
+        bounds.append(bounds[-1] + b - a)
+    return np.concatenate(ids), np.concatenate(mask), np.array(bounds, dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=8)
@@ -177,45 +198,30 @@ def token_sizes(vocab: Vocabulary) -> np.ndarray:
     return sizes
 
 
-def overlapping(ids: Any, ranges: list[tuple[int, int]], pieces: list[ChatPiece], sizes: np.ndarray) -> np.ndarray:
-    """Whether each of ``ids`` (pieces' tokens laid end to end, piece i's at ``ranges[i]``)
-    overlaps one of its piece's ``spans`` (byte ranges of its text, in order, apart): every
-    piece's spans moved to where its bytes start, found in one pass. The tokens must spell each
-    piece's text byte for byte."""
+def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
+                spans: list[tuple[tuple[int, int], ...] | None], sizes: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` (texts' tokens laid end to end, text i's at ``ranges[i]``)
+    overlaps one of its text's ``spans`` (byte ranges of it, in order, apart): every text's spans
+    moved to where its bytes start, found in one pass. The tokens of a text with spans must spell
+    it byte for byte."""
     size = sizes[np.asarray(ids, dtype=np.int64)]
     ends = np.cumsum(size)
     starts = ends - size
-    spans = []
-    for (a, b), piece in zip(ranges, pieces):
+    found = []
+    for (a, b), text, inside in zip(ranges, texts, spans):
+        if not inside:
+            continue
         first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
-        if spelled != len(piece.text.encode("utf-8", "surrogatepass")):
+        if spelled != len(text.encode("utf-8", "surrogatepass")):
             raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
-                             f"byte-level BPE) to find the assistant's tokens; this one spells {piece.text[:40]!r} "
+                             f"byte-level BPE) to find the assistant's tokens; this one spells {text[:40]!r} "
                              "otherwise")
-        spans += [(lo + first, hi + first) for lo, hi in piece.spans or ()]
-    lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
+        found += [(lo + first, hi + first) for lo, hi in inside]
+    lo, hi = np.array(found, dtype=np.int64).reshape(-1, 2).T
     after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
-    inside = after < len(hi)
-    inside[inside] = lo[after[inside]] < ends[inside]
-    return inside
-
-
-def assemble(encoded: list[tuple[ChatPiece, list[int]]],
-             sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A conversation's ids and mask from its pieces and their tokens; ``sizes`` (each token's
-    bytes) places a piece's spans."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for piece, tokens in encoded:
-        ids += piece.lead
-        ids += tokens
-        mask += piece.lead_mask
-        if piece.spans is None:
-            mask += [piece.mask] * len(tokens)
-        else:
-            assert sizes is not None
-            mask += overlapping(tokens, [(0, len(tokens))], [piece], sizes).tolist()
-    return np.array(ids, dtype=np.int64), np.array(mask, dtype=MASK_DTYPE)
+    inside_any = after < len(hi)
+    inside_any[inside_any] = lo[after[inside_any]] < ends[inside_any]
+    return inside_any
 
 
 def crop(ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,

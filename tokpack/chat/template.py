@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from functools import cached_property, lru_cache, partial
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from ..format import load_json, read_file
 from .records import bad_record
-from .render import (ChatPiece, Encoded, Marks, Renderer, Vocabulary, assemble, encode_conversations, overlapping,
+from .render import (ChatPieces, Encoded, Marks, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping,
                      token_sizes)
 
 if TYPE_CHECKING:
@@ -336,7 +336,7 @@ class Template:
             spans.append((len(before), len(upto)))
         return spans
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> list[ChatPiece]:
+    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
         markers, held = None, _strings(found)
         typed = _specials_pattern(self._names, None)
         # Special-token text in a message is marked, to stay text.
@@ -350,45 +350,59 @@ class Template:
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
         if markers is None and self._safe.usable:  # every special token's text in it is the template's
             lead = [self.specials[name] for _, name, _ in typed.findall(text)]
-            inside = _byte_spans(text, 0, spans, None)[1]
-            return [ChatPiece(text, 0, lead, [], spans=inside, marked=True)]
+            return ChatPieces([text], [lead], [PieceMask([], 0, _byte_spans(text, 0, spans, None)[1])], marked=True)
         return self._split(text, spans, markers)
 
-    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> list[ChatPiece]:
+    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> ChatPieces:
         """The rendered text cut at the special tokens the template wrote."""
-        out, lead, lead_mask, lo = [], [], [], 0
+        out = ChatPieces([], [], [])
+        lead, lead_mask, lo = [], [], 0
         for m in _specials_pattern(self._names, markers).finditer(text) if self.specials else ():
             if m.group(1) or m.group(3):  # marked: a message's text, not the template's
                 continue
             start, end = m.span(2)
             if start > lo:
-                out.append(self._piece(text[lo:start], lo, spans, markers, lead, lead_mask))
+                self._add(out, text[lo:start], lo, spans, markers, lead, lead_mask)
                 lead, lead_mask = [], []
             lead.append(self.specials[m.group(2)])
             lead_mask.append(int(any(s < end and e > start for s, e in spans)))
             lo = end
         if lo < len(text):
-            out.append(self._piece(text[lo:], lo, spans, markers, lead, lead_mask))
+            self._add(out, text[lo:], lo, spans, markers, lead, lead_mask)
             lead, lead_mask = [], []
-        out.append(ChatPiece("", 0, lead, lead_mask))
+        self._add(out, "", 0, [], None, lead, lead_mask)
         return out
 
     @staticmethod
-    def _piece(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None, lead: list[int],
-               lead_mask: list[int]) -> ChatPiece:
+    def _add(out: ChatPieces, raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
+             lead: list[int], lead_mask: list[int]) -> None:
+        """One text of the rendered text (at ``lo`` in it, its markers still in) and its lead into ``out``."""
         text, inside = _byte_spans(raw, lo, spans, markers)
+        out.texts.append(text)
+        out.leads.append(lead)
+        assert out.masks is not None
         if not inside:
-            return ChatPiece(text, 0, lead, lead_mask)
-        if inside == ((0, len(text.encode("utf-8", "surrogatepass"))),):
-            return ChatPiece(text, 1, lead, lead_mask)
-        return ChatPiece(text, 0, lead, lead_mask, spans=inside)
+            out.masks.append(PieceMask(lead_mask, 0))
+        elif inside == ((0, len(text.encode("utf-8", "surrogatepass"))),):
+            out.masks.append(PieceMask(lead_mask, 1))
+        else:
+            out.masks.append(PieceMask(lead_mask, 0, inside))
 
-    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[list[ChatPiece]]) -> Encoded:
-        def masks(ids: np.ndarray, ranges: list[tuple[int, int]], pieces: list[ChatPiece]) -> np.ndarray:
-            return overlapping(ids, ranges, pieces, self._sizes)
+    def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:
+        return encode_conversations(enc, dtype, batch, frozenset(self.specials), self._masks, self.max_tokens)
 
-        return encode_conversations(enc, dtype, batch, frozenset(self.specials), masks,
-                                    partial(assemble, sizes=self._sizes), self.max_tokens)
+    def _masks(self, ids: np.ndarray, layout: np.ndarray, conversations: list[ChatPieces]) -> np.ndarray:
+        """Each text's spans found in its tokens, its lead's masks, and a whole text's 1."""
+        found = [m for conversation in conversations for m in conversation.masks or ()]
+        texts = [text for conversation in conversations for text in conversation.texts]
+        mask = overlapping(ids, list(zip(layout[:, 1].tolist(), layout[:, 2].tolist())), texts,
+                           [m.spans for m in found], self._sizes)
+        for (lead, text, end), piece in zip(layout.tolist(), found):
+            if piece.lead:
+                mask[lead:text] = piece.lead
+            if piece.value:
+                mask[text:end] = True
+        return mask
 
     @cached_property
     def _sizes(self) -> np.ndarray:

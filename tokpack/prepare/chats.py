@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..chat import ChatPiece, ChatRenderer, Encoded, messages
+from ..chat import ChatPieces, ChatRenderer, Encoded, messages
 from ..corpus import parse_record, records
 from ..tokenizer import encoded_batches
 from .cluster import Entry
@@ -35,7 +35,7 @@ class Conversation(NamedTuple):
     """A conversation on its way through the pipeline: its pieces, the split it goes to, the input
     it is of (in a mixture), and its characters (a batch's measure)."""
 
-    pieces: list[ChatPiece]
+    pieces: ChatPieces
     split: str
     source: int
     chars: int
@@ -70,7 +70,7 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
                 "utf-8", "surrogatepass"))
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         counts["conversations"] += 1
-        yield Conversation(pieces, split, source, sum(len(piece.text) for piece in pieces))
+        yield Conversation(pieces, split, source, sum(map(len, pieces.texts)))
 
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once

@@ -23,7 +23,7 @@ import numpy as np
 import tiktoken
 
 from . import fast
-from .encoder import marks_pattern
+from .encoder import flat_arrays, marks_pattern
 from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT
 
 
@@ -120,7 +120,7 @@ class TiktokenEncoder:
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if self.backend is None:
-            return [self.library.encode_to_numpy(text, disallowed_special=()) for text in texts]
+            return [self._encode_allowing(text, frozenset()) for text in texts]
         return fast.split_flat(*self._encode_flat(texts))
 
     def _encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -130,6 +130,39 @@ class TiktokenEncoder:
         if self._check is not None:
             self._check.submit(self.backend, self.library, texts, flat, bounds)
         return flat, bounds
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.backend is not None:
+            return self._encode_flat(texts)
+        # tiktoken is one call for all the texts, joined by a special token it alone reads as
+        # special: a call a text would hand the GIL back once a text. The joins must be all it
+        # finds (no text holds its text), else each text is encoded alone.
+        gap = self._gap
+        if gap is None or len(texts) < 2:
+            return flat_arrays(self.encode_batch(texts))
+        ids = self._encode_allowing(gap.join(texts), frozenset([gap]))
+        at = np.flatnonzero(ids == self.specials[gap])
+        if len(at) != len(texts) - 1:
+            return flat_arrays(self.encode_batch(texts))
+        kept = np.ones(len(ids), dtype=bool)
+        kept[at] = False
+        return ids[kept], np.concatenate(([0], at - np.arange(len(at)), [len(ids) - len(at)]))
+
+    @cached_property
+    def _gap(self) -> str | None:
+        """A special token to join texts by: one no text can run into, since no end of its text is
+        also a start of it (else a text ending with that start would be read with it); the
+        end-of-text token first."""
+        names = [self.eot_name, *sorted(self.specials)]
+        return next((name for name in names if not any(name.endswith(name[:k]) for k in range(1, len(name)))), None)
+
+    def _encode_allowing(self, text: str, allowed: frozenset[str]) -> np.ndarray:
+        """tiktoken's ids of ``text`` reading the special tokens ``allowed``, and no other, as special."""
+        try:
+            return self.library.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate: U+FFFD, as tiktoken's encode_ordinary makes it
+            return self.library.encode_to_numpy(fast.without_surrogates(text), allowed_special=allowed,
+                                                disallowed_special=())
 
     def encode_marked(self, texts: list[str], marks: frozenset[str],
                       held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -143,11 +176,7 @@ class TiktokenEncoder:
         if held is None:
             held = [len(found) for found in map(marks_pattern(marks).findall, texts)]
         if self.backend is None:
-            try:
-                ids = self.library.encode_to_numpy(joined, allowed_special=marks, disallowed_special=())
-            except UnicodeEncodeError:  # a lone surrogate: U+FFFD, as tiktoken's encode_ordinary makes it
-                ids = self.library.encode_to_numpy(fast.without_surrogates(joined), allowed_special=marks,
-                                                   disallowed_special=())
+            ids = self._encode_allowing(joined, marks)
             at = np.flatnonzero(self._special_table[ids])  # text never encodes to a special token
         else:
             parts = marks_pattern(marks).split(joined)  # text, mark, text, ..., text

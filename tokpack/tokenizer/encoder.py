@@ -11,6 +11,7 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
+import itertools
 import re
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
@@ -45,6 +46,12 @@ class Encoder(Protocol):
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """``encode_ordinary`` of every text, as uint32 arrays."""
+        ...
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_ordinary`` of every text, the ids laid end to end (uint32), and where each
+        text's start (``len(texts) + 1`` offsets, the last their end): one call for many short
+        texts, which an encoder may encode at once."""
         ...
 
     def encode_marked(self, texts: list[str], marks: frozenset[str],
@@ -98,6 +105,18 @@ def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str
         for i, part in enumerate(parts):
             out.append(next(stretches) if i % 2 == 0 else np.array([enc.specials[part]], dtype=np.uint32))
     return _joined(out, [len(parts) for parts in cut])
+
+
+def flat_arrays(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays of ids laid end to end (uint32), and each one's offsets."""
+    return _joined(arrays, [1] * len(arrays))
+
+
+def flat_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of ids laid end to end (uint32), and each one's offsets."""
+    bounds = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=bounds[1:])
+    return np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint32, count=int(bounds[-1])), bounds
 
 
 def _joined(arrays: list[np.ndarray], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:

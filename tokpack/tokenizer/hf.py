@@ -15,7 +15,6 @@ See docs/tokenizers.md.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import warnings
 from functools import cached_property
@@ -27,13 +26,20 @@ import numpy as np
 from ..chat import read_template, template_source
 from ..format import load_json
 from .bpe import gpt2_byte_decoder
-from .encoder import encode_marked_stretches
+from .encoder import encode_marked_stretches, flat_lists
+from .fast import without_surrogates
 from .vocab import read_file
 
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template
+
+
+def _valid(texts: list[str]) -> list[str]:
+    """The texts the library takes: a lone surrogate (which it refuses) becomes U+FFFD first, as
+    tiktoken makes it."""
+    return texts if all(map(str.isascii, texts)) else [without_surrogates(text) for text in texts]
 
 
 def _token_text(value: Any) -> str | None:
@@ -151,13 +157,17 @@ class HFEncoder:
         return None if source is None else (source, where, variables)
 
     def encode_ordinary(self, text: str) -> list[int]:
-        return self.library.encode(text, add_special_tokens=False).ids
+        return self.library.encode(without_surrogates(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Every text's ids, by the library's batch encoding (its own threads, without the GIL);
         its ``encode_batch_fast`` where it has one (tokenizers >= 0.21), which skips the offsets."""
         encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(_valid(texts), add_special_tokens=False)]
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
+        return flat_lists([e.ids for e in encode(_valid(texts), add_special_tokens=False)])
 
     def encode_marked(self, texts: list[str], marks: frozenset[str],
                       held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -165,10 +175,7 @@ class HFEncoder:
         if whole is None:
             return encode_marked_stretches(self, texts, marks)
         encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
-        ids = [e.ids for e in encode(texts, add_special_tokens=False)]
-        bounds = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=bounds[1:])
-        return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(bounds[-1])), bounds
+        return flat_lists([e.ids for e in encode(_valid(texts), add_special_tokens=False)])
 
     @cached_property
     def _whole(self) -> Any:
