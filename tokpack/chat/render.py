@@ -138,11 +138,11 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
                    masks: Masks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ids, masks and offsets of conversations in pieces: every text encoded as ordinary
     text, its lead's ids before it."""
-    texts = [text for conversation in conversations for text in conversation.texts]
+    texts = list(itertools.chain.from_iterable(conversation.texts for conversation in conversations))
     if not texts:
         return _EMPTY
     flat, text_bounds = enc.encode_flat(texts)
-    leads = [lead for conversation in conversations for lead in conversation.leads]
+    leads = list(itertools.chain.from_iterable(conversation.leads for conversation in conversations))
     held = np.fromiter(map(len, leads), dtype=np.int64, count=len(leads))
     sizes = held + np.diff(text_bounds)
     ends = np.cumsum(sizes)
