@@ -285,3 +285,32 @@ def test_any_record_reads_the_same_with_and_without_orjson(tmp_path, monkeypatch
     with monkeypatch.context() as without:
         without.setattr(corpus, "orjson", None)
         assert with_orjson == _read_jsonl(tmp_path, [line])
+
+
+def _loaded(text: str) -> str:
+    """``load_json``'s value, spelled with its types, or json's own error message."""
+    from tokpack.format import load_json
+
+    try:
+        return repr(load_json(text, "r.jsonl:1", "fix it"))
+    except ValueError as exc:
+        return str(exc)
+
+
+def _json_loaded(text: str) -> str:
+    try:
+        return repr(json.loads(text))
+    except ValueError as exc:
+        return f"r.jsonl:1 is not valid JSON ({exc}); fix it"
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_JSON, before=st.sampled_from(["", " ", "\t", "\n", "\u00a0"]),
+       after=st.sampled_from(["", " \n", "\r\n", "\x0b", "\u00a0", "\u2028", "x", "}"]))
+def test_a_record_reads_as_json_loads_reads_it(value, before, after):
+    # load_json scans a record without json.loads' layers: it must read, and refuse, as json does.
+    text = before + json.dumps(value) + after
+    assert _loaded(text) == _json_loaded(text)
+    for line in _EDGES:
+        text = line.decode("utf-8", "replace")
+        assert _loaded(text) == _json_loaded(text)
