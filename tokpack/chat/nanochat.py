@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPieces, Encoded, Renderer, encode_conversations
+from .render import ChatPieces, Encoded, Renderer, encode_conversations, lead_places
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -62,18 +62,18 @@ class Nanochat:
         return ChatPieces(*_rendered(found, self._ids))
 
     def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:
-        return encode_conversations(enc, dtype, batch, self.marks, lambda ids, layout, pieces: self._mask(ids),
-                                    self.max_tokens)
+        return encode_conversations(enc, dtype, batch, self.marks, self._mask, self.max_tokens)
 
-    def _mask(self, ids: np.ndarray) -> np.ndarray:
+    def _mask(self, ids: np.ndarray, layout: np.ndarray, conversations: list[ChatPieces]) -> np.ndarray:
         """1 from an assistant turn's first token to its ``<|assistant_end|>``, python outputs
-        (with their tokens) left out; 0 elsewhere: of one conversation, or many in a row. Text
-        never encodes to a special token, so the special tokens alone place the turns: each is a
-        step up or down where a trained stretch begins or ends, and the mask is where the steps
-        sum above 0 (a pass over the ids, the rest over the few special tokens)."""
-        kinds = self._kinds.take(ids, mode="clip")  # a place past the special tokens' ids holds 0
-        at = np.flatnonzero(kinds)
-        kind = kinds[at]
+        (with their tokens) left out; 0 elsewhere, for many conversations in a row. The special
+        tokens alone place the turns, and they are the texts' leads (``layout``): each is a step up
+        or down where a trained stretch begins or ends, and the mask is where the steps sum above
+        0 (a pass over the ids, the rest over the special tokens)."""
+        at = lead_places(layout)
+        kinds = self._kinds.take(ids[at], mode="clip")  # a place past the special tokens' ids holds 0
+        steps = np.flatnonzero(kinds)
+        at, kind = at[steps], kinds[steps]
         level = np.zeros(len(ids) + 1, dtype=np.int8)
         # A step after its token, but an output's start steps down before it: its token is not trained.
         np.add.at(level, at + (kind != _OUTPUT_START), _STEPS[kind])

@@ -148,15 +148,21 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
     ends = np.cumsum(sizes)
     starts = ends - sizes
     ids = np.empty(int(ends[-1]), dtype=np.uint32)
-    lead_ids = np.fromiter(itertools.chain.from_iterable(leads), dtype=np.uint32, count=int(held.sum()))
-    at = np.repeat(starts - (np.cumsum(held) - held), held) + np.arange(len(lead_ids))  # each lead id's place
+    layout = np.stack([starts, starts + held, ends], axis=1)
+    at = lead_places(layout)
     text = np.ones(len(ids), dtype=bool)
     text[at] = False
-    ids[at] = lead_ids
+    ids[at] = np.fromiter(itertools.chain.from_iterable(leads), dtype=np.uint32, count=len(at))
     ids[text] = flat
-    mask = masks(ids, np.stack([starts, starts + held, ends], axis=1), conversations).view(MASK_DTYPE)
+    mask = masks(ids, layout, conversations).view(MASK_DTYPE)
     last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
     return ids, mask, np.concatenate(([0], ends[last - 1]))
+
+
+def lead_places(layout: np.ndarray) -> np.ndarray:
+    """Where each lead's special tokens stand in a batch's ids, from its ``layout``."""
+    held = layout[:, 1] - layout[:, 0]
+    return np.repeat(layout[:, 0] - (np.cumsum(held) - held), held) + np.arange(int(held.sum()))
 
 
 def _in_order(kinds: list[bool], marked: tuple[np.ndarray, np.ndarray, np.ndarray],
