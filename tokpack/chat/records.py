@@ -34,7 +34,8 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
         raise bad_record(where, f"has message {i} of role {role!r}; the roles are system, user and assistant")
     if isinstance(content, list) and role == "assistant":
         for part in content:
-            if not (isinstance(part, Mapping) and part.get("type") in PART_TYPES and isinstance(part.get("text"), str)):
+            if not ((type(part) is dict or isinstance(part, Mapping)) and part.get("type") in PART_TYPES
+                    and isinstance(part.get("text"), str)):
                 raise bad_record(where, f"has message {i} with a part that is not {{'type': one of "
                                  f"{', '.join(PART_TYPES)}, 'text': a string}}")
     elif not isinstance(content, str):
