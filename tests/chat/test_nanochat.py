@@ -10,13 +10,10 @@ import json
 import shutil
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import chat_documents, gpt2_tokenizer, nanochat_render
 from tokpack.chat import NANOCHAT_TOKENS, Nanochat
-from tokpack.chat.render import Marks
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe
@@ -101,36 +98,6 @@ def test_texts_that_touch_special_tokens_stay_text_in_the_same_batches(spec, tmp
     assert read_meta(tmp_path / "out")["encoding"]["backend"]["name"] == backend
     found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
     assert sorted(found) == sorted(nanochat_render(enc, json.loads(json.dumps(c))) for c in chats)
-
-
-def test_marks_admits_texts_that_cannot_touch_a_special_token():
-    enc = load_encoding("gpt2")
-    # A tokenizer whose special tokens start one another never encodes a conversation whole.
-    assert not Marks({**enc.specials, "<|endof": 1}).usable and Marks(enc.specials).usable
-    marks = Marks({"<|a|>": 1, "[b]": 2})
-    assert marks.safe(["x < y [ z", "b] <|a| z", ""]) and not marks.safe(["fine", "ends <|a"])
-    assert not marks.safe(["ends [b"]) and not marks.safe(["holds <|a|> inside"])
-
-
-SPECIALS = {"<|a|>": 1, "[b]": 2, "<|user_end|>": 3}
-
-
-def _safe_by_definition(texts: list[str]) -> bool:
-    """No text holds a special token's text or ends with the start of one."""
-    starts = {name[:k] for name in SPECIALS for k in range(1, len(name))}
-    return not any(name in text for text in texts for name in SPECIALS) and \
-        not any(text.endswith(start) for text in texts for start in starts)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.text(alphabet="<|a>[b]user_end x\x00\x01", max_size=14), max_size=4))
-def test_marks_finds_unsafe_texts_as_the_definition_does(texts):
-    # One regex over the joined texts stands for a scan of every text's end: it must never call a
-    # text safe that is not, and where no text holds its joining character, agree exactly.
-    marks = Marks(SPECIALS)
-    assert marks.safe(texts) <= _safe_by_definition(texts)
-    if not any(marks._gap in text for text in texts):
-        assert marks.safe(texts) == _safe_by_definition(texts)
 
 
 @pytest.mark.parametrize("strips", [False, True], ids=["whole", "stretches"])

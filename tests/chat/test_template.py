@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import cli_run, make_chats, write_jsonl
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages
+from tokpack.chat.render import specials_apart
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main
 from tokpack.tokenizer import load_encoding
@@ -223,3 +227,33 @@ def _every_chatml(tok, chats):
     return [tuple(library.apply_chat_template(c["messages"], tokenize=True, return_dict=True,
                                               return_assistant_tokens_mask=True)[k]
                   for k in ("input_ids", "assistant_masks")) for c in chats]
+
+
+def test_special_tokens_apart_are_those_no_text_can_run_into():
+    # A rendered text is encoded whole only where its special tokens cannot be read elsewhere.
+    assert specials_apart(["<|im_start|>", "<|im_end|>", "<|endoftext|>"]) and specials_apart(["<|a|>", "[b]"])
+    for names in (["<|endoftext|>", "<|endof"], ["ab", "bc"], ["aXa"], ["x<b>y", "<b>"], []):
+        assert not specials_apart(names), names
+
+
+def _read(text: str, names: list[str]) -> list[tuple[int, str]]:
+    """Where a scan for special tokens finds them, and which."""
+    pattern = re.compile("|".join(map(re.escape, sorted(names, key=len, reverse=True))))
+    return [(m.start(), m.group()) for m in pattern.finditer(text)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=st.lists(st.text(alphabet="ab<>", min_size=1, max_size=4), min_size=1, max_size=3, unique=True),
+       texts=st.lists(st.text(alphabet="ab<>", max_size=5), min_size=1, max_size=4), data=st.data())
+def test_between_special_tokens_apart_any_text_stays_text(names, texts, data):
+    # Texts that hold no special token, joined by special tokens: a scan must find exactly those
+    # written, wherever specials_apart says so.
+    texts = [t for t in texts if not any(name in t for name in names)]
+    if not texts or not specials_apart(names):
+        return
+    written, out = [], texts[0]
+    for text in texts[1:]:
+        name = data.draw(st.sampled_from(names))
+        written.append((len(out), name))
+        out += name + text
+    assert _read(out, names) == written

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -120,8 +119,8 @@ def encode_conversations(enc: Encoder, dtype: np.dtype, batch: list[ChatPieces],
 def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str],
                    masks: Masks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ids, masks and offsets of whole conversations written with their marks. Their special
-    tokens must come out as their ``leads`` list them, or nothing is written (``Marks`` vouches
-    for it: a difference is a bug)."""
+    tokens must come out as their ``leads`` list them, or nothing is written (``specials_apart``
+    vouches for it: a difference is a bug)."""
     if not marked:
         return _EMPTY
     ids, bounds = enc.encode_marked([c.texts[0] for c in marked], marks, [len(c.leads[0]) for c in marked])
@@ -246,33 +245,13 @@ def crop(ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,
     return ids[keep], mask[keep], out, cut
 
 
-class Marks:
-    """Whether texts may stand between marked special tokens without changing how they are read:
-    the check before a conversation is encoded by ``Encoder.encode_marked``.
-
-    A text is safe when it holds no special token's text and does not end with the start of one
-    (which would run on into the mark after it); the tokenizer's special tokens must not start
-    one another (else one could be read where the other was meant). O(text) per check: one
-    regex search, in C, of the texts joined by a character no special token holds.
-
-    Args:
-        specials: every special token of the tokenizer, by text.
-    """
-
-    def __init__(self, specials: dict[str, int]):
-        names = sorted(specials, key=len, reverse=True)
-        self.usable = bool(names) and not any(a != b and b.startswith(a) for a in names for b in names)
-        self._gap = next(chr(c) for c in range(0x110000) if not any(chr(c) in name for name in names))
-        starts = sorted({name[:k] for name in names for k in range(1, len(name))}, key=len, reverse=True)
-        # A special token anywhere, or the start of one just before a text's end (the gap after it).
-        # A text holding the gap character may be found unsafe where it is not: it is then encoded
-        # in pieces, which is never wrong, only slower.
-        self._unsafe = re.compile("|".join(map(re.escape, names)) + (
-            f"|(?:{'|'.join(map(re.escape, starts))})(?={re.escape(self._gap)})" if starts else "")) if names else None
-
-    def safe(self, texts: list[str]) -> bool:
-        """Whether every one of ``texts`` may stand between marks."""
-        if not self.usable:
-            return False
-        assert self._unsafe is not None
-        return self._unsafe.search(self._gap.join(texts) + self._gap) is None
+def specials_apart(names: Iterable[str]) -> bool:
+    """Whether any text that holds no special token's text may stand between special tokens
+    written out without changing where they are read: no special token holds another, and none
+    ends with the start of one (else the end of a text and the start of the token after it, or
+    the token itself, could be read as that one). Then a scan for special tokens finds exactly
+    those written. O(special tokens x their length) with a set of their proper ends."""
+    names = list(names)
+    ends = {name[-k:] for name in names for k in range(1, len(name))}
+    held = any(a != b and b in a for a in names for b in names)
+    return bool(names) and not held and not any(name[:k] in ends for name in names for k in range(1, len(name) + 1))

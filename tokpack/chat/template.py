@@ -42,8 +42,8 @@ import numpy as np
 
 from ..format import load_json, read_file
 from .records import bad_record
-from .render import (ChatPieces, Encoded, Marks, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping,
-                     token_sizes)
+from .render import (ChatPieces, Encoded, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping,
+                     specials_apart, token_sizes)
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -290,7 +290,7 @@ class Template:
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
         self._names = tuple(self.specials)  # the key of their patterns, made once
-        self._safe = Marks(self.specials)
+        self._apart = specials_apart(self.specials)  # a rendered text may be encoded whole
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
         self.generation = bool(GENERATION.search(source))
@@ -348,7 +348,7 @@ class Template:
         size = sum(map(len, held))
         text, spans = self.render(found, where, size)
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
-        if markers is None and self._safe.usable:  # every special token's text in it is the template's
+        if markers is None and self._apart:  # every special token's text in it is the template's
             lead = [self.specials[name] for _, name, _ in typed.findall(text)]
             return ChatPieces([text], [lead], [PieceMask([], 0, _byte_spans(text, 0, spans, None)[1])], marked=True)
         return self._split(text, spans, markers)
