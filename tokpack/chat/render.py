@@ -140,26 +140,33 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
     texts = list(itertools.chain.from_iterable(conversation.texts for conversation in conversations))
     if not texts:
         return _EMPTY
-    flat, text_bounds = enc.encode_flat(texts)
     leads = list(itertools.chain.from_iterable(conversation.leads for conversation in conversations))
+    ids, layout = with_leads(*enc.encode_flat(texts), leads)
+    mask = masks(ids, layout, conversations).view(MASK_DTYPE)
+    last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
+    return ids, mask, np.concatenate(([0], layout[last - 1, 2]))
+
+
+def with_leads(flat: np.ndarray, bounds: np.ndarray, leads: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Texts' ids laid end to end (``flat``, each text's offsets ``bounds``) with each text's
+    ``leads`` (special tokens' ids) placed before it: the ids (uint32), and the layout, one row a
+    text: where its lead starts, where its own ids start, where they end. A few array operations."""
     held = np.fromiter(map(len, leads), dtype=np.int64, count=len(leads))
-    sizes = held + np.diff(text_bounds)
+    sizes = held + np.diff(bounds)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    ids = np.empty(int(ends[-1]), dtype=np.uint32)
     layout = np.stack([starts, starts + held, ends], axis=1)
+    ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint32)
     at = lead_places(layout)
     text = np.ones(len(ids), dtype=bool)
     text[at] = False
     ids[at] = np.fromiter(itertools.chain.from_iterable(leads), dtype=np.uint32, count=len(at))
     ids[text] = flat
-    mask = masks(ids, layout, conversations).view(MASK_DTYPE)
-    last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
-    return ids, mask, np.concatenate(([0], ends[last - 1]))
+    return ids, layout
 
 
 def lead_places(layout: np.ndarray) -> np.ndarray:
-    """Where each lead's special tokens stand in a batch's ids, from its ``layout``."""
+    """Where each lead's special tokens stand in the ids, from their ``layout`` (``with_leads``')."""
     held = layout[:, 1] - layout[:, 0]
     return np.repeat(layout[:, 0] - (np.cumsum(held) - held), held) + np.arange(int(held.sum()))
 

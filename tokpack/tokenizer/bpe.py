@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import tiktoken
 
+from ..chat.render import specials_apart
 from . import fast
-from .encoder import flat_arrays, marks_pattern
+from .encoder import encode_marked_stretches, flat_arrays, marks_pattern
 from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT
 
 
@@ -150,11 +151,9 @@ class TiktokenEncoder:
 
     @cached_property
     def _gap(self) -> str | None:
-        """A special token to join texts by: one no text can run into, since no end of its text is
-        also a start of it (else a text ending with that start would be read with it); the
+        """A special token to join texts by: one no text can run into (``specials_apart``), the
         end-of-text token first."""
-        names = [self.eot_name, *sorted(self.specials)]
-        return next((name for name in names if not any(name.endswith(name[:k]) for k in range(1, len(name)))), None)
+        return next((name for name in [self.eot_name, *sorted(self.specials)] if specials_apart([name])), None)
 
     def _encode_allowing(self, text: str, allowed: frozenset[str]) -> np.ndarray:
         """tiktoken's ids of ``text`` reading the special tokens ``allowed``, and no other, as special."""
@@ -166,27 +165,18 @@ class TiktokenEncoder:
 
     def encode_marked(self, texts: list[str], marks: frozenset[str],
                       held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        # One call for all the texts, joined by a mark (no stretch runs past one): a call a text
-        # would hand the GIL back once a text. tiktoken cuts at the allowed specials and encodes
-        # each stretch on its own; an accelerated backend, which knows no special tokens, is given
-        # the stretches between them.
+        # An accelerated backend knows no special tokens: it is given the stretches between them.
+        # tiktoken gets one call for all the texts, joined by a mark (no stretch runs past one): a
+        # call a text would hand the GIL back once a text. It cuts at the allowed specials and
+        # encodes each stretch on its own.
+        if self.backend is not None:
+            return encode_marked_stretches(self, texts, marks)
         if not texts:
             return np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
-        joined = min(marks).join(texts)
         if held is None:
             held = [len(found) for found in map(marks_pattern(marks).findall, texts)]
-        if self.backend is None:
-            ids = self._encode_allowing(joined, marks)
-            at = np.flatnonzero(self._special_table[ids])  # text never encodes to a special token
-        else:
-            parts = marks_pattern(marks).split(joined)  # text, mark, text, ..., text
-            flat, bounds = self._encode_flat(parts[::2])
-            at = bounds[1:-1] + np.arange(len(bounds) - 2)  # each mark after its stretch
-            ids = np.empty(len(flat) + len(at), dtype=np.uint32)
-            ids[at] = list(map(self.specials.__getitem__, parts[1::2]))
-            stretch = np.ones(len(ids), dtype=bool)
-            stretch[at] = False
-            ids[stretch] = flat
+        ids = self._encode_allowing(min(marks).join(texts), marks)
+        at = np.flatnonzero(self._special_table[ids])  # text never encodes to a special token
         if len(at) != sum(held) + len(texts) - 1:
             raise ValueError(f"{self.name} read {len(at)} special tokens in {len(texts)} texts holding "
                              f"{sum(held)}; this is a bug: report it, with the tokenizer")

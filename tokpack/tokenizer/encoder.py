@@ -18,6 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..chat.render import with_leads
+
 
 @runtime_checkable
 class Encoder(Protocol):
@@ -59,8 +61,8 @@ class Encoder(Protocol):
         """The ids of all the texts laid end to end (uint32), where the text of a special token in
         ``marks`` is that token and the stretches between them are ``encode_ordinary``'s, and
         where each text's ids start (``len(texts) + 1`` offsets, the last their end); the caller
-        makes sure no other special-token text touches them
-        (``tokpack.chat.render.specials_apart``). Many texts a call: an encoder may encode them at once. ``held``: how many marks each text
+        makes sure no other special-token text touches them (``tokpack.chat.render.specials_apart``).
+        Many texts a call: an encoder may encode them at once. ``held``: how many marks each text
         holds, where the caller knows (else they are counted)."""
         ...
 
@@ -96,20 +98,23 @@ def marks_pattern(marks: frozenset[str]) -> re.Pattern[str]:
 
 
 def encode_marked_stretches(enc: Encoder, texts: list[str], marks: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``encode_marked`` for an encoder without it built in: each text cut at the marks, the
-    stretches between them encoded in one ``encode_batch``, the marks' ids put between them."""
+    """``encode_marked`` for an encoder that does not read the marks itself: each text cut at the
+    marks, the stretches between them encoded in one ``encode_flat``, each mark's id placed before
+    the stretch after it."""
     cut = [marks_pattern(marks).split(text) for text in texts]  # text, mark, text, ..., text
-    stretches = iter(enc.encode_batch([part for parts in cut for part in parts[::2]]))
-    out = []
-    for parts in cut:
-        for i, part in enumerate(parts):
-            out.append(next(stretches) if i % 2 == 0 else np.array([enc.specials[part]], dtype=np.uint32))
-    return _joined(out, [len(parts) for parts in cut])
+    stretches = [part for parts in cut for part in parts[::2]]
+    leads = [lead for parts in cut for lead in [[], *([enc.specials[mark]] for mark in parts[1::2])]]
+    ids, layout = with_leads(*enc.encode_flat(stretches), leads)
+    first = np.cumsum([0, *(len(parts) // 2 + 1 for parts in cut)])  # each text's first stretch
+    return ids, np.append(layout[first[:-1], 0], len(ids))
 
 
 def flat_arrays(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Arrays of ids laid end to end (uint32), and each one's offsets."""
-    return _joined(arrays, [1] * len(arrays))
+    bounds = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)), out=bounds[1:])
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)
+    return flat.astype(np.uint32, copy=False), bounds
 
 
 def flat_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -117,14 +122,3 @@ def flat_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     bounds = np.zeros(len(lists) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=bounds[1:])
     return np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint32, count=int(bounds[-1])), bounds
-
-
-def _joined(arrays: list[np.ndarray], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``arrays`` laid end to end, and the offsets of the groups of ``counts`` consecutive ones."""
-    sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    ends = np.cumsum(sizes)
-    last = np.cumsum(counts, dtype=np.int64) - 1  # each group's last array
-    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
-    bounds[1:] = ends[last]
-    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)
-    return flat.astype(np.uint32, copy=False), bounds
