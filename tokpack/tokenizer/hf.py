@@ -36,10 +36,13 @@ CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template
 
 
-def _valid(texts: list[str]) -> list[str]:
-    """The texts the library takes: a lone surrogate (which it refuses) becomes U+FFFD first, as
-    tiktoken makes it."""
-    return texts if all(map(str.isascii, texts)) else [without_surrogates(text) for text in texts]
+def _batch(library: Any, texts: list[str]) -> list[list[int]]:
+    """Every text's ids, by the library's batch encoding (its own threads, without the GIL): its
+    ``encode_batch_fast`` where it has one (tokenizers >= 0.21), which skips the offsets. A lone
+    surrogate, which the library refuses, becomes U+FFFD first, as tiktoken makes it."""
+    encode = getattr(library, "encode_batch_fast", library.encode_batch)
+    valid = texts if all(map(str.isascii, texts)) else [without_surrogates(text) for text in texts]
+    return [e.ids for e in encode(valid, add_special_tokens=False)]
 
 
 def _token_text(value: Any) -> str | None:
@@ -160,22 +163,17 @@ class HFEncoder:
         return self.library.encode(without_surrogates(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """Every text's ids, by the library's batch encoding (its own threads, without the GIL);
-        its ``encode_batch_fast`` where it has one (tokenizers >= 0.21), which skips the offsets."""
-        encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(_valid(texts), add_special_tokens=False)]
+        return [np.asarray(ids, dtype=np.uint32) for ids in _batch(self.library, texts)]
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encode = getattr(self.library, "encode_batch_fast", self.library.encode_batch)
-        return flat_lists([e.ids for e in encode(_valid(texts), add_special_tokens=False)])
+        return flat_lists(_batch(self.library, texts))
 
     def encode_marked(self, texts: list[str], marks: frozenset[str],
                       held: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         whole = self._whole
         if whole is None:
             return encode_marked_stretches(self, texts, marks)
-        encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
-        return flat_lists([e.ids for e in encode(_valid(texts), add_special_tokens=False)])
+        return flat_lists(_batch(whole, texts))
 
     @cached_property
     def _whole(self) -> Any:
