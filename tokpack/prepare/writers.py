@@ -350,6 +350,12 @@ class ShardWriter:
             remove_own(tmp_path(path))
 
 
+def _trained(mask: np.ndarray) -> int:
+    """How many tokens a mask trains on, counted in bytes: numpy's count lets other threads take
+    the GIL, and the writing thread would wait out their turn to go on."""
+    return len(mask) - mask.tobytes().count(0)
+
+
 @dataclass
 class SplitWriter:
     """One split's tokens (one flat .bin, or shards by ``layout``), its document index (at
@@ -407,9 +413,7 @@ class SplitWriter:
         self.tokens += len(tokens)
         if self.mask is not None:
             self.mask.write(mask if mask is not None else np.zeros(len(tokens), MASK_DTYPE))
-            # counted in bytes: numpy's count lets other threads take the GIL, and the writing
-            # thread would wait out their turn to go on
-            self.supervised += len(mask) - mask.tobytes().count(0) if mask is not None else 0
+            self.supervised += _trained(mask) if mask is not None else 0
 
     def write_documents(self, tokens: np.ndarray, mask: np.ndarray, bounds: np.ndarray) -> None:
         """Documents laid end to end (the i-th at ``bounds[i]:bounds[i + 1]``, ``bounds[0]`` 0) and
@@ -424,7 +428,7 @@ class SplitWriter:
         self.bin.write_documents(tokens, bounds)
         if self.mask is not None:
             self.mask.write_documents(mask, bounds)
-            self.supervised += len(mask) - mask.tobytes().count(0)  # as in write
+            self.supervised += _trained(mask)
         self._starts.frombytes((bounds[:-1] + self.tokens).astype(np.uint64).tobytes())
         self.tokens += len(tokens)
         self.documents += len(bounds) - 1
