@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 
 import pytest
@@ -54,6 +55,27 @@ def test_conversations_are_nanochats_rendering_with_its_masks(chat_folder, spec)
         assert meta["splits"][split]["supervised"] == sum(sum(m) for _, m in docs)
     assert meta["eot"] == "none"  # every conversation brings its own <|bos|>
     assert verify_folder(chat_folder) == {s: meta["splits"][s]["tokens"] for s in ("train", "val")}
+
+
+def test_each_conversation_goes_to_the_split_its_messages_seeded_hash_chooses(chat_folder, spec):
+    # The rule, spelled out: blake2b keyed by the seed over each message's "role\\0content\\0", a list
+    # of parts as its JSON; val below the fraction of the hash range. CHATS has conversations with
+    # and without parts and system messages.
+    options = read_meta(chat_folder)["options"]
+    key, below = options["seed"].to_bytes(8, "little", signed=True), math.ceil(options["val_fraction"] * 2**64)
+
+    def is_val(chat):
+        text = "".join(f"{m['role']}\0{_json_unless_text(m['content'])}\0" for m in chat["messages"])
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, key=key).digest(), "big") < below
+
+    enc = load_encoding(str(spec))
+    expected = {split: sorted(nanochat_render(enc, c) for c in CHATS if is_val(c) == (split == "val"))
+                for split in ("train", "val")}
+    assert all(sorted(chat_documents(chat_folder, split)) == docs and docs for split, docs in expected.items())
+
+
+def _json_unless_text(content):
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 def test_special_token_text_a_user_typed_stays_text(chat_folder, spec):
@@ -159,6 +181,11 @@ def test_max_tokens_cuts_and_a_conversation_left_with_nothing_to_train_on_is_lef
 BAD = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "of role 'robot'"),
     ({"messages": [{"role": ["user"], "content": "hi"}]}, "without a role and content"),
+    ({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "x"}]}, "without a role and"),
+    ({"messages": [{"role": 5, "content": "hi"}, {"role": "assistant", "content": "x"}]}, "message 0 without a role"),
+    ({"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]}, "is NoneType"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user",
+                   "content": "c"}, {"role": "assistant", "content": ""}]}, "with no text to train on"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                    {"role": "system", "content": "c"}]}, "a system message where a user turn"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "where a user turn comes"),
