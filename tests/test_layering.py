@@ -188,10 +188,12 @@ def test_the_tree_shows_the_stages():
     assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} >= {"prepare", "data", "bench"}
 
 
-def test_importing_the_prepare_wing_never_loads_torch():
-    code = "import sys, tokpack.prepare, tokpack.prepare.__main__, tokpack.verify; print('torch' in sys.modules)"
+def test_importing_the_prepare_wing_never_loads_torch_nor_jinja2_before_a_template_is_used():
+    code = ("import sys, tokpack.prepare, tokpack.prepare.__main__, tokpack.verify, tokpack.chat\n"
+            "print('torch' in sys.modules, 'jinja2' in sys.modules)\n"
+            "tokpack.chat.Template\nprint('jinja2' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["False", "False", "True"]
 
 
 @pytest.mark.parametrize("name", FORKSERVER_PRELOAD)

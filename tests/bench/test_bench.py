@@ -32,6 +32,7 @@ def test_bench_prepare_runs_and_reports_ratios(tmp_path):
     end = figures["end_of_run"]  # the fsync at close, with write-back and without, and the final verify
     assert end["megabytes"] > 0 and end["close_wait_none_s"] > 0 and end["verify_wall_s"] > 0
     assert "the end of a run" in done.stdout
+    assert figures["load_time_over_tiktoken"] > 0 and "loading gpt2: tokpack takes" in done.stdout
 
 
 def test_bench_loader_runs_on_tiny_sizes(capsys):

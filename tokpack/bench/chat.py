@@ -23,7 +23,6 @@ See docs/benchmarks.md.
 
 from __future__ import annotations
 
-import base64
 import copy
 import itertools
 import json
@@ -38,6 +37,7 @@ import numpy as np
 from ..chat import NANOCHAT_TOKENS
 from ..cli import table
 from ..tokenizer import load_encoding
+from ..tokenizer.ranks import tiktoken_lines
 from .timing import interleaved, least_cpu_and_wall, ratio, ratio_range
 
 WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which this be or "
@@ -54,8 +54,7 @@ def nanochat_tokenizer(folder: Path) -> Path:
     first, every document's start): what ``--chat nanochat`` needs, with no training."""
     folder.mkdir(parents=True, exist_ok=True)
     gpt2 = load_encoding("gpt2")
-    (folder / "chat.tiktoken").write_bytes(b"".join(base64.b64encode(gpt2.token_bytes(rank)) + b" %d\n" % rank
-                                                   for rank in range(gpt2.eot_token)))
+    (folder / "chat.tiktoken").write_bytes(tiktoken_lines({gpt2.token_bytes(r): r for r in range(gpt2.eot_token)}))
     specials = "\n".join(f'"{name}" = {gpt2.eot_token + 1 + i}' for i, name in enumerate(NANOCHAT_TOKENS))
     spec = folder / "chat.toml"
     spec.write_text(f'ranks = "chat.tiktoken"\npattern = "gpt2"\neot = "<|bos|>"\n[special_tokens]\n{specials}\n')

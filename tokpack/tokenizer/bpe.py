@@ -10,13 +10,10 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
-import base64
 import collections
-import hashlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property, lru_cache
-from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -26,15 +23,7 @@ from ..chat.render import specials_apart
 from . import fast
 from .encoder import encode_marked_stretches, flat_arrays, marks_pattern
 from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT
-
-
-def ranks_sha256(enc: tiktoken.Encoding) -> str:
-    """sha256 of the ranks in .tiktoken file form (``<base64 token> <rank>`` lines in rank order),
-    so equal vocabularies hash equal, whatever file they were loaded from. O(ranks)."""
-    digest = hashlib.sha256()
-    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
-        digest.update(base64.b64encode(token) + b" %d\n" % rank)
-    return digest.hexdigest()
+from .ranks import ranks_sha256
 
 
 @lru_cache(maxsize=1)
@@ -211,7 +200,7 @@ class TiktokenEncoder:
 
     def describe(self) -> dict[str, Any]:
         backend = (self.backend.describe() if self.backend is not None
-                   else {"name": "tiktoken", "version": version("tiktoken")})
+                   else {"name": "tiktoken", "version": tiktoken.__version__})
         return {"name": self.name, "ranks_sha256": self.vocab_sha256, "n_vocab": self.n_vocab,
                 "eot_id": self.eot_token, "backend": backend}
 

@@ -17,7 +17,6 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
-import base64
 import functools
 import warnings
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .patterns import CL100K_PATTERN, NANOCHAT_PATTERN, O200K_PATTERN, R50K_PATTERN
+from .ranks import ranks_file
 
 BACKENDS = ("auto", "tiktoken", "splintr")
 # The split patterns the differential test proves, each with the form splintr is built with: a
@@ -61,10 +61,8 @@ class SplintrBackend:
         import splintr
 
         self.version = splintr.__version__
-        ranks = sorted(enc._mergeable_ranks.items(), key=lambda item: item[1])
-        data = b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in ranks)
         pattern = PROVEN[enc._pat_str]
-        self.tokenizer = splintr.Tokenizer.from_bytes(data, getattr(splintr, pattern, pattern), None)
+        self.tokenizer = splintr.Tokenizer.from_bytes(ranks_file(enc), getattr(splintr, pattern, pattern), None)
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids one after another (uint32), and where each text's start: ``len(texts) + 1``

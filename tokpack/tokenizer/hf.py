@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from ..chat import read_template, template_source
 from ..format import load_json
 from .bpe import gpt2_byte_decoder
 from .encoder import encode_marked_stretches, flat_lists
@@ -149,6 +148,8 @@ class HFEncoder:
     def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
         """chat_template.jinja beside the tokenizer, else its config's ``chat_template``; and the
         special tokens the config names, as transformers hands them to a template."""
+        from ..chat.template import read_template, template_source  # jinja2 only where a template is used
+
         settings = self.settings
         variables = {key: text for key, value in settings.items()
                      if key.endswith("_token") and (text := _token_text(value)) is not None}

@@ -21,7 +21,6 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import json
@@ -44,6 +43,7 @@ from ..inputs import resolve_inputs
 from ..options import option
 from .bpe import TiktokenEncoder, gpt2_byte_decoder
 from .patterns import ENDOFTEXT, NAMED_PATTERNS
+from .ranks import tiktoken_lines
 from .vocab import build, split_pattern
 
 FILES = ("tokenizer.tiktoken", "tokenizer.toml", "tokenizer.json", "tokenizer_config.json", "training.json")
@@ -225,13 +225,11 @@ def _check_out(out: Path, force: bool) -> None:
 def _files(enc: TiktokenEncoder, ranks: dict[bytes, int], pattern: str, specials: dict[str, int], eot: str,
            record: dict[str, Any]) -> dict[str, bytes]:
     """Every file's bytes: written only once all of them are made."""
-    tiktoken_lines = b"".join(base64.b64encode(token) + b" %d\n" % rank
-                              for token, rank in sorted(ranks.items(), key=lambda item: item[1]))
     table = "\n".join(f"{_toml_string(name)} = {token_id}" for name, token_id in specials.items())
     spec = (f"# written by python -m tokpack.tokenizer train; see training.json\n"
             f"ranks = \"tokenizer.tiktoken\"\npattern = {_toml_string(pattern)}\neot = {_toml_string(eot)}\n"
             f"[special_tokens]\n{table}\n")
-    return {"tokenizer.tiktoken": tiktoken_lines, "tokenizer.toml": spec.encode(),
+    return {"tokenizer.tiktoken": tiktoken_lines(ranks), "tokenizer.toml": spec.encode(),
             "tokenizer.json": hf_tokenizer_json(ranks, pattern, list(specials)).encode(),
             # split_special_tokens: transformers then reads special-token text in a document as
             # text, as prepare does, where by default it would become the special id.

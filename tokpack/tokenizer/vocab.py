@@ -13,8 +13,6 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from pathlib import Path
@@ -24,8 +22,9 @@ import regex
 import tiktoken
 
 from ..format import read_file as read_bounded
-from .bpe import TiktokenEncoder, gpt2_byte_decoder, ranks_sha256
+from .bpe import TiktokenEncoder, gpt2_byte_decoder
 from .patterns import KNOWN_SETTINGS, NAMED_PATTERNS
+from .ranks import MAX_FILE_BYTES, ranks_sha256, read_ranks
 
 # The hashes tiktoken_ext/openai_public.py pins for the GPT-2 release files.
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -39,9 +38,6 @@ PINNED_RANKS_SHA256 = {
     "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
     "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
 }
-# The largest vocabulary file read (o200k_base's ranks are 3.6 MB, the largest tokenizer.json
-# files in use a few tens of MB).
-MAX_FILE_BYTES = 128 << 20
 # Special ids may leave gaps after the ranks (cl100k_base's do), but not an unbounded one: every
 # reader sizes tables by the largest id.
 MAX_SPECIAL_GAP = 1 << 16
@@ -51,36 +47,6 @@ def read_file(path: Path, what: str, fix: str, limit: int | None = None) -> byte
     """The bytes of a regular file of at most ``limit`` bytes (None: ``MAX_FILE_BYTES``); ``what``
     names it in errors."""
     return read_bounded(path, what, fix, MAX_FILE_BYTES if limit is None else limit)
-
-
-def read_ranks(path: Path) -> dict[bytes, int]:
-    """A ``.tiktoken`` file: one ``<base64 token> <rank>`` line a token, no token or rank twice."""
-    fix = "pass a .tiktoken file of '<base64 token> <rank>' lines"
-    ranks: dict[bytes, int] = {}
-    seen: set[int] = set()
-    for number, line in enumerate(read_file(path, "encoding file", fix).splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.split()
-        try:
-            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
-            if len(parts) != 2 or not 0 <= rank < 2**31:
-                raise ValueError
-        except (ValueError, IndexError, binascii.Error):
-            raise ValueError(f"line {number} of {path} is not '<base64 token> <rank>'; {fix}") from None
-        if token in ranks or rank in seen:
-            raise ValueError(f"line {number} of {path} repeats a {'token' if token in ranks else 'rank'} of an "
-                             "earlier line; a .tiktoken file holds each token and each rank once")
-        ranks[token] = rank
-        seen.add(rank)
-    if not ranks:
-        raise ValueError(f"{path} holds no ranks; {fix}")
-    # tiktoken fails on a byte it has no rank for, and an accelerated backend would leave it out.
-    missing = [b for b in range(256) if bytes([b]) not in ranks]
-    if missing:
-        raise ValueError(f"{path} gives no rank to the byte {missing[0]:#04x} ({len(missing)} of the 256 bytes have "
-                         "none), so text holding it cannot be encoded; a byte-level vocabulary ranks every byte")
-    return ranks
 
 
 def build(name: str, pattern: str, ranks: dict[bytes, int], specials: dict[str, int], source: Path,
@@ -108,8 +74,9 @@ def bundled_gpt2(folder: Path) -> tiktoken.Encoding:
             raise ValueError(f"{folder / name} is not GPT-2's release file (its sha256 differs from the one "
                              f"tiktoken pins); {fix}")
         encoder = data
-    alphabet = gpt2_byte_decoder()
-    ranks = {bytes(alphabet[c] for c in token): rank for token, rank in json.loads(encoder).items()
+    # Each character of GPT-2's alphabet becomes the byte it stands for, a translate a token.
+    alphabet = {ord(c): b for c, b in gpt2_byte_decoder().items()}
+    ranks = {token.translate(alphabet).encode("latin-1"): rank for token, rank in json.loads(encoder).items()
              if token not in ("<|endoftext|>", "<|startoftext|>")}
     pattern, specials = KNOWN_SETTINGS["gpt2"]
     return build("gpt2", pattern, ranks, specials, folder, explicit_n_vocab=50257)
