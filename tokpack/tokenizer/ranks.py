@@ -3,8 +3,8 @@
 
 A vocabulary's identity (``ranks_sha256``, in meta.json) is the sha256 of this form, so equal
 vocabularies hash equal whatever file they were loaded from, and splintr is built from the same
-bytes: both are made once per encoding. Reading, writing and hashing are O(ranks), in bulk: a
-process that loads a tokenizer pays for them before its first token.
+bytes, made once an encoding. Reading, writing and hashing are O(ranks), in bulk: a process that
+loads a tokenizer pays for them before its first token.
 
 See docs/tokenizers.md.
 """
@@ -99,7 +99,6 @@ def ranks_file(enc: Any) -> bytes:
     return tiktoken_lines(enc._mergeable_ranks)
 
 
-@lru_cache(maxsize=16)
 def ranks_sha256(enc: Any) -> str:
     """sha256 of the ranks of ``enc`` (a ``tiktoken.Encoding``) in .tiktoken form, so equal
     vocabularies hash equal, whatever file they were loaded from."""
