@@ -29,7 +29,7 @@ _DEFECTS = {
 }
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(_PAIRS, st.sampled_from([None, *_DEFECTS]), st.integers(0, 11))
 def test_a_file_read_in_bulk_gives_what_reading_it_line_by_line_gives_or_goes_line_by_line(pairs, defect, at):
     lines = [[base64.b64encode(token), b"%d" % rank] for token, rank in pairs]
