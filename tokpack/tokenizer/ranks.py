@@ -44,7 +44,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
 
 def _in_bulk(data: bytes) -> dict[bytes, int] | None:
     """The ranks of a file whose every line is ``token rank`` with one space, read without a Python
-    step a line (a sixth of the time); None for any other file or any fault, which the reading
+    step a line (a third of the time); None for any other file or any fault, which the reading
     line by line then finds and names."""
     lines = data.count(b"\n") + (not data.endswith(b"\n"))
     if not data or any(c in data for c in (b"\t", b"\r", b"\x0b", b"\x0c", b"\n\n")) or data.startswith(b"\n") \
