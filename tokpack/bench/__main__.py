@@ -28,14 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import parser, run_cli
-from ..prepare.run import default_workers
-from .chat import bench_chat
-from .loops import bench_evaluate, bench_loader, bench_open, bench_train
-from .packing import bench_packing, bench_resume
-from .prepare import bench_prepare
-from .remote import bench_remote
 from .timing import machine
-from .tokenizer import bench_tokenizer
 
 
 def _sizes(p: Any, mb: float, what: str, try_rss: str) -> None:
@@ -138,44 +131,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         seen = machine()
         print(f"{seen['cores']} cores, load average {' '.join(map(str, seen['load_average']))} (1, 5, 15 min)")
-        if args.what == "prepare":
-            figures = bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
-                                    not args.no_peers, args.torchrun, args.tokenizer, args.encoding)
-        elif args.what == "loader":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_loader(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
-                                       args.memory_batches, args.work, args.rounds, not args.no_peers,
-                                       args.start_methods)
-        elif args.what == "packing":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_packing(Path(tmp), args.tokens, args.block_size, args.batch_size, args.batches,
-                                        args.buffer_size, args.rounds, args.mean_length)
-        elif args.what == "evaluate":
-            figures = bench_evaluate(args.folder, args.block_size, args.batch_size, args.n_layer, args.n_embd,
-                                     args.rounds, args.split)
-        elif args.what == "tokenizer":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_tokenizer(Path(tmp), args.mb, args.vocab_size, args.rounds, args.compression_vocab)
-        elif args.what == "resume":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_resume(Path(tmp), args.at, args.block_size, args.batch_size, args.buffer_size,
-                                       args.documents, args.replay_limit)
-        elif args.what == "remote":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_remote(Path(tmp), args.mb, args.rounds)
-        elif args.what == "chat":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_chat(Path(tmp), args.mb, args.rss_mb, args.block_size, args.batch_size,
-                                     args.batches, args.rounds)
-        elif args.what == "open":
-            with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
-                figures = bench_open(Path(tmp), args.shards, args.shard_tokens, args.rounds)
-        else:
-            figures = bench_train(args.folder, args.config, args.steps, args.num_workers)
+        with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
+            figures = _bench(args, Path(tmp))
         print(json.dumps({**figures, "machine": {**seen, "load_average_after": machine()["load_average"]}}))
         return 0
 
     return run_cli(body)
+
+
+def _bench(args: Any, tmp: Path) -> dict[str, Any]:
+    """The figures of the bench ``args.what``, its files in ``tmp``. Each bench imports its own
+    modules, so torch (two seconds of a start here) loads only for those that use it."""
+    if args.what == "prepare":
+        from ..prepare.run import default_workers
+        from .prepare import bench_prepare
+
+        return bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
+                             not args.no_peers, args.torchrun, args.tokenizer, args.encoding)
+    if args.what == "tokenizer":
+        from .tokenizer import bench_tokenizer
+
+        return bench_tokenizer(tmp, args.mb, args.vocab_size, args.rounds, args.compression_vocab)
+    if args.what == "remote":
+        from .remote import bench_remote
+
+        return bench_remote(tmp, args.mb, args.rounds)
+    if args.what == "chat":
+        from .chat import bench_chat
+
+        return bench_chat(tmp, args.mb, args.rss_mb, args.block_size, args.batch_size, args.batches, args.rounds)
+    if args.what in ("packing", "resume"):
+        from .packing import bench_packing, bench_resume
+
+        if args.what == "packing":
+            return bench_packing(tmp, args.tokens, args.block_size, args.batch_size, args.batches, args.buffer_size,
+                                 args.rounds, args.mean_length)
+        return bench_resume(tmp, args.at, args.block_size, args.batch_size, args.buffer_size, args.documents,
+                            args.replay_limit)
+    from .loops import bench_evaluate, bench_loader, bench_open, bench_train
+
+    if args.what == "loader":
+        return bench_loader(tmp, args.tokens, args.block_size, args.batch_size, args.batches, args.memory_batches,
+                            args.work, args.rounds, not args.no_peers, args.start_methods)
+    if args.what == "evaluate":
+        return bench_evaluate(args.folder, args.block_size, args.batch_size, args.n_layer, args.n_embd, args.rounds,
+                              args.split)
+    if args.what == "open":
+        return bench_open(tmp, args.shards, args.shard_tokens, args.rounds)
+    return bench_train(args.folder, args.config, args.steps, args.num_workers)
 
 
 if __name__ == "__main__":
