@@ -110,8 +110,10 @@ def test_bench_evaluate_compares_with_estimate_loss(tmp_path, capsys):
 
 def test_bench_chat_matches_nanochats_rendering_and_rows(capsys):
     figures = _figures(capsys, ["chat", "--mb", "0.2", "--block-size", "2048", "--batch-size", "2", "--batches", "5",
-                                "--rounds", "1"])
+                                "--rounds", "1", "--tasks", "2", "--tasks-mb", "0.3"])
     assert figures["identical"] is True and figures["rows_identical"] is True
+    # the whole commands: two task processes write, between them, the one process's files
+    assert figures["tasks_identical"] is True and figures["tasks2_vs_nanochat"] > 0 and figures["command_vs_nanochat"] > 0
     assert figures["prepare_vs_nanochat"] > 0 and figures["rows_vs_nanochat"] > 0 and figures["peak_rss_mb"] > 0
     assert figures["tiktoken_alone_vs_nanochat"] > 0 and figures["prepare_tiktoken_vs_nanochat"] > 0
     assert figures.get("tokenizer_alone_vs_transformers", 1) > 0

@@ -6,7 +6,7 @@
     python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024]
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
     python -m tokpack.bench remote [--mb 32]            # needs tokpack[remote] and moto[server]
-    python -m tokpack.bench chat [--mb 8] [--rss-mb 300]
+    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--tasks 2]
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result: medians over rounds in which the runs take turns.
@@ -110,6 +110,10 @@ def _add_others(sub: Any) -> None:
     cp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
     cp.add_argument("--batches", type=int, default=200, help="batches per run (default: 200)")
     cp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    cp.add_argument("--tasks", type=int, default=0,
+                    help="also time whole commands: one process, and this many independent task processes at once, "
+                         "against nanochat's loop as a process (default: 0, none)")
+    cp.add_argument("--tasks-mb", type=float, default=64.0, help="conversations in MB for those (default: 64)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -159,7 +163,8 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     if args.what == "chat":
         from .chat import bench_chat
 
-        return bench_chat(tmp, args.mb, args.rss_mb, args.block_size, args.batch_size, args.batches, args.rounds)
+        return bench_chat(tmp, args.mb, args.rss_mb, args.block_size, args.batch_size, args.batches, args.rounds,
+                          args.tasks, args.tasks_mb)
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
 

@@ -1,6 +1,6 @@
 """``python -m tokpack.bench chat``: conversations prepared and packed, against nanochat's own loops.
 
-    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--block-size 2048] [--batch-size 8]
+    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--block-size 2048] [--batch-size 8] [--tasks 2]
 
 On synthetic conversations in nanochat's record form (a nanochat tokenizer: gpt2's ranks with
 its nine special tokens): ``prepare --chat nanochat`` (on the default backend, and on tiktoken,
@@ -12,7 +12,9 @@ nanochat's ``sft_data_generator_bos_bestfit`` on the same conversations already 
 building its tensors as it does, with each one's share of padding; and ``prepare --chat
 template`` (ChatML with ``{% generation %}`` on GPT-2's BPE) against transformers'
 ``apply_chat_template(tokenize=True, return_assistant_tokens_mask=True)`` on the same
-conversations, ids and masks compared (where transformers is installed). Beside each prepare,
+conversations, ids and masks compared (where transformers is installed); with ``--tasks N``, whole
+commands on ``--tasks-mb`` of conversations, start-up included: one process, and N independent task
+processes at once, against nanochat's loop as a process. Beside each prepare,
 each tokenizer alone on the same texts on every core (the most a prepare with it can reach on the
 machine), and the CPU seconds of the nanochat prepare and of its loop. Costs: prepare is O(corpus)
 in time, O(batch) in memory beside one conversation; a row's choice is O(log buffer) where
@@ -327,8 +329,55 @@ def _prepare_runs(tmp: Path, spec: Path, source: Path, enc: Any) -> dict[str, Ca
     return runs
 
 
+# nanochat's loop as a process of its own, its start-up included: what the prepare's commands are timed against.
+_LOOP = ("import json, sys; from tokpack.bench.chat import nanochat_render; from tokpack.tokenizer import load_encoding; "
+         "enc = load_encoding(sys.argv[2]); f = open(sys.argv[1]); [nanochat_render(enc, json.loads(l)) for l in f]")
+
+
+def bench_tasks(tmp: Path, spec: Path, megabytes: float, tasks: int, rounds: int) -> dict[str, Any]:
+    """Whole commands on ``megabytes`` of conversations, start-up included: ``python -m
+    tokpack.prepare --chat nanochat`` as one process, and as ``tasks`` independent task processes
+    at once (each round into a new folder; the last task to finish writes meta.json), against
+    nanochat's loop as a process of its own. The tasks' shards, concatenated, must be the one
+    process's files."""
+    source = tmp / "tasks.jsonl"
+    synthetic_chats(source, megabytes, seed=3)
+    command = [sys.executable, "-m", "tokpack.prepare", str(source), "--chat", "nanochat", "--encoding", str(spec),
+               "--quiet"]
+    folders: list[Path] = []  # one a round: a task finds a folder's finished units and keeps them
+
+    def one() -> None:
+        subprocess.run([*command, "--out-dir", str(tmp / "one"), "--force"], check=True, capture_output=True)
+
+    def shared() -> None:
+        out = tmp / f"tasks-{len(folders)}"
+        folders.append(out)
+        running = [subprocess.Popen([*command, "--out-dir", str(out), "--tasks", str(tasks), "--task", str(task)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for task in range(tasks)]
+        for process in running:
+            _, err = process.communicate()  # read as it runs: a full pipe would stop the task
+            if process.returncode:
+                raise RuntimeError(f"a task failed: {err.decode()[-2000:]}")
+
+    def loop() -> None:
+        subprocess.run([sys.executable, "-c", _LOOP, str(source), str(spec)], check=True)
+
+    names = ("tokpack.prepare, one process", f"tokpack.prepare, {tasks} task processes", "nanochat's loop, a process")
+    times = interleaved(dict(zip(names, (one, shared, loop))), rounds)
+    same = all(b"".join(p.read_bytes() for p in sorted(folders[-1].glob(f"{split}_*{suffix}")))
+               == (tmp / "one" / f"{split}{suffix}").read_bytes() for split in ("train", "val") for suffix in (".bin", ".mask"))
+    speeds = [ratio(times, name, names[2]) for name in names[:2]]
+    print(table([{"run": name, "seconds": min(t)} for name, t in times.items()], ["run", "seconds"]))
+    print(f"whole commands on {megabytes:g} MB of conversations, start-up included: one process {speeds[0]:.2f}x "
+          f"nanochat's loop (rounds {ratio_range(times, names[0], names[2])}), {tasks} independent task processes "
+          f"{speeds[1]:.2f}x (rounds {ratio_range(times, names[1], names[2])}); the tasks' files the one process's: "
+          f"{same}")
+    return {"command_vs_nanochat": round(speeds[0], 3), f"tasks{tasks}_vs_nanochat": round(speeds[1], 3),
+            "tasks_identical": same, "tasks_mb": megabytes}
+
+
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
-               batches: int, rounds: int) -> dict[str, Any]:
+               batches: int, rounds: int, tasks: int = 0, tasks_megabytes: float = 64.0) -> dict[str, Any]:
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
     from ..prepare.run import default_workers
@@ -379,7 +428,8 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
     return {"prepare_cpu_vs_nanochat": round(cpu[0] / cpu[1], 3),
             **_report(times, row_times, count, megabytes, identical, same_rows, padding,
                       counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,
-                      rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds)}
+                      rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds),
+            **(bench_tasks(tmp, spec, tasks_megabytes, tasks, rounds) if tasks else {})}
 
 
 def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,
