@@ -377,7 +377,7 @@ def bench_tasks(tmp: Path, spec: Path, megabytes: float, tasks: int, rounds: int
 
 
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
-               batches: int, rounds: int, tasks: int = 0, tasks_megabytes: float = 64.0) -> dict[str, Any]:
+               batches: int, rounds: int, tasks: int, tasks_megabytes: float) -> dict[str, Any]:
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
     from ..prepare.run import default_workers
