@@ -118,3 +118,11 @@ def test_bench_chat_matches_nanochats_rendering_and_rows(capsys):
     assert figures["tiktoken_alone_vs_nanochat"] > 0 and figures["prepare_tiktoken_vs_nanochat"] > 0
     assert figures.get("tokenizer_alone_vs_transformers", 1) > 0
     assert 0 <= figures["padding"] < 1 and figures["conversations"] > 10
+
+
+@pytest.mark.parametrize("argv", [["--tasks", "-1"], ["--tasks-mb", "5"], ["--tasks", "2", "--tasks-mb", "0"]])
+def test_bench_chat_refuses_a_tasks_option_that_measures_nothing(argv, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["chat", "--mb", "0.01", *argv])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and err.startswith("tokpack: --tasks") and len(err.splitlines()) == 1

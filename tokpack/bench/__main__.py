@@ -113,7 +113,7 @@ def _add_others(sub: Any) -> None:
     cp.add_argument("--tasks", type=int, default=0,
                     help="also time whole commands: one process, and this many independent task processes at once, "
                          "against nanochat's loop as a process (default: 0, none)")
-    cp.add_argument("--tasks-mb", type=float, default=64.0, help="conversations in MB for those (default: 64)")
+    cp.add_argument("--tasks-mb", type=float, help="conversations in MB for those (default: 64)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")

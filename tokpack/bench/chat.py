@@ -334,7 +334,7 @@ _LOOP = ("import json, sys; from tokpack.bench.chat import nanochat_render; from
          "enc = load_encoding(sys.argv[2]); f = open(sys.argv[1]); [nanochat_render(enc, json.loads(l)) for l in f]")
 
 
-def bench_tasks(tmp: Path, spec: Path, megabytes: float, tasks: int, rounds: int) -> dict[str, Any]:
+def bench_tasks(tmp: Path, spec: Path, tasks: int, rounds: int, megabytes: float = 64.0) -> dict[str, Any]:
     """Whole commands on ``megabytes`` of conversations, start-up included: ``python -m
     tokpack.prepare --chat nanochat`` as one process, and as ``tasks`` independent task processes
     at once (each round into a new folder; the last task to finish writes meta.json), against
@@ -377,7 +377,13 @@ def bench_tasks(tmp: Path, spec: Path, megabytes: float, tasks: int, rounds: int
 
 
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
-               batches: int, rounds: int, tasks: int, tasks_megabytes: float) -> dict[str, Any]:
+               batches: int, rounds: int, tasks: int, tasks_megabytes: float | None) -> dict[str, Any]:
+    if tasks < 0:
+        raise ValueError(f"--tasks {tasks} is not a count of processes; pass 1 or more, or leave it out")
+    if tasks_megabytes is not None and (not tasks or tasks_megabytes <= 0):
+        raise ValueError(f"--tasks-mb {tasks_megabytes:g} " + ("sizes the --tasks runs; pass --tasks N with it"
+                         if not tasks else "is no size; pass more than 0 MB"))
+    sized = {} if tasks_megabytes is None else {"megabytes": tasks_megabytes}
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
     from ..prepare.run import default_workers
@@ -429,7 +435,7 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
             **_report(times, row_times, count, megabytes, identical, same_rows, padding,
                       counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,
                       rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds),
-            **(bench_tasks(tmp, spec, tasks_megabytes, tasks, rounds) if tasks else {})}
+            **(bench_tasks(tmp, spec, tasks, rounds, **sized) if tasks else {})}
 
 
 def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,
