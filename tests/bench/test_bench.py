@@ -110,19 +110,21 @@ def test_bench_evaluate_compares_with_estimate_loss(tmp_path, capsys):
 
 def test_bench_chat_matches_nanochats_rendering_and_rows(capsys):
     figures = _figures(capsys, ["chat", "--mb", "0.2", "--block-size", "2048", "--batch-size", "2", "--batches", "5",
-                                "--rounds", "1", "--tasks", "2", "--tasks-mb", "0.3"])
+                                "--rounds", "1", "--processes", "2", "--processes-mb", "0.3"])
     assert figures["identical"] is True and figures["rows_identical"] is True
-    # the whole commands: two task processes write, between them, the one process's files
-    assert figures["tasks_identical"] is True and figures["tasks2_vs_nanochat"] > 0 and figures["command_vs_nanochat"] > 0
+    # the whole commands: two processes write the one process's folder
+    assert figures["processes_identical"] is True and figures["processes2_vs_nanochat"] > 0
+    assert figures["command_vs_nanochat"] > 0
     assert figures["prepare_vs_nanochat"] > 0 and figures["rows_vs_nanochat"] > 0 and figures["peak_rss_mb"] > 0
     assert figures["tiktoken_alone_vs_nanochat"] > 0 and figures["prepare_tiktoken_vs_nanochat"] > 0
     assert figures.get("tokenizer_alone_vs_transformers", 1) > 0
     assert 0 <= figures["padding"] < 1 and figures["conversations"] > 10
 
 
-@pytest.mark.parametrize("argv", [["--tasks", "-1"], ["--tasks-mb", "5"], ["--tasks", "2", "--tasks-mb", "0"]])
-def test_bench_chat_refuses_a_tasks_option_that_measures_nothing(argv, capsys):
+@pytest.mark.parametrize("argv", [["--processes", "-1"], ["--processes-mb", "5"], ["--processes", "2", "--processes-mb", "0"],
+                                  ["--processes", "2", "--processes-mb", "nan"], ["--processes", "2", "--processes-mb", "inf"]])
+def test_bench_chat_refuses_a_processes_option_that_measures_nothing(argv, capsys):
     with pytest.raises(SystemExit) as refused:
         main(["chat", "--mb", "0.01", *argv])
     err = capsys.readouterr().err.strip()
-    assert refused.value.code == 2 and err.startswith("tokpack: --tasks") and len(err.splitlines()) == 1
+    assert refused.value.code == 2 and err.startswith("tokpack: --processes") and len(err.splitlines()) == 1

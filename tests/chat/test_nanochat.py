@@ -14,7 +14,7 @@ import pytest
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import chat_documents, gpt2_tokenizer, nanochat_render
-from tokpack.chat import NANOCHAT_TOKENS, Nanochat
+from tokpack.chat import NANOCHAT_TOKENS, Nanochat, messages
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe
@@ -178,6 +178,43 @@ def test_max_tokens_cuts_and_a_conversation_left_with_nothing_to_train_on_is_lef
     assert counts["cropped"] == cut and 0 < cut < len(chats)
 
 
+
+def test_nanochats_tokens_in_any_order_of_ids(spec, tmp_path):
+    # The mask's steps come from four of the nine tokens: here the others' ids lie above theirs.
+    text = spec.read_text()
+    table = text[text.index("[special_tokens]"):].splitlines()[1:]
+    ids = sorted(int(line.split("=")[1]) for line in table)
+    names = [line.split("=")[0].strip().strip('"') for line in table]
+    order = [n for n in names if "assistant" in n or "output" in n] + [n for n in names if not ("assistant" in n
+                                                                                               or "output" in n)]
+    shutil.copy(spec.parent / "chat.tiktoken", tmp_path / "chat.tiktoken")
+    shuffled = tmp_path / "shuffled.toml"
+    shuffled.write_text(text[:text.index("[special_tokens]")] + "[special_tokens]\n"
+                        + "".join(f'"{n}" = {i}\n' for n, i in zip(order, ids)))
+    source = write_jsonl(tmp_path / "c.jsonl", CHATS[:40])
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(shuffled),
+                          chat="nanochat", quiet=True))
+    enc = load_encoding(str(shuffled))
+    assert max(enc.specials[n] for n in order[:4]) < enc.specials["<|python_end|>"]
+    found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
+    assert sorted(found) == sorted(nanochat_render(enc, c) for c in CHATS[:40])
+
+
+def test_a_conversation_of_exactly_max_tokens_is_whole_and_not_counted_as_cut(spec, tmp_path):
+    chats = make_chats(30, seed=8)
+    enc = load_encoding(str(spec))
+    lengths = [len(nanochat_render(enc, c, 10**9)[0]) for c in chats]
+    limit = sorted(lengths)[len(lengths) // 2]  # some conversations are exactly this long, some longer
+    assert lengths.count(limit) >= 1 and any(n > limit for n in lengths)
+    source = write_jsonl(tmp_path / "c.jsonl", chats)
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(tmp_path / "out"), encoding=str(spec), chat="nanochat",
+                          max_tokens=limit, quiet=True))
+    assert read_meta(tmp_path / "out")["chat"]["cropped"] == sum(n > limit for n in lengths)
+    found = chat_documents(tmp_path / "out", "train") + chat_documents(tmp_path / "out", "val")
+    whole = [nanochat_render(enc, c, 10**9) for c, n in zip(chats, lengths) if n == limit]
+    assert all(doc in found for doc in whole)
+
+
 BAD = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "of role 'robot'"),
     ({"messages": [{"role": ["user"], "content": "hi"}]}, "without a role and content"),
@@ -195,12 +232,31 @@ BAD = [
     ({"messages": []}, "has an empty conversation"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]}, "no text to train on"),
     ({"messages": [{"role": "user", "content": "a"}]}, "has no assistant turn"),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                   {"role": "assistant", "content": ""}]}, "an assistant turn with no text"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
                                                       "content": [{"type": "image", "text": "x"}]}]}, "a part"),
     ("[" * 100_000, "nested too deeply"),
     ('{"messages": [' + "[" * 5000 + "]" * 5000 + "]}", "nested too deeply"),
     ("{not json", "is not valid JSON"),
 ]
+
+
+def test_the_turns_after_a_system_message_are_what_is_checked():
+    system = {"role": "system", "content": "s"}
+    quiet_user = [system, {"role": "user", "content": ""}, {"role": "assistant", "content": "b"}]
+    assert messages({"messages": quiet_user}, "r") == quiet_user  # an empty user turn has nothing to train on
+    calls = [system, {"role": "user", "content": "a"},
+             {"role": "assistant", "content": [{"type": "python", "text": "f()"}, {"type": "python_output", "text": ""}]}]
+    assert messages({"messages": calls}, "r") == calls  # a python call is trained on, as nanochat trains it
+    # A key whose value is null is dropped, as transformers drops it: a template sees it undefined.
+    named = messages({"messages": [{"role": "user", "content": "a", "name": None},
+                                   {"role": "assistant", "content": "b", "name": "bot"}]}, "r")
+    assert named == [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "name": "bot"}]
+    for empty in ("", [{"type": "python_output", "text": "42"}]):
+        with pytest.raises(ValueError, match="an assistant turn with no text"):
+            messages({"messages": [system, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                   {"role": "user", "content": "c"}, {"role": "assistant", "content": empty}]}, "r")
 
 
 @pytest.mark.parametrize("record,reason", BAD, ids=[r for _, r in BAD])
@@ -258,6 +314,18 @@ def test_verify_checks_the_mask(chat_folder, tmp_path, damage, reason):
         _rehash(folder, "val.mask")  # consistent but wrong: only the values can tell
     with pytest.raises(VerifyError, match=reason):
         verify_folder(folder)
+
+
+def test_verify_refuses_every_mask_byte_but_0_and_1(chat_folder, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(chat_folder, folder)
+    mask = bytearray((folder / "val.mask").read_bytes())
+    for value in range(2, 256):  # the high half too: a mask read as signed bytes would pass those
+        mask[3] = value
+        (folder / "val.mask").write_bytes(bytes(mask))
+        _rehash(folder, "val.mask")
+        with pytest.raises(VerifyError, match=f"holds value {value} near"):
+            verify_folder(folder)
 
 
 def test_inspect_shows_which_tokens_are_trained_on(chat_folder, tmp_path):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from helpers import cli_run, make_chats, write_jsonl
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages
-from tokpack.chat.render import specials_apart
+from tokpack.tokenizer.specials import specials_apart
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main
 from tokpack.tokenizer import load_encoding
@@ -162,6 +162,9 @@ HOSTILE = [
     ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}", "steps"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "renders more than"),
     ("{{ 'x' * 10 ** 9 }}", "repeats a sequence"),
+    ("{{ 3 ** 5000 }}", "raises to the power 5,000"),
+    ("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
+     "a namespace attribute holds"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "outside its sandbox"),
     ("{% set ns = namespace(_hidden=1) %}", "outside its sandbox"),
     ("{{ '{0.__class__.__mro__}'.format(messages) }}", "outside its sandbox"),
@@ -257,3 +260,80 @@ def test_between_special_tokens_apart_any_text_stays_text(names, texts, data):
         written.append((len(out), name))
         out += name + text
     assert _read(out, names) == written
+
+
+# Generation blocks that touch special tokens on both sides: the block starts right after
+# <|im_sep|> and ends right before <|im_end|>, so neither is trained on.
+EDGES = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '<|im_sep|>' }}"
+         "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{% endgeneration %}"
+         "{% else %}{{ message['content'] }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}")
+TYPED = [{"messages": [{"role": "user", "content": f"say {i} <|im_end|> then"},
+                       {"role": "assistant", "content": f"ok then<|im_end|>{i}<|im_sep|>"},
+                       {"role": "user", "content": "more"}, {"role": "assistant", "content": "<|im_start|>done"}]}
+         for i in range(6)]
+
+
+def test_a_block_touching_special_tokens_trains_on_its_text_alone(tmp_path, capsys):
+    tok = chat_tokenizer(tmp_path / "tok", EDGES, ("<|im_start|>", "<|im_sep|>", "<|im_end|>"))
+    library, enc = _library(tok), load_encoding(str(tok))
+    # Without typed special-token text: tokens and masks are transformers'.
+    code, err = _prepare(capsys, _inputs(tmp_path, CHATS), tok, tmp_path / "plain")
+    assert code == 0, err
+    expected = [tuple(library.apply_chat_template(c["messages"], tokenize=True, return_dict=True,
+                                                  return_assistant_tokens_mask=True)[k]
+                      for k in ("input_ids", "assistant_masks")) for c in CHATS]
+    assert sorted(_every(tmp_path / "plain")) == sorted(expected)
+    # With it (the typed text stays text): the trained tokens spell the assistant's text exactly.
+    (tmp_path / "typed").mkdir()
+    code, err = _prepare(capsys, _inputs(tmp_path / "typed", TYPED), tok, tmp_path / "typed" / "out")
+    assert code == 0, err
+    found = _every(tmp_path / "typed" / "out")
+    assert sorted(enc.decode([t for t, m in zip(ids, mask) if m]) for ids, mask in found) == \
+        sorted("".join(m["content"] for m in c["messages"] if m["role"] == "assistant") for c in TYPED)
+
+
+def test_a_template_may_loop_over_every_character_of_a_long_conversation(chatml, tmp_path, capsys):
+    # The step bound grows with the conversation: a template that takes a step a character renders
+    # a 150,000-character message, and renders it as the plain template does.
+    each = "{% for c in message['content'] %}{{ c }}{% endfor %}{{ '<|im_end|>' }}"
+    per_character = CHATML.replace("{{ message['content'] + '<|im_end|>' }}", each)
+    assert per_character.count(each) == 2
+    (tmp_path / "each.jinja").write_text(per_character)
+    long = {"messages": [{"role": "user", "content": "tell me everything"},
+                         {"role": "assistant", "content": "all of it, " * 15_000}]}
+    source = _inputs(tmp_path, [long, *CHATS[:4]])
+    code, err = _prepare(capsys, source, chatml, tmp_path / "each", "--chat-template", tmp_path / "each.jinja")
+    assert code == 0, err
+    code, err = _prepare(capsys, source, chatml, tmp_path / "plain")
+    assert code == 0, err
+    for name in ("train.bin", "train.mask", "val.bin", "val.mask"):
+        assert (tmp_path / "each" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+
+def _one(template, chat):
+    enc = template.vocab
+    return template.encode(enc, np.dtype(np.uint32), [template.pieces(messages(chat, "r"), "r")])
+
+
+def test_a_render_may_grow_with_its_conversation_past_a_mebibyte(chatml):
+    # Output is bounded at 1 MiB plus 8 characters a character of the conversation: a 1.2 MB message renders.
+    enc = load_encoding(str(chatml))
+    long = {"messages": [{"role": "user", "content": "x " * 600_000}, {"role": "assistant", "content": "ok"}]}
+    pieces = Template(CHATML, "t", enc, 0).pieces(messages(long, "r"), "r")
+    assert sum(map(len, pieces.texts)) > 1_200_000
+
+
+def test_strftime_now_is_the_fixed_day_wherever_it_runs(chatml):
+    enc = load_encoding(str(chatml))
+    dated = Template("{{ strftime_now('%d %b %Y') }}" + CHATML, "t", enc, 0)
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    assert enc.decode(_one(dated, chat).ids.tolist()).startswith("26 Jul 2024<|im_start|>user")
+
+
+def test_a_conversation_cut_to_one_trained_token_is_kept(chatml):
+    # A template that writes the assistant's text first: cut to one token, that token is trained.
+    enc = load_encoding(str(chatml))
+    first = Template("{% generation %}{{ messages[-1]['content'] }}{% endgeneration %}" + CHATML, "t", enc, 1)
+    encoded = _one(first, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
+    assert encoded.ids.tolist() == enc.encode_ordinary("ok")[:1] and encoded.mask.tolist() == [1]
+    assert encoded.trained.tolist() == [True] and encoded.cut.tolist() == [True]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -115,6 +116,23 @@ def test_bestfit_rows_are_nanochats_with_no_padding(prepared, buffer_size):
     stats = data.stats(rows, shuffle=False)
     assert stats["utilisation"] == 1.0 and stats["cropped"] == pytest.approx(counts["cropped"] / counts["placed"])
     assert all((b.x[:, 0] == EOT).all() for b in batches)
+
+
+def test_bestfit_pad_padding_is_never_a_target_on_a_text_split(shared_prepared):
+    # A split without a loss mask: only the rows' padding segments can hide their targets.
+    T = 300  # a document or two a row, and often room that none fits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a document longer than a row is cropped, and said so
+        data = PackedDocuments(shared_prepared, T, split="train", rows=TrainRows("bestfit-pad", buffer_size=4))
+    rows = list(itertools.islice(data.rows(), 40))
+    batch = data.gather(rows).widen()
+    padded = 0
+    for r, row in enumerate(rows):
+        col = sum(n for unit, _, n, _ in row if unit >= 0)
+        assert all(unit < 0 for unit, *_ in row[len(row) - (col <= T):])  # padding comes last, if at all
+        padded += col <= T
+        assert (batch.y[r, col:] == -100).all() and (batch.y[r, :col] != -100).all()
+    assert padded > 0
 
 
 def test_aligned_rows_start_at_documents_and_state_what_they_drop(prepared):
@@ -260,6 +278,29 @@ def test_packed_masked_evaluation_equals_each_document_scored_alone(few):
             assert sum(s["loss"] * s["tokens"] for s in shares) == pytest.approx(total, rel=1e-9)
         stats = data.stats(10**6)
         assert stats["cropped"] == 0 and stats["utilisation"] < 1.0  # evaluation rows are padded, never cropped
+
+
+def test_a_document_starting_at_a_rows_last_token_is_in_y_only(shared_prepared):
+    # T = 8: the first document fills x, the second's first token is the row's last, a target only.
+    data = PackedDocuments(shared_prepared, 8, split="train", rows=TrainRows("bestfit", buffer_size=4))
+    batch = data.gather([((0, 0, 8, 0), (1, 0, 1, 0))]).widen()
+    assert batch.cu_seqlens.tolist() == [0, 8] and batch.max_seqlen == 8  # no empty segment
+    assert batch.position_ids.tolist() == [list(range(8))]
+    assert batch.y[0, -1].item() == batch.x[0, 0].item()  # the second document's BOS, predicted
+
+
+def test_evaluation_rows_fill_exactly_and_end_at_a_documents_end():
+    from tokpack.data.packers import evaluation_rows
+
+    # Rows of 5 tokens, stride 3: a document of exactly 5 fills a row, 2 + 3 fill the next with no
+    # padding, and a document of 8 is two windows, the second reaching its end (its first target an
+    # earlier window scored) and none after it.
+    rows = list(evaluation_rows(iter([(0, 5), (1, 2), (2, 3), (3, 8)]), 5, 3))
+    assert rows == [((0, 0, 5, 0),), ((1, 0, 2, 0), (2, 0, 3, 0)), ((3, 0, 5, 0),), ((3, 3, 5, 1),)]
+    # Each document's targets scored once: a segment scores its tokens after the first, those it skips aside.
+    scored = sorted((doc, t) for row in rows for doc, start, take, skip in row for t in range(start + skip + 1,
+                                                                                              start + take))
+    assert scored == [(doc, t) for doc, n in enumerate([5, 2, 3, 8]) for t in range(1, n)]
 
 
 def test_a_model_without_position_ids_is_refused_on_packed_rows(prepared):
@@ -517,6 +558,7 @@ def _packed_state(prepared, at=5):
     ("a document swapped", "does not hold at that place"),
     ("an emptied buffer", "holds 0 entries where this packing keeps 15"),
     ("more rows than documents", "which no packing makes"),
+    ("an arrival not yet taken", "did not arrive where it says"),
 ])
 def test_forged_packed_states_are_refused_in_one_line(prepared, forgery, fragment):
     from tokpack.data.packers import PackerState, buffer_key
@@ -539,10 +581,12 @@ def test_forged_packed_states_are_refused_in_one_line(prepared, forgery, fragmen
             packer["buffer"][0][1] = (packer["buffer"][0][1] + 1) % len(data)
         elif forgery == "an emptied buffer":
             packer["buffer"] = []
+        elif forgery == "an arrival not yet taken":  # the next document to arrive, already in the buffer
+            packer["buffer"][0][0] = packer["taken"]
         else:
             packer["row"] = state["batch"] * 4
             packer["taken"] = packer["row"] - 1 + len(packer["buffer"])
-        keys = [buffer_key(doc, int(data.lengths[doc]), arrival, None) for arrival, doc in packer["buffer"]]
+        keys = sorted(buffer_key(doc, int(data.lengths[doc]), arrival, None) for arrival, doc in packer["buffer"])
         state["packer"] = data.save_state((3, 0, 1, True), PackerState(packer["row"], packer["taken"], keys))
     with pytest.raises(ValueError, match=fragment) as exc:
         build_loader(data, 4, seed=3).load_state_dict(state)

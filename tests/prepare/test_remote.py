@@ -72,6 +72,14 @@ def test_a_folder_published_to_s3_is_the_same_commands_local_folder(bucket, corp
                                                          strict=True))
 
 
+@pytest.mark.parametrize("options", [["--quiet"], ["--format", "llmc", *OPTIONS]], ids=["flat", "llmc"])
+def test_processes_publish_the_same_commands_local_folder(bucket, corpus, tmp_path, capsys, options):
+    name = f"processes-{len(options)}"
+    code, err = _run(capsys, corpus, "--out-dir", f"s3://{BUCKET}/{name}", "--processes", "2", *options)
+    assert code == 0, err
+    assert _objects(bucket, name) == _local(corpus, tmp_path / name, *options)
+
+
 def test_a_publish_that_exists_needs_force(bucket, corpus, tmp_path, capsys):
     assert _run(capsys, corpus, "--out-dir", f"s3://{BUCKET}/one", *OPTIONS)[0] == 0
     code, err = _run(capsys, corpus, "--out-dir", f"s3://{BUCKET}/one", *OPTIONS)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from helpers import ADVERSARIAL_ATOMS, make_docs, write_docs, write_spec
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main
-from tokpack.prepare.run import write_sample_corpus
+from tokpack.prepare.plan import write_sample_corpus
 from tokpack.tokenizer import CL100K_PATTERN, NANOCHAT_PATTERN, O200K_PATTERN, R50K_PATTERN, load_encoding
 from tokpack.tokenizer import fast
 

@@ -257,7 +257,7 @@ def test_documents_led_by_the_token_take_the_configs_bos_token(tmp_path):
                                                 max_size=12).map("".join), min_size=1, max_size=5),
                               min_size=1, max_size=4))
 def test_encode_marked_is_each_stretch_encoded_alone_with_the_marks_between(gpt2_hf, conversations):
-    from tokpack.chat.render import specials_apart
+    from tokpack.tokenizer.specials import specials_apart
     from tokpack.tokenizer.encoder import encode_marked_stretches
 
     gpt2, mark = load_encoding("gpt2"), "<|endoftext|>"

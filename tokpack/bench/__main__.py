@@ -6,7 +6,7 @@
     python -m tokpack.bench packing [--tokens 2000000] [--block-size 1024]
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
     python -m tokpack.bench remote [--mb 32]            # needs tokpack[remote] and moto[server]
-    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--tasks 2]
+    python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--processes 2]
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result: medians over rounds in which the runs take turns.
@@ -47,6 +47,11 @@ def _add_prepare(sub: Any) -> None:
     pp.add_argument("--torchrun", type=int, nargs="*", default=[],
                     help="also time whole commands: one process, and torchrun with each of these process counts "
                          "(default: none)")
+    pp.add_argument("--processes", type=int, nargs="*", default=[],
+                    help="also time whole commands: one process, and prepare --processes N for each of these (default: "
+                         "none)")
+    pp.add_argument("--ray", action="store_true", help="with --processes, also run them on a Ray head started "
+                                                        "here (tokpack[ray]; default: off)")
     pp.add_argument("--tokenizer", help="also prepare with this Hugging Face tokenizer.json, against its own "
                                         "encode_batch (default: none)")
     pp.add_argument("--encoding", default="gpt2", help="the tiktoken encoding (default: gpt2)")
@@ -110,10 +115,10 @@ def _add_others(sub: Any) -> None:
     cp.add_argument("--batch-size", type=int, default=8, help="B (default: 8)")
     cp.add_argument("--batches", type=int, default=200, help="batches per run (default: 200)")
     cp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
-    cp.add_argument("--tasks", type=int, default=0,
-                    help="also time whole commands: one process, and this many independent task processes at once, "
-                         "against nanochat's loop as a process (default: 0, none)")
-    cp.add_argument("--tasks-mb", type=float, help="conversations in MB for those (default: 64)")
+    cp.add_argument("--processes", type=int, default=0,
+                    help="also time whole commands: one process, and prepare --processes N, against nanochat's "
+                         "loop as a process (default: 0, none)")
+    cp.add_argument("--processes-mb", type=float, help="conversations in MB for those (default: 64)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -147,11 +152,15 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     """The figures of the bench ``args.what``, its files in ``tmp``. Each bench imports its own
     modules, so torch (two seconds of a start here) loads only for those that use it."""
     if args.what == "prepare":
-        from ..prepare.run import default_workers
+        from ..prepare.plan import default_workers
         from .prepare import bench_prepare
 
+        if args.ray and not args.processes:
+            raise ValueError("--ray runs the --processes commands on Ray; pass --processes N with it")
+        if any(count < 1 for count in args.processes):
+            raise ValueError(f"--processes {' '.join(map(str, args.processes))}: each count must be at least 1")
         return bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
-                             not args.no_peers, args.torchrun, args.tokenizer, args.encoding)
+                             not args.no_peers, args.torchrun, args.tokenizer, args.encoding, args.processes, args.ray)
     if args.what == "tokenizer":
         from .tokenizer import bench_tokenizer
 
@@ -164,7 +173,7 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
         from .chat import bench_chat
 
         return bench_chat(tmp, args.mb, args.rss_mb, args.block_size, args.batch_size, args.batches, args.rounds,
-                          args.tasks, args.tasks_mb)
+                          args.processes, args.processes_mb)
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
 

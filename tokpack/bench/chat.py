@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -271,7 +272,7 @@ def bench_template(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
 def _prepare(source: Path, out: Path, spec: Path, max_tokens: int = 2048) -> dict[str, Any]:
     """``prepare --chat nanochat`` in a fresh process, as the command runs: its stats (peak RSS)."""
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
-            "from tokpack.prepare.run import fix_mmap_threshold; fix_mmap_threshold(); "
+            "from tokpack.prepare.process import fix_mmap_threshold; fix_mmap_threshold(); "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], encoding=sys.argv[3], "
             "chat='nanochat', max_tokens=int(sys.argv[4]), quiet=True, force=True)); print(json.dumps(r['stats']))")
     done = subprocess.run([sys.executable, "-c", code, str(source), str(out), str(spec), str(max_tokens)],
@@ -293,7 +294,7 @@ def _alone(enc: Any, source: Path) -> Callable[[], None]:
     prepare's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..prepare.run import default_workers
+    from ..prepare.plan import default_workers
 
     with open(source) as f:
         texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
@@ -334,59 +335,62 @@ _LOOP = ("import json, sys; from tokpack.bench.chat import nanochat_render; from
          "enc = load_encoding(sys.argv[2]); f = open(sys.argv[1]); [nanochat_render(enc, json.loads(l)) for l in f]")
 
 
-def bench_tasks(tmp: Path, spec: Path, tasks: int, rounds: int, megabytes: float = 64.0) -> dict[str, Any]:
+def bench_processes(tmp: Path, spec: Path, processes: int, rounds: int, megabytes: float = 64.0) -> dict[str, Any]:
     """Whole commands on ``megabytes`` of conversations, start-up included: ``python -m
-    tokpack.prepare --chat nanochat`` as one process, and as ``tasks`` independent task processes
-    at once (each round into a new folder; the last task to finish writes meta.json), against
-    nanochat's loop as a process of its own. The tasks' shards, concatenated, must be the one
-    process's files."""
-    source = tmp / "tasks.jsonl"
+    tokpack.prepare --chat nanochat`` as one process and with ``--processes N``, against nanochat's
+    loop as a process of its own. The N processes' folder must be the one process's, byte for byte."""
+    source = tmp / "processes.jsonl"
     synthetic_chats(source, megabytes, seed=3)
     command = [sys.executable, "-m", "tokpack.prepare", str(source), "--chat", "nanochat", "--encoding", str(spec),
-               "--quiet"]
-    folders: list[Path] = []  # one a round: a task finds a folder's finished units and keeps them
+               "--quiet", "--force"]
 
     def one() -> None:
-        subprocess.run([*command, "--out-dir", str(tmp / "one"), "--force"], check=True, capture_output=True)
+        _command([*command, "--out-dir", str(tmp / "one")])
 
-    def shared() -> None:
-        out = tmp / f"tasks-{len(folders)}"
-        folders.append(out)
-        running = [subprocess.Popen([*command, "--out-dir", str(out), "--tasks", str(tasks), "--task", str(task)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for task in range(tasks)]
-        for process in running:
-            _, err = process.communicate()  # read as it runs: a full pipe would stop the task
-            if process.returncode:
-                raise RuntimeError(f"a task failed: {err.decode()[-2000:]}")
+    def many() -> None:
+        _command([*command, "--out-dir", str(tmp / "many"), "--processes", str(processes)])
 
     def loop() -> None:
-        subprocess.run([sys.executable, "-c", _LOOP, str(source), str(spec)], check=True)
+        _command([sys.executable, "-c", _LOOP, str(source), str(spec)])
 
-    names = ("tokpack.prepare, one process", f"tokpack.prepare, {tasks} task processes", "nanochat's loop, a process")
-    times = interleaved(dict(zip(names, (one, shared, loop))), rounds)
-    same = all(b"".join(p.read_bytes() for p in sorted(folders[-1].glob(f"{split}_*{suffix}")))
-               == (tmp / "one" / f"{split}{suffix}").read_bytes() for split in ("train", "val") for suffix in (".bin", ".mask"))
+    names = ("tokpack.prepare, one process", f"tokpack.prepare --processes {processes}", "nanochat's loop, a process")
+    times = interleaved(dict(zip(names, (one, many, loop))), rounds)
+    same = all((tmp / "many" / p.name).read_bytes() == p.read_bytes() for p in (tmp / "one").iterdir()
+               if not p.name.startswith("."))
     speeds = [ratio(times, name, names[2]) for name in names[:2]]
     print(table([{"run": name, "seconds": min(t)} for name, t in times.items()], ["run", "seconds"]))
     print(f"whole commands on {megabytes:g} MB of conversations, start-up included: one process {speeds[0]:.2f}x "
-          f"nanochat's loop (rounds {ratio_range(times, names[0], names[2])}), {tasks} independent task processes "
-          f"{speeds[1]:.2f}x (rounds {ratio_range(times, names[1], names[2])}); the tasks' files the one process's: "
-          f"{same}")
-    return {"command_vs_nanochat": round(speeds[0], 3), f"tasks{tasks}_vs_nanochat": round(speeds[1], 3),
-            "tasks_identical": same, "tasks_mb": megabytes}
+          f"nanochat's loop (rounds {ratio_range(times, names[0], names[2])}), --processes {processes} "
+          f"{speeds[1]:.2f}x (rounds {ratio_range(times, names[1], names[2])}), {speeds[1] / speeds[0]:.2f}x one "
+          f"process; the folders identical: {same}")
+    return {"command_vs_nanochat": round(speeds[0], 3), f"processes{processes}_vs_nanochat": round(speeds[1], 3),
+            "processes_identical": same, "processes_mb": megabytes}
+
+
+def _processes_size(processes: int, megabytes: float | None) -> dict[str, float]:
+    """``bench_processes``' size option, checked, or none: its default."""
+    if processes < 0:
+        raise ValueError(f"--processes {processes} is not a count of processes; pass 1 or more, or leave it out")
+    if megabytes is not None and (not processes or not 0 < megabytes < math.inf):
+        raise ValueError(f"--processes-mb {megabytes:g} " + ("sizes the --processes runs; pass --processes N with it"
+                                                             if not processes else "is no size; pass more than 0 MB"))
+    return {} if megabytes is None else {"megabytes": megabytes}
+
+
+def _command(argv: list[str]) -> None:
+    """A whole command; its failure is its own last line, not a traceback of ours."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise ValueError(f"{' '.join(argv[1:4])} ... failed: {lines[-1].removeprefix('tokpack: ')}")
 
 
 def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_size: int, batch_size: int,
-               batches: int, rounds: int, tasks: int, tasks_megabytes: float | None) -> dict[str, Any]:
-    if tasks < 0:
-        raise ValueError(f"--tasks {tasks} is not a count of processes; pass 1 or more, or leave it out")
-    if tasks_megabytes is not None and (not tasks or tasks_megabytes <= 0):
-        raise ValueError(f"--tasks-mb {tasks_megabytes:g} " + ("sizes the --tasks runs; pass --tasks N with it"
-                         if not tasks else "is no size; pass more than 0 MB"))
-    sized = {} if tasks_megabytes is None else {"megabytes": tasks_megabytes}
+               batches: int, rounds: int, processes: int, processes_megabytes: float | None) -> dict[str, Any]:
+    sized = _processes_size(processes, processes_megabytes)
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
-    from ..prepare.run import default_workers
+    from ..prepare.plan import default_workers
 
     spec, source = nanochat_tokenizer(tmp / "tok"), tmp / "chats.jsonl"
     count = synthetic_chats(source, megabytes)
@@ -435,7 +439,7 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
             **_report(times, row_times, count, megabytes, identical, same_rows, padding,
                       counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,
                       rss_megabytes or megabytes), **bench_template(tmp, megabytes, rounds),
-            **(bench_tasks(tmp, spec, tasks, rounds, **sized) if tasks else {})}
+            **(bench_processes(tmp, spec, processes, rounds, **sized) if processes else {})}
 
 
 def _report(times: dict[str, list[float]], row_times: dict[str, list[float]], count: int, megabytes: float,

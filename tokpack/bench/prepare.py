@@ -1,6 +1,6 @@
 """``python -m tokpack.bench prepare``: tokpack.prepare against raw tiktoken and the peers.
 
-    python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024] [--torchrun 1 2]
+    python -m tokpack.bench prepare [--mb 32] [--rss-mb 1024] [--torchrun 1 2] [--processes 2 [--ray]]
 
 On one synthetic jsonl corpus, in interleaved rounds: one-thread ``encode_ordinary``, all-thread
 ``encode_ordinary_batch``, tokpack.prepare, the read-and-hash of the input that a resumed run
@@ -13,8 +13,10 @@ See docs/benchmarks.md.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import shutil
 import statistics
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,7 @@ Count = Callable[[str, Callable[[], int]], Callable[[], None]]
 
 def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, repeat: int,
                   peers: bool, torchrun: Sequence[int] = (), tokenizer: str | None = None,
-                  encoding: str = "gpt2") -> dict[str, Any]:
+                  encoding: str = "gpt2", processes: Sequence[int] = (), ray: bool = False) -> dict[str, Any]:
     enc = load_encoding(encoding).library  # raw tiktoken, the baseline
     with tempfile.TemporaryDirectory(prefix="tokpack-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
@@ -116,10 +118,11 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
                     len(e.ids) for e in hf.encode_batch_fast(docs, add_special_tokens=False)))
             runs["tokpack.prepare --tokenizer"] = count("hf", lambda: _prepared_tokens(prepare(hf_config)))
         runs.update(_small_file_runs(docs, config, enc, raw, workers, Path(tmp), count))
-        runs.update(_command_runs(corpus, Path(tmp), workers, torchrun))
         if peers:
             runs.update(_peer_runs(files, Path(tmp), workers))
-        times = interleaved(runs, repeat)
+        with _ray_head(ray) as head:
+            runs.update(_command_runs(corpus, Path(tmp), workers, torchrun, processes, head))
+            times = interleaved(runs, repeat)
         floor = None if raw is None else _beyond_the_encoder(docs, files, Path(tmp) / "fast", raw, config.seed)
         end = _end_of_run(Path(tmp) / "out", Path(tmp) / "closing")
         _same_tokens(counts)
@@ -131,6 +134,7 @@ def bench_prepare(megabytes: float, rss_megabytes: float | None, workers: int, r
         hf_rss = (_prepare_in_fresh_process(rss_corpus, Path(tmp) / "rss-hf", workers, tokenizer)["peak_rss_mb"]
                   if tokenizer else None)
     report = _report(times, counts, docs, workers, repeat, rss_megabytes, rss, hf_rss, tokenizer, fast_skip)
+    report.update(_scaling(times, workers, processes))
     return {**report, **(bench_load(repeat) if encoding == "gpt2" else {}),
             **({"splintr_floor": floor} if floor else {}), "end_of_run": end}
 
@@ -290,18 +294,73 @@ def _fast_runs(config: PrepareConfig, docs: list[str], enc: Any, raw: Any, tmp: 
     }
 
 
-def _command_runs(corpus: Path, tmp: Path, workers: int, torchrun: Sequence[int]) -> dict[str, Any]:
-    """Whole commands, start-up included: what a user of torchrun waits for."""
+def _command_runs(corpus: Path, tmp: Path, workers: int, torchrun: Sequence[int], processes_counts: Sequence[int],
+                  ray: str | None) -> dict[str, Any]:
+    """Whole commands, start-up included: what a user of torchrun, of --processes and of Ray waits
+    for (Ray's cluster already started: its start-up is timed apart)."""
     runs = {}
-    for processes in torchrun:
-        runs[f"python -m tokpack.prepare, 1 process x {workers} threads"] = _command(
+    if torchrun or processes_counts:
+        runs[ONE_COMMAND.format(workers=workers)] = _command(
             ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp / "cmd"), "--force", "--quiet"])
+    for count in processes_counts:
+        runs[f"python -m tokpack.prepare --processes {count}"] = _command(
+            ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp / f"processes{count}"), "--force", "--quiet",
+             "--processes", str(count)])
+        if ray is not None:
+            runs[f"python -m tokpack.prepare --processes {count} --ray HEAD"] = _command(
+                ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp / f"ray{count}"), "--force", "--quiet",
+                 "--processes", str(count), "--ray", ray])
+    for processes in torchrun:
         threads = max(1, workers // processes)
         runs[f"torchrun, {processes} processes x {threads} threads"] = _command(
             ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "tokpack.prepare",
              str(corpus), "--out-dir", str(tmp / f"torchrun{processes}"), "--force", "--quiet",
              "--workers", str(threads)])
     return runs
+
+
+ONE_COMMAND = "python -m tokpack.prepare, 1 process x {workers} threads"
+
+
+@contextlib.contextmanager
+def _ray_head(wanted: bool) -> Iterator[str | None]:
+    """A Ray head on the loopback address for the --ray runs (its start-up printed), or None."""
+    if not wanted:
+        yield None
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    ray = str(Path(sys.executable).parent / "ray")
+    started = time.perf_counter()
+    subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                    "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True, env=env)
+    print(f"Ray's head started in {time.perf_counter() - started:.1f} s (not in the --ray runs' times)")
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the commands join it without a token
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env)
+        os.environ.pop("RAY_AUTH_MODE") if saved is None else os.environ.update(RAY_AUTH_MODE=saved)
+
+
+def _scaling(times: dict[str, list[float]], workers: int, counts: Sequence[int]) -> dict[str, Any]:
+    """--processes N (and on Ray) against one process, whole commands."""
+    one, out = ONE_COMMAND.format(workers=workers), {}
+    for count in counts:
+        name, on_ray = f"python -m tokpack.prepare --processes {count}", f"python -m tokpack.prepare --processes {count} --ray HEAD"
+        out[f"processes{count}_vs_one_process"] = round(ratio(times, name, one), 3)
+        line = (f"--processes {count}: {ratio(times, name, one):.2f}x one process of {workers} threads (rounds "
+                f"{ratio_range(times, name, one)})")
+        if on_ray in times:
+            out[f"ray{count}_time_over_processes"] = round(1 / ratio(times, on_ray, name), 3)
+            line += f"; on Ray, {1 / ratio(times, on_ray, name):.2f}x the time of --processes {count}"
+        print(line)
+    return out
 
 
 def _peer_runs(files: list[Path], tmp: Path, workers: int) -> dict[str, Any]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .nanochat import NANOCHAT_TOKENS, Nanochat
+from ..tokenizer.specials import NANOCHAT_TOKENS
+from ..tokenizer.templates import read_template, template_source
+from .nanochat import Nanochat
 from .records import messages
 from .render import ChatPieces, ChatRenderer, Encoded, PieceMask, Renderer
 
 if TYPE_CHECKING:
-    from .template import Template, read_template, template_source
+    from .template import Template
 
 __all__ = ["NANOCHAT_TOKENS", "ChatPieces", "ChatRenderer", "Encoded", "Nanochat", "PieceMask", "Renderer", "Template",
            "messages", "read_template", "template_source"]
@@ -29,8 +31,8 @@ __all__ = ["NANOCHAT_TOKENS", "ChatPieces", "ChatRenderer", "Encoded", "Nanochat
 def __getattr__(name: str) -> Any:
     # Chat templates need jinja2, a tenth of every start-up that imports tokpack.tokenizer:
     # imported on first use, as tokpack's own public names are.
-    if name in ("Template", "read_template", "template_source"):
-        from . import template
+    if name == "Template":
+        from .template import Template
 
-        return getattr(template, name)
+        return Template
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

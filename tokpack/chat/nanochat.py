@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..format import MASK_DTYPE
-from .render import ChatPieces, Encoded, Renderer, encode_conversations, lead_places
+from ..tokenizer.specials import NANOCHAT_TOKENS, lead_places
+from .render import ChatPieces, Encoded, Renderer, encode_conversations
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
-
-# nanochat's special tokens, by name: <|bos|> starts every document, the others render chats.
-NANOCHAT_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
-
 
 # The step each kind of token makes in the mask: assistant start and end, output start and end.
 _STEPS = np.array([0, 1, -1, -1, 1], dtype=np.int8)

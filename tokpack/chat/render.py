@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..format import MASK_DTYPE
+from ..tokenizer.specials import with_leads
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -147,30 +148,6 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
     return ids, mask, np.concatenate(([0], layout[last - 1, 2]))
 
 
-def with_leads(flat: np.ndarray, bounds: np.ndarray, leads: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Texts' ids laid end to end (``flat``, each text's offsets ``bounds``) with each text's
-    ``leads`` (special tokens' ids) placed before it: the ids (uint32), and the layout, one row a
-    text: where its lead starts, where its own ids start, where they end. A few array operations."""
-    held = np.fromiter(map(len, leads), dtype=np.int64, count=len(leads))
-    sizes = held + np.diff(bounds)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    layout = np.stack([starts, starts + held, ends], axis=1)
-    ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint32)
-    at = lead_places(layout)
-    text = np.ones(len(ids), dtype=bool)
-    text[at] = False
-    ids[at] = np.fromiter(itertools.chain.from_iterable(leads), dtype=np.uint32, count=len(at))
-    ids[text] = flat
-    return ids, layout
-
-
-def lead_places(layout: np.ndarray) -> np.ndarray:
-    """Where each lead's special tokens stand in the ids, from their ``layout`` (``with_leads``')."""
-    held = layout[:, 1] - layout[:, 0]
-    return np.repeat(layout[:, 0] - (np.cumsum(held) - held), held) + np.arange(int(held.sum()))
-
-
 def _in_order(kinds: list[bool], marked: tuple[np.ndarray, np.ndarray, np.ndarray],
               plain: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The batch's conversations in order, from its marked ones (where ``kinds``) and its others."""
@@ -250,15 +227,3 @@ def crop(ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,
     out = np.zeros(len(bounds), dtype=np.int64)
     np.cumsum(np.minimum(lengths, max_tokens), out=out[1:])
     return ids[keep], mask[keep], out, cut
-
-
-def specials_apart(names: Iterable[str]) -> bool:
-    """Whether any text that holds no special token's text may stand between special tokens
-    written out without changing where they are read: no special token holds another, and none
-    ends with the start of one (else the end of a text and the start of the token after it, or
-    the token itself, could be read as that one). Then a scan for special tokens finds exactly
-    those written. O(special tokens x their length) with a set of their proper ends."""
-    names = list(names)
-    ends = {name[-k:] for name in names for k in range(1, len(name))}
-    held = any(a != b and b in a for a in names for b in names)
-    return bool(names) and not held and not any(name[:k] in ends for name in names for k in range(1, len(name) + 1))

@@ -29,7 +29,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from functools import cached_property, lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -40,10 +39,9 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 import numpy as np
 
-from ..format import load_json, read_file
+from ..tokenizer.specials import specials_apart
 from .records import bad_record
-from .render import (ChatPieces, Encoded, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping,
-                     specials_apart, token_sizes)
+from .render import ChatPieces, Encoded, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping, token_sizes
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -58,7 +56,6 @@ FIXED_DAY = datetime(2024, 7, 26)  # strftime_now's day: the one Llama 3's templ
 # Markers for special-token text inside messages: pairs of Unicode noncharacters, the first pair
 # that no string of a conversation holds, so no text is ever changed to make room for them.
 MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
-TEMPLATE_BYTES = 1 << 20  # a template file's size at most
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -235,36 +232,6 @@ def _byte_spans(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[
 
     inside = tuple((at(s), at(e)) for s, e in spans if s < lo + len(raw) and e > lo)
     return clean(raw), tuple((s, e) for s, e in inside if e > s)
-
-
-def template_source(settings: Mapping[str, Any], where: str) -> str | None:
-    """The chat template a tokenizer config names (``chat_template``: a string, or a list of named
-    templates, of which "default" is used), or None."""
-    found = settings.get("chat_template")
-    if found is None or isinstance(found, str):
-        return found
-    listed = found if isinstance(found, list) else []
-    named = {t.get("name"): t.get("template") for t in listed if isinstance(t, Mapping)}
-    if isinstance(named.get("default"), str):
-        return named["default"]
-    raise ValueError(f"{where} has a chat_template that is not a template nor a list holding one named 'default'; "
-                     "pass the template with --chat-template FILE")
-
-
-def read_template(path: Path) -> str:
-    """The template in a file: a tokenizer_config.json's ``chat_template``, or a template's text."""
-    fix = "pass a .jinja template or a tokenizer_config.json that holds one"
-    raw = read_file(path, "chat template", fix, TEMPLATE_BYTES)
-    if path.suffix != ".json":
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"chat template {path} is not UTF-8 text; {fix}") from None
-    settings = load_json(raw, str(path), fix)
-    source = template_source(settings, str(path)) if isinstance(settings, Mapping) else None
-    if source is None:
-        raise ValueError(f"{path} holds no chat_template; {fix}")
-    return source
 
 
 class Template:

@@ -3,6 +3,7 @@
     python -m tokpack.prepare corpus.txt                # one document: nanoGPT's Shakespeare split
     python -m tokpack.prepare docs/ --out-dir data/web  # many documents: a seeded per-document split
     python -m tokpack.prepare                           # the built-in sample corpus -> data/sample
+    python -m tokpack.prepare docs/ --out-dir data/web --processes 8          # every core, one process each
     torchrun --nproc-per-node=8 -m tokpack.prepare docs/ --out-dir data/web   # every rank a share
     python -m tokpack.prepare docs/ --out-dir data/web --tasks 8 --task 3      # independent tasks
 
@@ -20,7 +21,8 @@ from ..cli import add_config_option, parser, run_cli
 from ..options import add_options, build_config
 from ..tokenizer import load_encoding
 from .config import PrepareConfig
-from .run import fix_mmap_threshold, prepare
+from .process import fix_mmap_threshold
+from .run import prepare
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -39,8 +41,11 @@ def summary(result: dict[str, Any]) -> str:
             shards = (f"  {len(info['shards'])} shards, the smallest {smallest:,} tokens "
                       f"(llm.c: processes x B x T up to {smallest - 1:,})")
         lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
-    lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {stats['workers']} threads, "
-                 f"{stats['seconds']:.2f} s, peak memory {stats['peak_rss_mb']:.0f} MB")
+    on = f"{stats['processes']} processes" if stats["processes"] > 1 else f"{stats['workers']} threads"
+    memory = f"peak memory {stats['peak_rss_mb']:.0f} MB"
+    if "task_peak_rss_mb" in stats:
+        memory += f" here, {stats['task_peak_rss_mb']:.0f} MB the largest task"
+    lines.append(f"  {stats['tokens_per_s']:,.0f} tokens/s on {on}, {stats['seconds']:.2f} s, {memory}")
     if result["dtype"] == "uint32":
         # llm.c's C loader (and modded-nanogpt's) accept version 1 headers, uint16, only.
         lines.append("  note: uint32 tokens. " + (

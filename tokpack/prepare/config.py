@@ -114,6 +114,12 @@ class PrepareConfig:
                               "(default: SLURM_ARRAY_TASK_ID less SLURM_ARRAY_TASK_MIN in a Slurm array)")
     tasks: int | None = option(None, "how many independent tasks share the run, each any time, in any order, "
                                "rerun at will (default: SLURM_ARRAY_TASK_COUNT in a Slurm array)")
+    processes: int = option(1, "run as N tasks, each a process of this machine (a Ray task with --ray), and "
+                            "finish the folder: the same files as one process; where the cost is Python "
+                            "(conversations) every core (1: one process, its threads)")
+    ray: str | None = option(None, "run the --processes tasks on a Ray cluster (tokpack[ray]): HOST:PORT, its head's "
+                             "GCS address; auto, the one this machine belongs to; local, one started here for the run "
+                             "(default: none, this machine's processes)")
     finalize: bool = option(False, "write meta.json of a run of --tasks once every unit is done (the task that "
                             "finishes the last unit does it too)")
     quiet: bool = option(False, "no progress bar or summary")
@@ -163,6 +169,7 @@ class PrepareConfig:
         if self.task is not None and (self.tasks is None or not 0 <= self.task < self.tasks):
             raise ValueError(f"--task {self.task} must lie in 0..{'--tasks - 1' if self.tasks is None else self.tasks - 1}"
                              f"{'; give --tasks N too' if self.tasks is None else ''}")
+        self._check_processes(remote_out)
         if self.shard_tokens < 0:
             raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
         if not self.unit_mb > 0:
@@ -170,6 +177,20 @@ class PrepareConfig:
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
         self._check_chat()
+
+    def _check_processes(self, remote_out: bool) -> None:
+        """--processes runs the tasks of its run itself, into a local folder."""
+        if self.processes < 1:
+            raise ValueError(f"--processes {self.processes} must be at least 1")
+        if self.processes == 1 and self.ray is None:
+            return
+        given = [flag for flag, used in (("--tasks", self.tasks is not None), ("--task", self.task is not None),
+                                         ("--finalize", self.finalize), ("--mixture", bool(self.mixture)),
+                                         ("--ray with a URL --out-dir", remote_out and self.ray is not None)) if used]
+        if given:
+            raise ValueError(f"--processes {self.processes} runs every task of the run and finishes the folder itself; "
+                             f"it does not take {', '.join(given)}: drop one (a --mixture is written by one process; "
+                             "Ray's workers share no spool: prepare into a shared disk)")
 
     def _check_chat(self) -> None:
         """Conversations each start with their own BOS, in the split their hash chooses."""
@@ -190,6 +211,10 @@ class PrepareConfig:
         if unsupported:
             raise ValueError(f"--chat writes each conversation led by its own BOS, in the split its messages' hash "
                              f"or --val-inputs chooses, and does not take {', '.join(unsupported)}; drop it")
+
+    def one_file_a_split(self) -> bool:
+        """Whether one process writes each split as one file (flat, or Megatron's pair), not shards."""
+        return self.format != "llmc" and not self.shard_tokens
 
     def output_options(self) -> dict[str, Any]:
         chat = CHAT_OPTIONS if self.chat != Renderer.NONE else ()  # a text run's record stays as it was

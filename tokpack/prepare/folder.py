@@ -23,8 +23,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import IDX_NAME, INDEX_DTYPE, LOCK_NAME, META_NAME, SPLITS, every_file, read_meta
-from ..storage.local import remove_own
+from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
+                      every_file, read_meta)
+from ..format.megatron import write_index
+from ..storage.local import LocalFolder, remove_own
 from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
 from . import units
@@ -225,12 +227,64 @@ def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]])
     the units before), written to a temporary name and entered in ``meta``; the renames to make."""
     renames = []
     for split in SPLITS:
-        merged = HashingWriter(out / IDX_NAME.format(split=split))
-        offset = 0
-        for part in parts:
-            entry = part["splits"][split]
-            merged.write(np.fromfile(out / entry["idx"]["file"], dtype=INDEX_DTYPE) + np.uint64(offset))
-            offset += entry["info"]["tokens"]
+        merged = _merged_index(out, split, parts)
         meta["splits"][split]["idx"] = merged.close()
         renames += merged.renames()
     return renames
+
+
+def _merged_index(out: Path, split: str, parts: list[dict[str, Any]]) -> HashingWriter:
+    merged = HashingWriter(out / IDX_NAME.format(split=split))
+    offset = 0
+    for part in parts:
+        entry = part["splits"][split]
+        merged.write(np.fromfile(out / entry["idx"]["file"], dtype=INDEX_DTYPE) + np.uint64(offset))
+        offset += entry["info"]["tokens"]
+    return merged
+
+
+def flattened(out: Path, parts: list[dict[str, Any]], digest: str, dtype: np.dtype, megatron: bool) -> dict[str, Any]:
+    """The one part a one-process flat run writes, from the recorded units of a run of several
+    processes: each split's unit shards, masks and index parts joined in input order into
+    ``SPLIT.bin`` (Megatron's ``SPLIT_text_document.bin`` and ``.idx`` with ``megatron``),
+    ``SPLIT.mask`` and ``SPLIT.idx``, at temporary names, with the renames to make; ``digest``, the
+    whole input's sha256, as one process records it. O(corpus) read and written once, O(1) memory."""
+    folder = LocalFolder(out)  # the records named plain files of a unit's pattern; links are refused
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        held = [part["splits"][split]["info"] for part in parts]
+        bin_name = f"{MEGATRON_NAME.format(split=split)}.bin" if megatron else BIN_NAME.format(split=split)
+        info: dict[str, Any] = {"tokens": sum(i["tokens"] for i in held), "documents": sum(i["documents"] for i in held)}
+        writers = {"bin": _joined(folder, out / bin_name, [s for i in held for s in i["shards"]])}
+        if "mask_shards" in held[0]:
+            writers["mask"] = _joined(folder, out / MASK_NAME.format(split=split),
+                                      [m for i in held for m in i["mask_shards"]])
+            info["supervised"] = sum(i["supervised"] for i in held)
+        index = _merged_index(out, split, parts)
+        info.update((key, writer.close()) for key, writer in writers.items())
+        idx = index.close()
+        renames = [pair for writer in (*writers.values(), index) for pair in writer.renames()]
+        if megatron:  # Megatron's own index, from the starts just joined, as one process writes it
+            pairs = HashingWriter(out / f"{MEGATRON_NAME.format(split=split)}.idx")
+            write_index(pairs.write, index.tmp, info["documents"], info["tokens"], dtype)
+            info["megatron_idx"] = pairs.close()
+            renames += pairs.renames()
+        splits[split] = {"info": info, "idx": idx, "renames": renames}
+    part: dict[str, Any] = {"input_sha256": digest, "splits": splits}
+    if "chat" in parts[0]:
+        part["chat"] = {key: sum(p["chat"][key] for p in parts) for key in parts[0]["chat"]}
+    return part
+
+
+def _joined(folder: LocalFolder, path: Path, entries: list[dict[str, Any]]) -> HashingWriter:
+    """The files ``entries`` name, one after another, into a new file at ``path``'s temporary name."""
+    joined = HashingWriter(path)
+    try:
+        for entry in entries:
+            with folder.open(entry["file"]) as f:
+                while block := f.read(1 << 22):
+                    joined.write(block)
+    except BaseException:
+        joined.discard()
+        raise
+    return joined

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,7 @@ from ..format import META_NAME, Meta, UnitRecord, read_meta
 from . import units
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
+from .plan import processes_plan
 
 
 def place(config: PrepareConfig, environ: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -93,10 +96,27 @@ def run(plan: Plan, task: int, tasks: int, finalize: bool,
         return done
     if task >= 0:
         _ready(plan)
-        for unit in range(task * plan.units // tasks, (task + 1) * plan.units // tasks):
-            if units.load(plan, unit) is None:
-                units.run_unit(plan, unit)
+        _work(plan, task, tasks)
     return _finalize(plan, finalize, meta_of)
+
+
+def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lambda: True) -> None:
+    """Task ``task`` of a ``--processes`` run, as an executor runs it: its units, those recorded
+    and intact kept. The process that runs the run holds the folder and finishes it. ``cleared``
+    is asked once the task's plan is made: it writes nothing unless the run's process says the
+    folder is ready (False: the run was given up), so a task may start while the folder is readied."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run's own process made the same plan and gave its warnings
+        plan = processes_plan(config, time.perf_counter())
+    if cleared():
+        _work(plan, task, config.processes)
+
+
+def _work(plan: Plan, task: int, tasks: int) -> None:
+    """Task ``task``'s contiguous share of the run's units, each kept if recorded and intact."""
+    for unit in range(task * plan.units // tasks, (task + 1) * plan.units // tasks):
+        if units.load(plan, unit) is None:
+            units.run_unit(plan, unit)
 
 
 def _finalize(plan: Plan, explicit: bool, meta_of: Callable[[Plan, list[UnitRecord]], Meta]) -> dict[str, Any] | None:

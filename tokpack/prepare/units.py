@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -71,22 +72,29 @@ def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def load(plan: Plan, unit: int) -> UnitRecord | None:
+def load(plan: Plan, unit: int, proven: bool = False) -> UnitRecord | None:
     """The record of ``unit`` if it belongs to this run, its input is unchanged and its files are
-    intact, else None."""
+    intact, else None. ``proven``: a task of this run wrote or checked the unit just now, under
+    the folder's lock, so its input and files are not read again, only named and sized."""
     try:
-        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out))
-        if record is not None:
+        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out), proven)
+        if record is not None and proven:
+            for entry in record_files(record):
+                found = os.lstat(plan.out / entry["file"])  # a link is no unit's file
+                if not stat.S_ISREG(found.st_mode) or found.st_size != entry["bytes"]:
+                    return None
+        elif record is not None:
             _check_files(plan, record)
     except (OSError, ValueError, VerifyError):
         return None
     return record
 
 
-def this_run(plan: Plan, unit: int, raw: bytes | None, where: str) -> UnitRecord | None:
+def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, proven: bool = False) -> UnitRecord | None:
     """The record ``raw`` of ``unit`` (kept in ``where``) if it is this run's, names only a unit's
-    files and was made from the input as it is now (else None, with a warning if the input
-    changed): what a rerun keeps, once the files it names are found as recorded."""
+    files and was made from the input as it is now (``proven``: not read again; else None, with a
+    warning if the input changed): what a rerun keeps, once the files it names are found as
+    recorded."""
     try:
         record = load_json(raw or b"null", where, "it is redone")
         if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
@@ -99,7 +107,7 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str) -> UnitRecord
             return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if recorded != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
+    if not proven and recorded != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
         warnings.warn(f"the input of unit {unit} changed since it was recorded in {where}; it is redone",
                       stacklevel=3)
         return None
@@ -164,6 +172,11 @@ def _claimed(out: Path, unit: int) -> list[str]:
     shard = rf"(?:train|val)_{unit:05d}_\d{{6}}\.bin" + (r"|(?:train|val)_\d{6}\.bin" if unit == 0 else "")
     own = re.compile(rf"(?:.*_)?(?:{shard})|\.(?:train|val)\.idx\.u{unit:05d}")
     return sorted(p.name for p in out.iterdir() if _UNIT_FILE.fullmatch(p.name) and own.fullmatch(p.name))
+
+
+def numbered(out: Path) -> set[int]:
+    """The units whose records stand in ``out``, from their names alone (none is read)."""
+    return {int(m.group(1)) for m in map(UNIT_RECORD_NAME.fullmatch, os.listdir(out)) if m}
 
 
 def recorded_files(out: Path) -> set[str]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tiktoken
 
-from ..chat.render import specials_apart
+from .specials import specials_apart
 from . import fast
 from .encoder import encode_marked_stretches, flat_arrays, marks_pattern
 from .patterns import CUT_SAFE_PATTERNS, ENDOFTEXT

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..chat.render import with_leads
+from .specials import with_leads
 
 
 @runtime_checkable
@@ -61,7 +61,7 @@ class Encoder(Protocol):
         """The ids of all the texts laid end to end (uint32), where the text of a special token in
         ``marks`` is that token and the stretches between them are ``encode_ordinary``'s, and
         where each text's ids start (``len(texts) + 1`` offsets, the last their end); the caller
-        makes sure no other special-token text touches them (``tokpack.chat.render.specials_apart``).
+        makes sure no other special-token text touches them (``tokpack.tokenizer.specials.specials_apart``).
         Many texts a call: an encoder may encode them at once. ``held``: how many marks each text
         holds, where the caller knows (else they are counted)."""
         ...

@@ -148,7 +148,7 @@ class HFEncoder:
     def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
         """chat_template.jinja beside the tokenizer, else its config's ``chat_template``; and the
         special tokens the config names, as transformers hands them to a template."""
-        from ..chat.template import read_template, template_source  # jinja2 only where a template is used
+        from .templates import read_template, template_source
 
         settings = self.settings
         variables = {key: text for key, value in settings.items()

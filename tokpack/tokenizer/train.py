@@ -36,7 +36,7 @@ from typing import Any
 import regex
 from tqdm import tqdm
 
-from ..chat import NANOCHAT_TOKENS
+from .specials import NANOCHAT_TOKENS
 from ..corpus import ReadOptions, documents
 from ..storage.local import open_new, remove_own
 from ..inputs import resolve_inputs

@@ -1,0 +1,26 @@
+"""What an executor is (``Executor``), and the error of a task that was lost rather than failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..config import PrepareConfig
+
+
+class Executor(Protocol):
+    """Runs every task of a run to its end."""
+
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], None], tick: Callable[[], None]) -> None:
+        """Tasks 0 to ``tasks`` - 1 of ``config``'s run, each to its end. ``ready`` (the caller
+        readying the folder) is called once, as early as the tasks' start-up allows, and no task
+        writes before it returns; ``tick`` now and then while they run (the caller's progress).
+        Raises ``ready``'s error or the first failed task's, the others stopped; on
+        KeyboardInterrupt or SIGTERM every task is stopped before it returns."""
+        ...
+
+
+class TaskLost(ChildProcessError):
+    """A task's process ended without its result (killed, out of memory): not the input's fault, so
+    the units the run finished are kept for a rerun. An OSError: the CLIs make it one line."""

@@ -1,0 +1,161 @@
+"""``--processes N``: the tasks of a run as N processes of this machine, each ``python -m
+tokpack.prepare.executors.local`` with its task on its standard input.
+
+Fresh interpreters, not forks: a fork of a process that holds threads (the encoders', a
+tokenizer's pool) can inherit a lock held by a thread that is not there, and a spawned
+``multiprocessing`` child would re-run a caller's unguarded script. Each process starts in about
+half a second and holds one process's flat memory; each gets its share of the cores for its
+encoding threads. A task that fails stops the others and its one line is raised; one that is
+killed raises ``TaskLost``; Ctrl-C, SIGTERM or an error in the caller stops every process before
+``run`` returns, and a process whose caller died stops by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import IO, Any
+
+from ...cli import run_cli
+from ...options import from_dict
+from ..config import PrepareConfig
+from ..plan import default_workers
+from ..process import fix_mmap_threshold
+from ..tasks import run_task
+from .base import TaskLost
+
+POLL_S = 0.2  # how often the processes are looked at, and the caller ticked
+STOP_S = 10.0  # how long a stopped process may take to clean up before it is killed
+
+
+class LocalProcesses:
+    """Every task a process of this machine, all at once."""
+
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], None], tick: Callable[[], None]) -> None:
+        threads = _threads_each(config, tasks)
+        # Rust thread pools (splintr's, tokenizers') too: N processes share the cores.
+        env = {**os.environ, "RAYON_NUM_THREADS": str(threads)}
+        started: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+        try:
+            for task in range(tasks):  # each starts and makes its plan while the caller readies the folder
+                log = tempfile.TemporaryFile()
+                process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                           stdout=subprocess.DEVNULL, stderr=log, env=env)
+                started.append((process, log))
+                assert process.stdin is not None
+                process.stdin.write(json.dumps({"config": _plain(config), "task": task, "workers": threads}).encode()
+                                    + b"\n")
+                process.stdin.flush()
+            ready()
+            for process, _ in started:
+                _go(process)
+            _wait(started, tick)
+        finally:
+            _stop([process for process, _ in started])
+            for process, log in started:
+                _forward_warnings(log)
+                log.close()
+
+
+def _go(process: subprocess.Popen[bytes]) -> None:
+    """The folder is ready: the task may write (a task that already ended is reported by ``_wait``)."""
+    assert process.stdin is not None
+    try:
+        process.stdin.write(b"go\n")
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+def _threads_each(config: PrepareConfig, tasks: int) -> int:
+    """A process's encoding threads: ``--workers`` as asked, else its share of the cores."""
+    return config.workers or max(1, default_workers() // tasks)
+
+
+def _plain(config: PrepareConfig) -> dict[str, Any]:
+    """The config as JSON, for the task's process to rebuild and check as the caller did."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _wait(started: list[tuple[subprocess.Popen[bytes], IO[bytes]]], tick: Callable[[], None]) -> None:
+    """Until every process has ended well; the first that did not is raised."""
+    running = {task: process for task, (process, _) in enumerate(started)}
+    while running:
+        time.sleep(POLL_S)
+        tick()
+        for task, process in list(running.items()):
+            code = process.poll()
+            if code is None:
+                continue
+            del running[task]
+            if code != 0:
+                raise _failure(task, len(started), code, started[task][1])
+
+
+def _failure(task: int, tasks: int, code: int, log: IO[bytes]) -> Exception:
+    """The error of a task's process that ended with ``code``: its own one line, or ``TaskLost``."""
+    log.seek(0)
+    lines = [line for line in log.read().decode("utf-8", "replace").splitlines()
+             if line.startswith("tokpack: ") and not line.startswith("tokpack: warning: ")]
+    if code == 2 and lines:
+        return ValueError(lines[-1].removeprefix("tokpack: "))
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return TaskLost(f"the process of task {task} of {tasks} {how}; run the same command again: the units done are "
+                    "kept")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Every process ended: asked to stop (SIGTERM: each cleans up its temporary files), then killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_S
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _forward_warnings(log: IO[bytes]) -> None:
+    """A task's warnings, each once, as the caller's own."""
+    log.seek(0)
+    lines = log.read().decode("utf-8", "replace").splitlines()
+    for line in dict.fromkeys(line for line in lines if line.startswith("tokpack: warning: ")):
+        warnings.warn(line.removeprefix("tokpack: warning: "), stacklevel=4)
+
+
+def _orphaned(parent: int) -> None:
+    """Stop this task, as SIGTERM would, once the process that started it is gone."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> int:
+    """A task's process: its task from standard input, run as ``tasks.run_task`` runs it."""
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
+    asked = json.loads(sys.stdin.readline())
+
+    def body() -> int:
+        config = from_dict(PrepareConfig, asked["config"], "a task of --processes")
+        fix_mmap_threshold()  # a process that only prepares: its peak stays flat
+        run_task(dataclasses.replace(config, workers=asked["workers"], quiet=True), asked["task"],
+                 lambda: sys.stdin.readline() == "go\n")  # end of input: the run was given up
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""A prepare run's one plan: every decision made once (``make_plan``), read by every stage and by
+every process of the run.
+
+The input is cut into units, consecutive byte ranges in input order, so the units' outputs,
+concatenated, are the one process's, byte for byte, for any number of units and processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from pathlib import Path
+
+from ..chat import ChatRenderer, Nanochat, Renderer
+from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
+from ..format import InputsInfo
+from ..inputs import resolve_groups
+from ..options import default_of
+from ..storage import InputFile, is_url, redact
+from ..storage.local import remove_leftovers
+from ..tokenizer import Encoder, load_encoding, token_dtype
+from . import holdout, units
+from .config import Plan, PrepareConfig
+from .folder import check_out_dir
+from .mixture import Mixture
+
+SAMPLE_CORPUS = Path("data/sample-corpus")
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
+    """The built-in sample: the Python documentation topics, one file per topic."""
+    from pydoc_data.topics import topics
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in sorted(topics.items()):
+        path = folder / f"{name}.txt"
+        if not path.is_file() or path.read_text("utf-8") != text:
+            path.write_text(text, "utf-8")
+    return folder
+
+
+def _describe_inputs(groups: list[tuple[str, list[InputFile]]], sizes: dict[InputFile, int]) -> InputsInfo:
+    """Each input as given, with its file count and bytes, and a hash of the whole file listing.
+
+    Per-file entries would make meta.json grow with the number of files; the hash still pins them.
+    """
+    listing = hashlib.sha256()
+    for _, found in groups:
+        for f in found:
+            listing.update(f"{f}\t{sizes[f]}\n".encode("utf-8", "surrogateescape"))
+    return {
+        "given": [{"path": redact(raw) if is_url(raw) else raw, "files": len(found), "bytes": sum(sizes[f] for f in found)}
+                  for raw, found in groups],
+        "files": len(sizes),
+        "bytes": sum(sizes.values()),
+        "listing_sha256": listing.hexdigest(),
+    }
+
+
+def make_plan(config: PrepareConfig, world: int, started: float, independent: bool = False) -> Plan:
+    """Every decision of the run, once: encoding, dtype, inputs, end of text, output folder, units.
+
+    The input is cut into units in input order, so the units' outputs, concatenated, are the one
+    process's, byte for byte, for any number of units and ranks. A flat run is one unit written
+    straight to train.bin / val.bin. A sharded run (``--shard-tokens``, ``--format llmc`` or
+    torchrun) publishes each unit's shards as it finishes, with a record, so a rerun keeps them.
+    """
+    groups, val_files = _input_groups(config)
+    files = tuple(f for _, found in groups for f in found)
+    single = not config.val_inputs and is_single_document(files, config.doc_sep)
+    if single and config.val_tokens:
+        raise ValueError(f"--val-tokens chooses whole documents, but {files[0]} is one document; "
+                         "use --val-fraction, or --doc-sep to cut it into documents")
+    _warn_unused(config, files)
+    # llm.c's convention is an <|endoftext|> before every document; a conversation brings its own BOS.
+    eot = config.eot if config.eot != "auto" else ("none" if single or config.chat != "none" else
+                                                   "prepend" if config.format == "llmc" else "append")
+    # Documents led by the token take a Hugging Face config's BOS token, where it names one.
+    enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
+    dtype = token_dtype(enc, config.dtype)
+    out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
+    remove_leftovers(out)  # of a run killed after its meta.json: they would hold the folder back
+    # Fail fast, before the corpus is read; checked again once the folder is locked (an independent
+    # task first looks whether its run is finished already: then there is nothing to refuse).
+    if not independent:
+        check_out_dir(out, config.force, files, input_folders(config),
+                      ours=units.recorded_files(out) if out.is_dir() else set())
+    sizes = {p: p.size() for p in files}
+    total = sum(sizes.values())
+    if world > max(total, 1):  # a unit is a byte range of the input: more than one a byte leaves some empty
+        what = (f"--processes {world:,}" if config.processes > 1 else f"--tasks {world:,}" if independent else
+                f"{world:,} processes")
+        raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
+                         f"give at most {max(total, 1):,}")
+    sharded = not config.one_file_a_split() or world > 1 or independent
+    if config.mixture and sharded:
+        raise ValueError("--mixture writes each split in one order, so one process writes it, flat; drop --tasks, "
+                         "--shard-tokens, --format llmc or torchrun")
+    # --processes' units are joined into one process's files at the finish: Megatron's pair too.
+    if config.format == "megatron" and sharded and config.processes == 1:
+        raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
+                         f"without torchrun (this is {world} processes), or use --format flat or llmc")
+    count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
+    inputs = _describe_inputs(groups, sizes)
+    chat = _renderer(config, enc)
+    # A rendering's own facts (a template's sha256, whatever file it came from) decide a unit's bytes too.
+    fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
+                                     "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
+                                     **({"chat": chat.describe()} if chat is not None else {})})
+    return Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
+                dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
+                sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
+                started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
+                chat=chat, mixture=Mixture.of(config.mixture, groups, config.seed))
+
+
+def processes_plan(config: PrepareConfig, started: float) -> Plan:
+    """The plan of a ``--processes`` run, the same in each of its processes. Its units are one
+    process's where one process writes shards (so the folder is that process's, and either
+    resumes the other); a split written as one file gets one a process at least, joined at the end."""
+    world = config.processes if config.one_file_a_split() else 1
+    plan = make_plan(config, world, started, independent=True)
+    if plan.units < config.processes:
+        share = plan.inputs["bytes"] / 1e6 / config.processes
+        warnings.warn(f"the run is {plan.units} units of --unit-mb {config.unit_mb:g}, so only {plan.units} of "
+                      f"--processes {config.processes} have work; pass --unit-mb {share:.3g} or less to give every "
+                      "process one (the shards then follow the units)", stacklevel=3)
+    return plan
+
+
+def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
+    """How conversations are rendered (``--chat``), or None for text."""
+    if config.chat == Renderer.NANOCHAT:
+        return Nanochat(enc.specials, config.max_tokens)
+    if config.chat != Renderer.TEMPLATE:
+        return None
+    from ..chat.template import Template  # jinja2 only where a template is used
+    from ..tokenizer.templates import read_template
+
+    own = enc.chat_template()
+    if config.chat_template is not None:
+        source, origin = read_template(Path(config.chat_template)), config.chat_template
+    elif own is not None:
+        source, origin = own[0], own[1]
+    else:
+        raise ValueError(f"--chat template needs a chat template, and {config.encoding} has none beside it (no "
+                         "chat_template.jinja, no chat_template in tokenizer_config.json); pass --chat-template FILE")
+    return Template(source, origin, enc, config.max_tokens, own[2] if own is not None else {}, config.special_text)
+
+
+def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:
+    """The inputs as given with the files each names, val inputs among them; and the val files."""
+    options = config.storage_options
+    groups = resolve_groups(config.inputs or [str(write_sample_corpus())], options)
+    if not config.val_inputs:
+        return groups, []
+    val_files = [f for _, found in resolve_groups(config.val_inputs, options) for f in found]
+    # A file is one file however it is reached: among the inputs, a val file goes by its val path.
+    val_ids = {f.identity(): f for f in val_files}
+    respelled = [(f, val_ids[f.identity()]) for _, found in groups for f in found
+                 if f.identity() in val_ids and val_ids[f.identity()] != f]
+    if respelled:
+        swap = dict(respelled)
+        groups = [(raw, [swap.get(f, f) for f in found]) for raw, found in groups]
+        warnings.warn(f"{len(respelled)} input file(s) are --val-inputs reached by another path ({respelled[0][0]} is "
+                      f"{respelled[0][1]}); they go to val only", stacklevel=4)
+    listed = {f.identity() for _, found in groups for f in found}
+    groups += [(str(f), [f]) for f in val_files if f.identity() not in listed]  # val inputs not among the inputs
+    if all(f in set(val_files) for _, found in groups for f in found):
+        raise ValueError(f"--val-inputs names every input ({len(val_files)} files), which leaves train empty; "
+                         "name only the val files")
+    return groups, val_files
+
+
+def _warn_unused(config: PrepareConfig, files: tuple[Path, ...]) -> None:
+    """A warning for each reading option no input uses."""
+    if config.doc_sep and all(map(is_records, files)):
+        warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",
+                      stacklevel=4)
+    for option, of_kind, kind in (("jsonl_key", is_jsonl, ".jsonl"), ("text_column", is_parquet, ".parquet")):
+        value = getattr(config, option)
+        if value != default_of(PrepareConfig, option) and not any(map(of_kind, files)):
+            warnings.warn(f"--{option.replace('_', '-')} {value!r} has no effect: no input is {kind}", stacklevel=4)
+
+
+def _workers(asked: int) -> int:
+    cores = default_workers()
+    if asked > cores:
+        # Each worker holds pieces in flight: beyond the cores they cost memory and add no speed.
+        warnings.warn(f"--workers {asked} is more than the {cores} cores this process may use; using {cores}",
+                      stacklevel=4)
+    return min(asked or cores, cores)
+
+
+def _holdout(config: PrepareConfig, files: tuple[InputFile, ...], val_files: list[InputFile], enc: Encoder,
+             eot: str) -> holdout.Holdout:
+    if config.val_inputs:
+        return holdout.by_inputs(val_files, config.val_inputs)
+    if config.val_tokens:
+        return holdout.by_tokens(config.val_tokens, files, enc, eot, config.seed, config.read_options())
+    return holdout.by_fraction(config.val_fraction)
+
+
+def input_folders(config: PrepareConfig) -> list[Path]:
+    return [Path(i) for i in config.inputs if not is_url(i) and Path(i).is_dir()]
