@@ -1,7 +1,8 @@
 """--processes N: the run's tasks as N processes of this machine, finished into one process's
 folder byte for byte (text and conversations; flat, llm.c, Megatron), a failing task one line,
 Ctrl-C and a killed task leaving no process and a folder the same command finishes; and the
-pattern of a user's unguarded script."""
+pattern of a user's unguarded script. Whole commands stopped and damaged mid-run are end-to-end
+tests (-m e2e)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,7 @@ def _started_with_a_unit_done(cmd, out):
     pytest.fail(f"{' '.join(cmd)} never stood with a unit done and others to do")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["ctrl-c", "kill -9 of a task"])
 def test_a_stopped_run_leaves_no_process_and_the_same_command_finishes_it(corpus, tmp_path, how):
     options = ("--unit-mb", "0.02", "--format", "llmc", "--shard-tokens", "5000")
@@ -160,6 +162,7 @@ def test_a_stopped_run_leaves_no_process_and_the_same_command_finishes_it(corpus
     assert all(p.stat().st_mtime_ns == kept[p.name] for p in out.glob("*.bin") if p.name in kept)  # not redone
 
 
+@pytest.mark.e2e
 def test_a_unit_damaged_while_the_run_goes_on_is_one_line_and_redone(corpus, tmp_path):
     options = ("--unit-mb", "0.02")
     one, out = tmp_path / "one" / "data", tmp_path / "run" / "data"
@@ -178,6 +181,7 @@ def test_a_unit_damaged_while_the_run_goes_on_is_one_line_and_redone(corpus, tmp
     assert _files(out) == _files(one)
 
 
+@pytest.mark.e2e
 def test_an_unguarded_script_runs_processes(corpus, tmp_path):
     # A user's script, no __main__ guard: the tasks are fresh interpreters that never import it.
     script = tmp_path / "make_data.py"
