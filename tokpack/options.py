@@ -132,7 +132,8 @@ def default_of(cls: type, name: str) -> Any:
 def add_options(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """A ``--flag`` for every field of ``cls`` but ``skip``, typed by its annotation, helped by its
     metadata (or its default); every default is None, so only what is given overrides a config file.
-    A boolean is ``--name`` / ``--no-name``; a tuple takes one or more values."""
+    A boolean is ``--name`` / ``--no-name``; a tuple takes one or more values, and more each time
+    its flag is given."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -146,8 +147,8 @@ def add_options(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (
         kind = hints[f.name]
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(kind) in (tuple, list):
-            kwargs.update(nargs="+", type=_scalar(typing.get_args(kind)[0]))
+        elif typing.get_origin(kind) in (tuple, list):  # a flag given twice adds to it, never replaces it
+            kwargs.update(nargs="+", type=_scalar(typing.get_args(kind)[0]), action="extend")
         else:
             kwargs["type"] = _scalar(kind)
         p.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)

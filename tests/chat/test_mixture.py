@@ -70,10 +70,13 @@ def test_a_split_is_nanochats_task_mixture_and_its_sft_loader_reads_it(inputs, t
 
 def test_bad_mixtures_are_one_line_and_leave_nothing(inputs, tmp_path, capsys):
     root, spec, smol_file, identity_file = inputs[:4]
-    for entry, reason in ((f"{root / 'other.jsonl'}=2", "names no input"), (f"{identity_file}=0", "epochs"),
-                          (f"{identity_file}=two", "epochs")):
-        code, err = _prepare(capsys, inputs, tmp_path / "out", "--mixture", entry)
+    for entries, reason in (((f"{root / 'other.jsonl'}=2",), "names no input"), ((f"{identity_file}=0",), "epochs"),
+                            ((f"{identity_file}=two",), "epochs"), ((f"{identity_file}=\u00b2",), "'\u00b2' epochs"),
+                            ((f"{identity_file}=101",), "from 1 to 100"), ((f"{identity_file}=1000000000",), "from 1"),
+                            ((f"{identity_file}=2", f"{identity_file}=3"), f"names {identity_file} twice")):
+        code, err = _prepare(capsys, inputs, tmp_path / "out", *[a for e in entries for a in ("--mixture", e)])
         assert code == 2 and reason in err and "\n" not in err, err
+    assert [e for e in (tmp_path / "out").parent.iterdir() if e.name == "out"] == []
     code, err = cli_run(prepare_main, capsys, smol_file, "--mixture", f"{smol_file}=2", "--out-dir", tmp_path / "t")
     assert code == 2 and "applies to conversations" in err, err
     # A bad record found while the conversations are staged: nothing is left, staged or written.

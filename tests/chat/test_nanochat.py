@@ -282,7 +282,8 @@ def test_a_bad_record_is_one_line_naming_it_or_skipped_and_counted(spec, tmp_pat
 def test_a_tokenizer_without_nanochats_tokens_and_options_chat_cannot_take_are_one_line(tmp_path, capsys):
     source = write_jsonl(tmp_path / "c.jsonl", CHATS[:5])
     for extra, reason in (([], "lacks <|bos|>"), (["--val-tokens", "100"], "does not take --val-tokens"),
-                          (["--eot", "append"], "does not take --eot append")):
+                          (["--eot", "append"], "does not take --eot append"),
+                          (["--special-text", "special"], "never lets a message's text become them")):
         code, err = cli_run(prepare_main, capsys, str(source), "--chat", "nanochat", "--out-dir", str(tmp_path / "o"),
                             "--quiet", *extra)
         assert code == 2 and reason in err and "\n" not in err.strip(), err

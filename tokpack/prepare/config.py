@@ -206,6 +206,10 @@ class PrepareConfig:
             return
         if self.max_tokens < 0:
             raise ValueError(f"--max-tokens {self.max_tokens} is negative; use 0 to keep every token")
+        if self.chat == Renderer.NANOCHAT and self.special_text == "special":
+            raise ValueError("--special-text special would let text typed in a message become control tokens; "
+                             "--chat nanochat places its special tokens by id and never lets a message's text become "
+                             "them: drop --special-text")
         unsupported = [flag for flag, used in (("--val-tokens", bool(self.val_tokens)),
                                                 ("--eot " + self.eot, self.eot not in ("auto", "none"))) if used]
         if unsupported:

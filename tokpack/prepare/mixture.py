@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from .config import Plan
 
 UNMIXED = "{split}.unmixed"  # the name the rendered conversations are held at, temporary
+# The order is held in memory, an entry a (conversation, epoch) shuffled as a list, as TaskMixture
+# holds it (about 40 bytes each): a count of epochs past any mixture's (nanochat's repeat a task a
+# few times) would only grow it without writing anything for minutes.
+MAX_EPOCHS = 100
 
 
 @dataclass(frozen=True)
@@ -55,14 +59,18 @@ class Mixture:
             return None
         names = tuple(raw for raw, _ in groups)
         epochs = dict.fromkeys(names, 1)
+        given: dict[str, str] = {}
         for entry in asked:
             name, _, count = entry.rpartition("=")
             if name not in epochs:
                 raise ValueError(f"--mixture {entry!r} names no input; name an input as given ({', '.join(names)}) "
                                  "and its epochs, INPUT=N")
-            if not count.isdigit() or int(count) < 1:
-                raise ValueError(f"--mixture {entry!r} gives {count!r} epochs; give a whole number of at least 1")
-            epochs[name] = int(count)
+            if name in given:
+                raise ValueError(f"--mixture names {name} twice ({given[name]!r} and {entry!r}); give each input once")
+            if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_EPOCHS:
+                raise ValueError(f"--mixture {entry!r} gives {count!r} epochs; give a whole number from 1 to "
+                                 f"{MAX_EPOCHS}")
+            given[name], epochs[name] = entry, int(count)
         source = {file.identity(): i for i, (_, found) in enumerate(groups) for file in found}
         return cls(names, tuple(epochs[n] for n in names), source, seed)
 
