@@ -182,6 +182,10 @@ class PrepareConfig:
         """--processes runs the tasks of its run itself, into a local folder."""
         if self.processes < 1:
             raise ValueError(f"--processes {self.processes} must be at least 1")
+        host, _, port = (self.ray or "").rpartition(":")
+        if self.ray is not None and self.ray not in ("auto", "local") and not (host and port.isascii() and port.isdigit()):
+            raise ValueError(f"--ray {self.ray!r} is not HOST:PORT (the head's GCS address, as ray start --head "
+                             "prints it), auto or local")
         if self.processes == 1 and self.ray is None:
             return
         given = [flag for flag, used in (("--tasks", self.tasks is not None), ("--task", self.task is not None),

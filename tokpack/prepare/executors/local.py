@@ -35,6 +35,7 @@ from .base import TaskLost
 
 POLL_S = 0.2  # how often the processes are looked at, and the caller ticked
 STOP_S = 10.0  # how long a stopped process may take to clean up before it is killed
+WARNING = "tokpack: warning: "  # how the CLIs print a warning, a task's among them
 
 
 class LocalProcesses:
@@ -103,9 +104,7 @@ def _wait(started: list[tuple[subprocess.Popen[bytes], IO[bytes]]], tick: Callab
 
 def _failure(task: int, tasks: int, code: int, log: IO[bytes]) -> Exception:
     """The error of a task's process that ended with ``code``: its own one line, or ``TaskLost``."""
-    log.seek(0)
-    lines = [line for line in log.read().decode("utf-8", "replace").splitlines()
-             if line.startswith("tokpack: ") and not line.startswith("tokpack: warning: ")]
+    lines = [line for line in _lines(log) if line.startswith("tokpack: ") and not line.startswith(WARNING)]
     if code == 2 and lines:
         return ValueError(lines[-1].removeprefix("tokpack: "))
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -129,10 +128,14 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def _forward_warnings(log: IO[bytes]) -> None:
     """A task's warnings, each once, as the caller's own."""
+    for line in dict.fromkeys(line for line in _lines(log) if line.startswith(WARNING)):
+        warnings.warn(line.removeprefix(WARNING), stacklevel=4)
+
+
+def _lines(log: IO[bytes]) -> list[str]:
+    """What a task's process wrote to its stderr."""
     log.seek(0)
-    lines = log.read().decode("utf-8", "replace").splitlines()
-    for line in dict.fromkeys(line for line in lines if line.startswith("tokpack: warning: ")):
-        warnings.warn(line.removeprefix("tokpack: warning: "), stacklevel=4)
+    return log.read().decode("utf-8", "replace").splitlines()
 
 
 def _orphaned(parent: int) -> None:

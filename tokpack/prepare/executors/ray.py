@@ -19,6 +19,7 @@ from typing import Any
 
 from ...cli import USER_ERRORS
 from ..config import PrepareConfig
+from ..tasks import run_task
 from .base import TaskLost
 
 RETRIES = 3  # runs of a task after its worker died, Ray's max_retries
@@ -44,8 +45,6 @@ class RayTasks:
             loopback = {"_node_ip_address": "127.0.0.1"} if _host(self.address) in LOOPBACK else {}
             ray.init(address=self.address, log_to_driver=False, configure_logging=False, **loopback)
         try:
-            from ..tasks import run_task
-
             ready()
             threads = config.workers or 1
             task = ray.remote(max_retries=RETRIES, retry_exceptions=False, num_cpus=threads)(run_task)
@@ -74,12 +73,8 @@ def _answers(address: str) -> None:
     retries for minutes)."""
     if address in ("local", "auto"):
         return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--ray {address!r} is not HOST:PORT (the head's GCS address, as ray start --head prints "
-                         "it), auto or local")
-    try:
-        socket.create_connection((_host(address), int(port)), timeout=CONNECT_S).close()
+    try:  # the address's form was checked with the options
+        socket.create_connection((_host(address), int(address.rpartition(":")[2])), timeout=CONNECT_S).close()
     except OSError as exc:
         raise ValueError(f"no Ray cluster answers at --ray {address} ({exc.strerror or exc}); start one (ray start "
                          "--head) or pass its address") from None
