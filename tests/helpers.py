@@ -236,16 +236,22 @@ class RangeServer:
     transient error), "403", and for requests of a body, "reset" (the connection dropped halfway
     through it), "stall" (no answer until the server stops), "gone" (404: the object deleted since
     it was listed) or "change" (served, then the object is replaced by ``changed[path]``).
-    ``validators=False`` serves neither ETag nor Last-Modified, as some plain web servers do;
-    ``gzip_paths`` are sent with ``Content-Encoding: gzip``. ``requests`` records (method, path, range)."""
+    ``validators=False`` serves neither ETag nor Last-Modified, as some plain web servers do, and
+    ``validators="last-modified"`` Last-Modified alone (honouring ``If-Unmodified-Since``);
+    ``gzip_paths`` are sent with ``Content-Encoding: gzip``; ``conditional=False`` ignores ``If-Match``, as
+    some servers do. ``requests`` records (method, path, range)."""
 
-    def __init__(self, files: dict[str, bytes], validators: bool = True, gzip_paths: tuple[str, ...] = ()):
+    def __init__(self, files: dict[str, bytes], validators: bool | str = True, gzip_paths: tuple[str, ...] = (),
+                 conditional: bool = True):
         import gzip
         import hashlib
         import http.server
         import threading
 
+        import email.utils
+
         self.files, self.faults, self.requests, self.changed = files, {}, [], {}
+        edits: dict[str, int] = {}
         self.stopping = threading.Event()
         server = self
 
@@ -272,7 +278,10 @@ class RangeServer:
                 if path in gzip_paths:
                     data = gzip.compress(data, mtime=0)
                 etag = f'"{hashlib.sha1(data).hexdigest()}"'
-                if self.headers.get("If-Match") not in (None, "*", etag):
+                modified = email.utils.formatdate(1e9 + edits.get(path, 0), usegmt=True)
+                since = self.headers.get("If-Unmodified-Since")
+                if conditional and (self.headers.get("If-Match") not in (None, "*", etag)
+                                    or since not in (None, modified)):
                     self.send_response(412)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -285,7 +294,9 @@ class RangeServer:
                 self.send_response(206 if ranged else 200)
                 self.send_header("Content-Length", str(hi - lo + 1))
                 self.send_header("Accept-Ranges", "bytes")
-                if validators:
+                if validators == "last-modified":
+                    self.send_header("Last-Modified", modified)
+                elif validators:
                     self.send_header("ETag", etag)
                 if path in gzip_paths:
                     self.send_header("Content-Encoding", "gzip")
@@ -297,6 +308,7 @@ class RangeServer:
                 chunk = data[lo:hi + 1]
                 if fault == "change":
                     server.files[path] = server.changed[path]
+                    edits[path] = edits.get(path, 0) + 1
                 if fault == "reset":
                     self.wfile.write(chunk[:len(chunk) // 2])
                     self.wfile.flush()
@@ -311,7 +323,14 @@ class RangeServer:
             def do_HEAD(self):
                 self._answer(False)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                import sys
+
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up on a body is no error
+                    super().handle_error(request, client_address)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

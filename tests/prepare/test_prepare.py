@@ -14,7 +14,7 @@ import torch
 
 from helpers import (kill, make_docs, megatron_indexed, paused_at, peak_rss_mb_of_prepare, prepare_cmd,
                      run_module, write_docs, write_spec, write_tiktoken_file, write_web_jsonl)
-from tokpack import storage as storage_module
+from tokpack.storage import files as storage_files
 from tokpack.prepare import plan as prepare_plan
 from tokpack.prepare import writers
 from tokpack.format import INDEX_DTYPE, read_meta
@@ -218,7 +218,7 @@ def test_an_input_this_user_may_not_read_is_one_line_with_the_fix(tmp_path, caps
             raise PermissionError(13, "Permission denied", str(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(storage_module, "open", as_an_unprivileged_user, raising=False)
+    monkeypatch.setattr(storage_files, "open", as_an_unprivileged_user, raising=False)
     err = _cli_error(capsys, [str(corpus), "--out-dir", str(tmp_path / "out"), "--quiet"])
     assert err == (f"tokpack: [Errno 13] Permission denied: '{locked}'; "
                    "give this user access to it (chmod, chown) or leave it out")

@@ -227,6 +227,26 @@ def test_keys_with_hash_and_question_marks_are_objects_of_their_own(s3, tmp_path
     assert meta["inputs"]["files"] == 3 and sum(s["documents"] for s in meta["splits"].values()) == 60
 
 
+def test_every_object_below_a_prefix_is_read_whatever_dots_its_key_holds(s3, tmp_path, capsys):
+    docs = make_docs(40, seed=8, words=60)
+    keys = {"dots/a.jsonl": docs[:10], "dots/in/../up.jsonl": docs[10:20], "dots/in/./here.jsonl": docs[20:30],
+            "dots/.hidden/skipped.jsonl": docs[30:]}
+    for key, part in keys.items():
+        s3.put_object(Bucket=BUCKET, Key=key, Body="".join(json.dumps({"text": d}) + "\n" for d in part).encode())
+    # what the dotted keys would name if they were paths: other objects, never read in their place
+    s3.put_object(Bucket=BUCKET, Key="dots/up.jsonl", Body=json.dumps({"text": "decoy"}).encode())
+    code, err = _prepare(capsys, f"s3://{BUCKET}/dots/", "--out-dir", tmp_path / "remote", "--seed", "3")
+    assert code == 0, err
+    meta = json.loads((tmp_path / "remote" / "meta.json").read_text())
+    assert meta["inputs"]["files"] == 4 and sum(s["documents"] for s in meta["splits"].values()) == 31
+    local = tmp_path / "local"  # the keys' order: a, in/../up, in/./here, up
+    local.mkdir()
+    for name, part in zip("abcd", (docs[:10], docs[10:20], docs[20:30], ["decoy"])):
+        (local / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+    assert main([str(local), "--out-dir", str(tmp_path / "here"), "--seed", "3", "--quiet"]) == 0
+    assert _data(tmp_path / "remote") == _data(tmp_path / "here")
+
+
 def test_a_web_object_without_validators_is_pinned_by_its_bytes(tmp_path, capsys):
     docs = make_docs(40, seed=9, words=150)
     body = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
@@ -246,10 +266,13 @@ def test_a_web_object_without_validators_is_pinned_by_its_bytes(tmp_path, capsys
     assert _data(tmp_path / "out") == _data(tmp_path / "local")  # the edited bytes throughout, none of the old
 
 
-def test_a_web_object_that_changes_mid_read_is_refused_and_nothing_is_published(tmp_path, capsys):
+@pytest.mark.parametrize("validators", [True, "last-modified"], ids=["etag", "last-modified"])
+@pytest.mark.parametrize("conditional", [True, False], ids=["412", "ignores-conditions"])
+def test_a_web_object_that_changes_mid_read_is_refused_and_nothing_is_published(tmp_path, capsys, conditional,
+                                                                                 validators):
     corpus = write_web_jsonl(tmp_path / "web.jsonl", megabytes=7)  # three ranges
     body = corpus.read_bytes()
-    with RangeServer({"/big.jsonl": body}) as server:
+    with RangeServer({"/big.jsonl": body}, conditional=conditional, validators=validators) as server:
         server.changed["/big.jsonl"] = body[::-1]  # the same size, other bytes
         server.faults["/big.jsonl"] = ["change"]  # after the first range is served
         code, err = _prepare(capsys, f"{server.url}/big.jsonl", "--out-dir", tmp_path / "out", "--storage-options",
