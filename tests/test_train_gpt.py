@@ -79,6 +79,9 @@ def test_sft_on_conversations_starts_from_a_pretrained_checkpoint_and_scores_wha
     evals = [e for e in sft["evals"] if "scope" not in e]
     assert evals[-1]["tokens"] == read_meta(chat)["splits"]["val"]["supervised"]  # the assistant's targets alone
     assert all(r["loss"] == r["loss"] for r in losses(tmp_path / "sft"))  # never NaN
+    # windows at random starts, one a batch: many would fall inside a user's turn
+    train(chat, tmp_path / "windows", "--max-iters", "12", "--batch-size", "1", "--packing", "none")
+    assert len(losses(tmp_path / "windows")) == 12 and all(r["loss"] == r["loss"] for r in losses(tmp_path / "windows"))
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -109,9 +109,10 @@ def test_masked_targets_in_windows_and_in_every_packed_form(chats):
     mask = np.fromfile(folder / "val.mask", dtype=np.uint8)
     longest = int(np.diff(np.append(np.fromfile(folder / "val.idx", dtype="<u8"), len(tokens))).max())
     windows = TokenWindows(folder, 32, split="val", stride=32, ignore_index=-1)
-    x, y = windows[2]
-    expected = tokens[65:97].copy()
-    expected[mask[65:97] == 0] = -1
+    k = [k for k in range(len(tokens) // 32) if mask[32 * k + 1:32 * k + 33].any()][2]
+    x, y = windows[2]  # the third window with a target to train on
+    expected = tokens[32 * k + 1:32 * k + 33].copy()
+    expected[mask[32 * k + 1:32 * k + 33] == 0] = -1
     assert torch.equal(y, torch.from_numpy(expected))
     assert windows.scored_tokens == int(mask[1:].sum()) == read_meta(folder)["splits"]["val"]["supervised"]
     rows = PackedDocuments(folder, longest + 1, split="val", rows="bestfit-pad")
@@ -124,14 +125,54 @@ def test_masked_targets_in_windows_and_in_every_packed_form(chats):
         assert torch.equal(labels[1:] == -100, (y[:-1] == -100) | (flat["position_ids"].reshape(-1)[1:] == 0))
 
 
-def test_a_batch_with_nothing_to_train_on_is_refused(chats, tmp_path):
+@pytest.mark.parametrize("stride", [None, 5, 16])
+def test_windows_with_nothing_to_train_on_are_left_out_and_counted(chats, stride):
+    folder, T = chats[0], 16
+    tokens = np.fromfile(folder / "train.bin", dtype=np.uint16).astype(np.int64)
+    mask = np.fromfile(folder / "train.mask", dtype=np.uint8)
+    windows = TokenWindows(folder, T, split="train", stride=stride)
+    # every window as if none were left out: its targets, -100 where not scored
+    if stride is None:
+        every = [np.where(mask[s + 1:s + T + 1] == 0, -100, tokens[s + 1:s + T + 1]) for s in range(len(tokens) - T)]
+    else:
+        every = []
+        for k, s in enumerate(range(0, len(tokens) - 1, stride)):
+            y = np.full(T, -100)
+            end = min(s + T, len(tokens) - 1)
+            y[:end - s] = np.where(mask[s + 1:end + 1] == 0, -100, tokens[s + 1:end + 1])
+            y[:T - stride if k else 0] = -100  # scored by the window before
+            every.append(y)
+            if s + T >= len(tokens) - 1:
+                break
+    trained = [y for y in every if (y != -100).any()]
+    assert 0 < len(trained) < len(every) and windows.untrained_windows == len(every) - len(trained)
+    served = build_loader(windows, 7, seed=0, shuffle=False) if stride else None
+    got = torch.cat([b.y for b in served]) if served else windows.__getitems__(range(len(windows))).y
+    assert torch.equal(got, torch.from_numpy(np.stack(trained)))
+    if stride:  # the sweep's sums: every trained target once
+        assert int((got != -100).sum()) == windows.scored_tokens == int(mask[1:].sum())
+
+
+def test_windows_of_a_split_that_trains_on_nothing_are_refused(chats, tmp_path):
     folder = tmp_path / "zero"
     shutil.copytree(chats[0], folder)
+    _zero_mask(folder)
+    with pytest.raises(ValueError, match="no window of 16 tokens of .* holds a target its loss mask trains on"):
+        TokenWindows(folder, 16, split="train")
+
+
+def _zero_mask(folder):
     (folder / "train.mask").write_bytes(bytes((folder / "train.mask").stat().st_size))
     meta = json.loads((folder / "meta.json").read_text())
     meta["splits"]["train"]["mask"]["sha256"] = hashlib.sha256((folder / "train.mask").read_bytes()).hexdigest()
     meta["splits"]["train"]["supervised"] = 0
     (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_batch_with_nothing_to_train_on_is_refused(chats, tmp_path):
+    folder = tmp_path / "zero"
+    shutil.copytree(chats[0], folder)
+    _zero_mask(folder)
     data = PackedDocuments(folder, chats[3] + 30, split="train", rows="nanochat-sft")
     with pytest.raises(ValueError, match="holds no target to train on"):
         next(iter(build_loader(data, 2, seed=0)))

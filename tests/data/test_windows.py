@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import bare_file, shard_file
-from tokpack.data.windows import IGNORE_INDEX, TokenWindows, WindowBatch, collate_windows
+from tokpack.data.windows import IGNORE_INDEX, TokenWindows, WindowBatch, _trained_windows, collate_windows
 from tokpack.format.megatron import write_index as write_megatron_index
 
 
@@ -213,3 +213,32 @@ def test_a_megatron_bin_longer_than_its_index_declares_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"web.idx does not describe the \d+ tokens of its .bin"):
         TokenWindows(pair / "web.bin", 8)
     assert n > 8
+
+
+def test_the_trained_windows_are_those_that_score_a_trained_target_on_any_masks():
+    """Against every window checked one by one, on masks of any density over several files, read
+    in chunks of any size (a run of trained tokens may cross a chunk's edge)."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        masks = [(rng.random(rng.integers(0, 30)) < rng.choice([0.05, 0.3, 0.9])).astype(np.uint8)
+                 for _ in range(rng.integers(1, 4))]
+        if rng.random() < 0.3:
+            masks[0] = np.concatenate([[1, 0], masks[0]]).astype(np.uint8)  # a trained position 0: no target
+        T = int(rng.integers(1, 7))
+        stride = None if rng.random() < 0.5 else int(rng.integers(1, T + 1))
+        want, at, counts = [], 0, []
+        for mask in masks:
+            n = len(mask)
+            starts = range(max(n - T, 0)) if stride is None else range(0, max(n - 1, 0), stride)
+            for k, s in enumerate(starts):
+                later = stride is not None and k > 0
+                scored = range(s + 1 + (T - stride if later else 0), min(s + T, n - 1) + 1)
+                if mask[list(scored)].any():
+                    want.append(at + k)
+                if stride is not None and s + T >= n - 1:
+                    starts = range(k + 1)
+                    break
+            counts.append(len(starts))
+            at += len(starts)
+        lo, hi, ends = _trained_windows(masks, np.array(counts), T, stride, chunk=int(rng.integers(1, 8)))
+        assert [w for a, b in zip(lo, hi) for w in range(a, b)] == want and ends[-1] == len(want)

@@ -148,6 +148,13 @@ class TokenWindows(Dataset):
         self.ignore_index = _whole("ignore_index", ignore_index)
         # The loss mask's windows, read beside the tokens' (the same files' shapes, one byte a token).
         self.masks = None if self.split.mask is None else TokenWindows(self.split.mask, block_size, stride)
+        # A window whose every target the mask leaves out would make a mean loss NaN: only windows
+        # with a trained target are served, as (first window, end) runs of the windows' numbers.
+        self._trained = None if self.masks is None else _trained_windows(self.masks.tokens(), counts, T, stride)
+        self.untrained_windows = 0 if self._trained is None else int(self.first[-1]) - len(self)
+        if len(self) == 0:
+            raise ValueError(f"no window of {T} tokens of {self.split.describe()} holds a target its loss mask trains "
+                             "on; use a larger block_size, or prepare conversations that train on something")
         # Set on the copy a loader's workers read: they send CompactWindows, widened in the main process.
         self.compact = False
         self._rng_seed = 0
@@ -251,7 +258,7 @@ class TokenWindows(Dataset):
         return int(np.maximum(self.lengths - 1, 0).sum())
 
     def __len__(self) -> int:
-        return int(self.first[-1])
+        return int(self.first[-1] if self._trained is None else self._trained[2][-1])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.__getitems__([index])
@@ -283,11 +290,15 @@ class TokenWindows(Dataset):
         """The windows' T + 1 tokens as stored, one (B, T + 1) array, with what widening needs."""
         try:  # as unsigned, a negative index wraps past the end: one comparison checks both bounds
             idx = np.asarray(indices, dtype=np.int64)
-            inside = not idx.size or (idx.view(np.uint64) < np.uint64(self.first[-1])).all()
+            inside = not idx.size or (idx.view(np.uint64) < np.uint64(len(self))).all()
         except OverflowError:  # beyond int64
             inside = False
         if not inside:
             raise IndexError(f"window index out of range 0..{len(self) - 1}")
+        if self._trained is not None:  # the i-th trained window's number among all windows
+            lo, hi, ends = self._trained
+            run = np.searchsorted(ends, idx, side="right") - 1
+            idx = lo[run] + idx - ends[run]
         if len(self.split.files) == 1:  # the usual case: one file, one gather, no per-file copy
             gathered, valid = self._read(0, idx if self.stride is None else idx * self.stride)
             return self._compact(gathered, valid, idx, idx)
@@ -317,5 +328,46 @@ class TokenWindows(Dataset):
 
     def __repr__(self) -> str:
         mode = f"stride={self.stride}" if self.stride else "every start"
-        return f"TokenWindows({self.split.describe()}, block_size={self.block_size}, {mode}, {len(self):,} windows)"
+        untrained = f", {self.untrained_windows:,} with nothing to train on left out" if self.untrained_windows else ""
+        return (f"TokenWindows({self.split.describe()}, block_size={self.block_size}, {mode}, {len(self):,} "
+                f"windows{untrained})")
+
+
+def _trained_windows(masks: OpenedFiles, counts: np.ndarray, T: int, stride: int | None,
+                     chunk: int = 1 << 24) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows that score a trained target, as runs over all files' windows: (first window,
+    end, trained windows before the run), the last with the total appended. A training window at s
+    scores targets s+1..s+T; an evaluation window k scores 1..T (k = 0) or the S targets up to
+    kS + T (k > 0, the earlier ones being its predecessor's). One pass over the masks, ``chunk``
+    bytes at a time; memory O(runs of trained tokens)."""
+    first = np.concatenate([[0], np.cumsum(counts)])
+    los, his = [], []
+    for f, mask in enumerate(masks):
+        if counts[f] == 0:
+            continue
+        starts, ends = [], []
+        before = False
+        for at in range(0, len(mask), chunk):
+            part = np.asarray(mask[at:at + chunk]) != 0
+            step = np.diff(part.astype(np.int8), prepend=np.int8(before))
+            starts.append(np.flatnonzero(step == 1) + at)
+            ends.append(np.flatnonzero(step == -1) + at)
+            before = bool(part[-1])
+        a = np.concatenate(starts).astype(np.int64)
+        b = np.concatenate([*ends, [len(mask)] if before else []]).astype(np.int64) - 1  # each run's last
+        a, b = np.maximum(a, 1)[b >= 1], b[b >= 1]  # position 0 is no target
+        if stride is None:
+            lo, hi = np.maximum(a - T, 0), np.minimum(b, counts[f])
+        else:
+            lo = np.where(a <= T, 0, -(-(a - T) // stride))
+            hi = np.where(b <= T, 0, -(-(b - T) // stride)) + 1
+        keep = lo < hi
+        lo, hi = lo[keep], hi[keep]
+        if len(lo):  # runs that touch or overlap merge (both ends only grow)
+            cut = np.flatnonzero(lo[1:] > hi[:-1]) + 1
+            los.append(lo[np.concatenate([[0], cut])] + first[f])
+            his.append(hi[np.concatenate([cut - 1, [len(hi) - 1]])] + first[f])
+    lo = np.concatenate(los).astype(np.int64) if los else np.zeros(0, np.int64)
+    hi = np.concatenate(his).astype(np.int64) if his else np.zeros(0, np.int64)
+    return lo, hi, np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
 
