@@ -225,6 +225,29 @@ def test_where_the_template_comes_from(chatml, tmp_path, capsys):
     assert code == 2 and "applies to --chat template" in err, err
 
 
+def test_a_template_passed_as_a_file_gets_the_tokenizers_special_tokens(tmp_path, capsys):
+    tok = chat_tokenizer(tmp_path / "tok", template=None)  # bos <|endoftext|>, eos <|im_end|>, no template
+    template = "{{ bos_token }}" + CHATML + "{{ eos_token }}"
+    (tmp_path / "t.jinja").write_text(template)
+    source = _inputs(tmp_path, CHATS[:8])
+    code, err = _prepare(capsys, source, tok, tmp_path / "out", "--chat-template", tmp_path / "t.jinja")
+    assert code == 0, err
+    library = _library(tok)
+    expected = [tuple(library.apply_chat_template(c["messages"], chat_template=template, tokenize=True,
+                                                  return_dict=True, return_assistant_tokens_mask=True)[k]
+                      for k in ("input_ids", "assistant_masks")) for c in CHATS[:8]]
+    found = _every(tmp_path / "out")
+    assert sorted(found) == sorted(expected)
+    assert all(ids[0] == library.bos_token_id and ids[-1] == library.eos_token_id for ids, _ in found)
+    # a config that is no JSON object says so, naming it, where it used to be passed over
+    for i, broken in enumerate(("{not json", "[1, 2]")):
+        tok = chat_tokenizer(tmp_path / f"broken{i}", template=None)  # a folder of its own: encoders are kept
+        (tok / "tokenizer_config.json").write_text(broken)
+        code, err = _prepare(capsys, source, tok, tmp_path / "bad", "--chat-template", tmp_path / "t.jinja")
+        assert code == 2 and str(tok / "tokenizer_config.json") in err and "\n" not in err, err
+        assert not (tmp_path / "bad").exists()
+
+
 def _every_chatml(tok, chats):
     library = _library(tok)
     return [tuple(library.apply_chat_template(c["messages"], tokenize=True, return_dict=True,

@@ -4,6 +4,7 @@ the recorded vocabulary, and a missing extra as one line."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -170,11 +171,16 @@ def test_a_tokenizer_file_of_any_name_is_a_hugging_face_tokenizer(tmp_path, caps
     assert main([str(corpus), "--out-dir", str(tmp_path / "spec-out"), "--encoding", str(spec), "--quiet"]) == 0
 
 
-@pytest.mark.parametrize("config", ["[1, 2]", '"eos"', "null", "7"])
-def test_a_tokenizer_config_of_any_json_shape_names_no_end_of_text_instead_of_failing(tmp_path, config):
+@pytest.mark.parametrize("config", ["[1, 2]", '"eos"', "null", "7", "{not json", "{}"])
+def test_a_tokenizer_config_that_is_no_json_object_is_refused_naming_it(tmp_path, config):
     folder = write_gpt2_tokenizer(tmp_path / "tok")
     (folder / "tokenizer_config.json").write_text(config)
-    assert load_encoding(str(folder)).eot_token == 50256  # <|endoftext|>, the one special token
+    if config == "{}":  # names no token: the one special token ends a text
+        assert load_encoding(str(folder)).eot_token == 50256
+        return
+    with pytest.raises(ValueError, match=f"{re.escape(str(folder / 'tokenizer_config.json'))}.*fix it") as err:
+        load_encoding(str(folder))
+    assert "\n" not in str(err.value)
 
 
 def test_an_oversized_tokenizer_file_is_refused_before_it_is_read(tmp_path, monkeypatch):

@@ -143,15 +143,14 @@ def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
     from ..chat.template import Template  # jinja2 only where a template is used
     from ..tokenizer.templates import read_template
 
-    own = enc.chat_template()
     if config.chat_template is not None:
         source, origin = read_template(Path(config.chat_template)), config.chat_template
-    elif own is not None:
-        source, origin = own[0], own[1]
+    elif (own := enc.chat_template()) is not None:
+        source, origin = own
     else:
         raise ValueError(f"--chat template needs a chat template, and {config.encoding} has none beside it (no "
                          "chat_template.jinja, no chat_template in tokenizer_config.json); pass --chat-template FILE")
-    return Template(source, origin, enc, config.max_tokens, own[2] if own is not None else {}, config.special_text)
+    return Template(source, origin, enc, config.max_tokens, enc.template_variables(), config.special_text)
 
 
 def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:

@@ -179,6 +179,10 @@ class TiktokenEncoder:
         """A tiktoken encoding carries no chat template: pass one with --chat-template."""
         return None
 
+    def template_variables(self) -> dict[str, str]:
+        """None: a tiktoken encoding has no config naming its special tokens."""
+        return {}
+
     def flush(self) -> None:
         """Wait for the backend's checks in flight; a difference raises here."""
         if self._check is not None:

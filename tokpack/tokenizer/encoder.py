@@ -73,9 +73,13 @@ class Encoder(Protocol):
         """The bytes of the text a token stands for; KeyError for an id the vocabulary leaves unused."""
         ...
 
-    def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
-        """The tokenizer's own chat template (its text, and where it is) and the special tokens its
-        config names (``bos_token``, ...), as a template is given them; None where it has none."""
+    def chat_template(self) -> tuple[str, str] | None:
+        """The tokenizer's own chat template (its text, and where it is); None where it has none."""
+        ...
+
+    def template_variables(self) -> dict[str, str]:
+        """The special tokens its config names (``bos_token``, ...), as any chat template is given
+        them, its own or one passed with --chat-template."""
         ...
 
     def flush(self) -> None:

@@ -136,29 +136,32 @@ class HFEncoder:
 
     @cached_property
     def settings(self) -> dict[str, Any]:
-        """tokenizer_config.json beside the tokenizer, where it is one readable JSON object, else {}."""
+        """tokenizer_config.json beside the tokenizer (its special tokens name the end of text and
+        feed a chat template), or {} where there is none; one that is no JSON object is refused."""
         config = self.file.parent / CONFIG_FILE
-        try:
-            settings = load_json(read_file(config, "tokenizer config", "fix it"), str(config), "fix it") \
-                if config.is_file() else {}
-        except ValueError:
-            settings = {}
-        return settings if isinstance(settings, dict) else {}
+        if not config.is_file():
+            return {}
+        fix = "fix it, or move it away from the tokenizer"
+        settings = load_json(read_file(config, "tokenizer config", fix), str(config), fix)
+        if not isinstance(settings, dict):
+            raise ValueError(f"{config} holds {type(settings).__name__}, not a JSON object; {fix}")
+        return settings
 
-    def chat_template(self) -> tuple[str, str, dict[str, str]] | None:
-        """chat_template.jinja beside the tokenizer, else its config's ``chat_template``; and the
-        special tokens the config names, as transformers hands them to a template."""
+    def chat_template(self) -> tuple[str, str] | None:
+        """chat_template.jinja beside the tokenizer, else its config's ``chat_template``."""
         from .templates import read_template, template_source
 
-        settings = self.settings
-        variables = {key: text for key, value in settings.items()
-                     if key.endswith("_token") and (text := _token_text(value)) is not None}
         file = self.file.parent / TEMPLATE_FILE
         if file.is_file():
-            return read_template(file), str(file), variables
+            return read_template(file), str(file)
         where = str(self.file.parent / CONFIG_FILE)
-        source = template_source(settings, where)
-        return None if source is None else (source, where, variables)
+        source = template_source(self.settings, where)
+        return None if source is None else (source, where)
+
+    def template_variables(self) -> dict[str, str]:
+        """The special tokens the config names, as transformers hands them to any template."""
+        return {key: text for key, value in self.settings.items()
+                if key.endswith("_token") and (text := _token_text(value)) is not None}
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self.library.encode(without_surrogates(text), add_special_tokens=False).ids
