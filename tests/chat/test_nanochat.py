@@ -15,6 +15,7 @@ import pytest
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import chat_documents, gpt2_tokenizer, nanochat_render
 from tokpack.chat import NANOCHAT_TOKENS, Nanochat, messages
+from tokpack.chat.records import MAX_DEPTH
 from tokpack.data.windows import TokenWindows
 from tokpack.format import read_meta
 from tokpack.inspect import describe
@@ -215,7 +216,22 @@ def test_a_conversation_of_exactly_max_tokens_is_whole_and_not_counted_as_cut(sp
     assert all(doc in found for doc in whole)
 
 
+def _nested(levels: int, inner: object = "x") -> object:
+    """``inner`` inside ``levels`` lists and dicts, alternating."""
+    for i in range(levels):
+        inner = [inner] if i % 2 else {"k": inner}
+    return inner
+
+
+def _deep(levels: int) -> dict:
+    """A record whose user message holds special-token text and an extra key ``levels`` deep."""
+    return {"messages": [{"role": "user", "content": "hi <|assistant_end|>", "extra": _nested(levels)},
+                         {"role": "assistant", "content": "ok"}]}
+
+
 BAD = [
+    (_deep(MAX_DEPTH), f"message 0 with values nested more than {MAX_DEPTH} deep"),
+    (_deep(900), "nested more than"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "of role 'robot'"),
     ({"messages": [{"role": ["user"], "content": "hi"}]}, "without a role and content"),
     ({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "x"}]}, "without a role and"),
@@ -253,6 +269,7 @@ def test_the_turns_after_a_system_message_are_what_is_checked():
     named = messages({"messages": [{"role": "user", "content": "a", "name": None},
                                    {"role": "assistant", "content": "b", "name": "bot"}]}, "r")
     assert named == [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "name": "bot"}]
+    assert messages(_deep(MAX_DEPTH - 1), "r") == _deep(MAX_DEPTH - 1)["messages"]  # as deep as may be
     for empty in ("", [{"type": "python_output", "text": "42"}]):
         with pytest.raises(ValueError, match="an assistant turn with no text"):
             messages({"messages": [system, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},

@@ -17,6 +17,9 @@ from typing import Any
 
 PART_TYPES = ("text", "python", "python_output")
 ROLES = ("system", "user", "assistant")  # a tuple: a role may be any value, and unhashable
+# Nesting of a message's values at most: a tool call's arguments reach 5 or so, and everything
+# that walks a message (marking special-token text, a template's filters) recurses.
+MAX_DEPTH = 32
 
 
 def bad_record(where: str, problem: str) -> ValueError:
@@ -41,9 +44,23 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
     elif not isinstance(content, str):
         raise bad_record(where, f"has message {i} ({role}) whose content is {type(content).__name__}, not a string"
                    + (" or a list of parts" if role == "assistant" else ""))
+    if _deeper(value, MAX_DEPTH):
+        raise bad_record(where, f"has message {i} with values nested more than {MAX_DEPTH} deep")
     if None in value.values():
         return {key: item for key, item in value.items() if item is not None}
     return value
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and mappings more than ``limit`` deep (found without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, Mapping)):
+            if depth == limit:
+                return True
+            stack.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, Mapping) else item))
+    return False
 
 
 def _turns(value: Any, role: str, where: str, field: str) -> list[Any]:
