@@ -162,9 +162,9 @@ HOSTILE = [
     ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}", "steps"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "renders more than"),
     ("{{ 'x' * 10 ** 9 }}", "repeats a sequence"),
-    ("{{ 3 ** 5000 }}", "raises to the power 5,000"),
+    ("{{ 3 ** 50000 }}", "raises to the power 50,000"),
     ("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
-     "a namespace attribute holds"),
+     "adds to"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "outside its sandbox"),
     ("{% set ns = namespace(_hidden=1) %}", "outside its sandbox"),
     ("{{ '{0.__class__.__mro__}'.format(messages) }}", "outside its sandbox"),
@@ -178,6 +178,66 @@ def test_a_hostile_template_is_one_line_naming_the_record(chatml, tmp_path, caps
     code, err = _prepare(capsys, source, chatml, tmp_path / "out", "--chat-template", tmp_path / "hostile.jinja")
     assert code == 2 and ".jsonl:1 " in err and reason in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+CONTENT = "messages[0]['content']"  # a value known only when rendering: no constant folded at parse time
+BOUNDED = [
+    # text that would take gigabytes: sized before it is made
+    (f"{{{{ {CONTENT}.ljust(10**9) }}}}", "calls with the number 1,000,000,000"),
+    (f"{{{{ {CONTENT}.ljust(900000) ~ {CONTENT}.center(900000) ~ {CONTENT}.rjust(900000) }}}}", "joins to"),
+    (f"{{{{ '%0999999999d' % {CONTENT}|length }}}}", "formats to"),
+    (f"{{{{ '{{:>999999999}}'.format({CONTENT}) }}}}", "formats to"),
+    (f"{{% set a = {CONTENT} * 50000 %}}{{{{ '%s%s%s' | format(a, a, a) }}}}", "formats to"),
+    (f"{{{{ {CONTENT}|indent(10**9) }}}}", "indents to 1,000,000,011 characters"),
+    (f"{{{{ {CONTENT}|indent(1100000) }}}}", "indents to"),
+    (f"{{{{ ({CONTENT} ~ '\\n' ~ {CONTENT})|indent('x' * 900000) }}}}", "indents to"),
+    (f"{{{{ messages|tojson(indent=10**8) }}}}", "indents JSON to"),
+    (f"{{{{ (messages * 200000)|tojson(indent=2) }}}}", "writes JSON to"),
+    (f"{{{{ {CONTENT}|replace('', 'x' * 100000) }}}}", "replaces to"),
+    (f"{{{{ {CONTENT}.replace('', 'x' * 100000) }}}}", "makes text (replace)"),
+    (f"{{{{ ('x' * 100000).join(messages * 20) }}}}", "makes text (join)"),
+    (f"{{{{ ('x' * 100000)|join(messages * 20) }}}}", "joins to"),
+    (f"{{{{ (messages * 20)|join('x' * 100000) }}}}", "joins to"),
+    (f"{{{{ {CONTENT}|center(10**6 + 10**5) }}}}", "centres to"),
+    (f"{{{{ ({CONTENT} * 1000)|wordwrap(1, wrapstring='x' * 1000) }}}}", "wraps to"),
+    (f"{{{{ ('\t' * 1000).expandtabs(100000) }}}}", "makes text (expandtabs)"),
+    ("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}"
+     f"{{{{ d({CONTENT}, 40) }}}}", "joins to"),
+    (f"{{% set a = {CONTENT} %}}" + "{% set a = a + a %}" * 30 + "{{ a|length }}", "adds to"),
+    (f"{{{{ messages[0]['content']|list|batch(10**6 + 10**5) }}}}", "batches to"),
+    # big numbers and calls that take unbounded time
+    (f"{{{{ (({CONTENT}|length * 0 + 2) ** 4096) ** 4096 }}}}", "raises to the power 4,096"),
+    (f"{{% set a = 10 ** 4096 + {CONTENT}|length %}}" + "".join(
+        f"{{% set {b} = {a} * {a} %}}" for a, b in zip("abcdefghijklmnopqr", "bcdefghijklmnopqrs")) + "{{ s }}",
+     "multiplies numbers past 65,536 bits"),
+    ("{{ lipsum(n=10**8) }}", "calls with the number"),
+    ("{{ lipsum(n=2) }}", "draws at random"),
+    ("{{ messages|random }}", "draws at random"),
+    ("{% for i in range(100000) %}{{ loop.cycle(*range(100000)) }}{% endfor %}", "steps"),
+    # internals: one line, never an empty string, never an address
+    ("{{ self._TemplateReference__context }}", "is unsafe"),
+    ("{{ messages|attr('__class__') }}", "is unsafe"),
+    ("{% for m in messages %}{{ loop.__class__ }}{% endfor %}", "is unsafe"),
+    ("{{ '{0.__globals__}'.format(raise_exception) }}", "is unsafe"),
+    ("{{ messages[0]|attr('items') }}", "memory address"),
+    ("{{ messages[0].items }}", "memory address"),
+]
+
+
+@pytest.mark.parametrize("template,reason", BOUNDED, ids=[r + str(i) for i, (_, r) in enumerate(BOUNDED)])
+def test_a_hostile_render_is_refused_before_it_takes_memory_or_time(chatml, template, reason):
+    import tracemalloc
+
+    enc = load_encoding(str(chatml))
+    chat = {"messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]}
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=re.escape(reason)) as err:
+            Template(template, "t", enc, 0).pieces(messages(chat, "r"), "r")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(err.value) and peak < 64 << 20, (str(err.value), peak)
 
 
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):

@@ -23,6 +23,7 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import jinja2.ext
 import jinja2.utils
+import jinja2.visitor
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -52,10 +54,12 @@ STEPS = 100_000
 STEP_GROWTH = 4
 OUTPUT_CHARS = 1 << 20  # characters a render may have beyond GROWTH a character of its conversation
 GROWTH = 8
+MAX_BITS = 1 << 16  # a number a template makes at most (20,000 digits): big-integer arithmetic is unbounded time
 FIXED_DAY = datetime(2024, 7, 26)  # strftime_now's day: the one Llama 3's template falls back to
 # Markers for special-token text inside messages: pairs of Unicode noncharacters, the first pair
 # that no string of a conversation holds, so no text is ever changed to make room for them.
 MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # an object's repr: "<built-in method items of dict object at 0x7f...>"
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -113,23 +117,127 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    # transformers' filter: plain json.dumps, no HTML escaping
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _random(*args: Any, **kwargs: Any) -> None:
+    raise TemplateError("draws at random (lipsum, random), so a prepare would differ run to run")
+
+
+# A format's widths and precisions: "%-10.3f", "%(name)5s"; "{:>10}", "{0:.{1}}" (nested ones are arguments).
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\d*)(?:\.(\d*))?")
+_BRACE_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+
+
+def _format_size(fmt: str, args: Any, kwargs: Mapping[str, Any], percent: bool) -> int:
+    """An upper estimate of what formatting ``fmt`` with the arguments writes: the format, each
+    width and precision in it, and the arguments' text."""
+    if percent:
+        widths = sum(int(n) for spec in _PERCENT_SPEC.findall(fmt) for n in spec if n)
+    else:
+        widths = sum(int(n) for spec in _BRACE_SPEC.findall(fmt) for n in re.findall(r"\d+", spec))
+    values = [*(args if isinstance(args, (tuple, list)) else [args]), *kwargs.values()]
+    if isinstance(args, Mapping):
+        values += list(args.values())
+    return len(fmt) + widths + sum(_text_size(v) for v in values)
+
+
+def _text_size(value: Any) -> int:
+    """A value's text length where it is text or a sequence of text, else a few characters."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.bit_length() // 3 + 2  # its digits, at most
+    if isinstance(value, (list, tuple)):
+        return sum(_text_size(v) + 4 for v in value)
+    if isinstance(value, Mapping):
+        return sum(_text_size(k) + _text_size(v) + 4 for k, v in value.items())
+    return 64
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, counting each loop turn and call and capping what a render writes."""
+    """transformers' sandbox, counting each loop turn and call (a call a step an argument),
+    capping what a render writes, and sizing every operation that makes text or numbers larger
+    than its inputs before it runs: a render never holds more than a few times its limit."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def __init__(self) -> None:
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
-        self.filters["tojson"] = _tojson
         self.globals.update(raise_exception=_raise, strftime_now=FIXED_DAY.strftime, dict=_Dict(),
-                            namespace=_Namespace)
+                            namespace=_Namespace, lipsum=_random)
+        self.filters.update(tojson=self._tojson, random=_random, **self._bounded_filters())
         self.start(0)
+
+    def _bounded_filters(self) -> dict[str, Callable[..., Any]]:
+        """The filters that can write more than they are given, each sized first."""
+        filters, size = self.filters, self.size
+
+        @functools.wraps(filters["indent"])
+        def indent(s: Any, width: int | str = 4, *args: Any, **kwargs: Any) -> str:
+            text = str(s)
+            size("indents", len(text) + (text.count("\n") + 1) * (width if isinstance(width, int) else len(str(width))))
+            return filters_indent(s, width, *args, **kwargs)
+
+        @functools.wraps(filters["center"])
+        def center(value: Any, width: int = 80) -> str:
+            size("centres", width)
+            return filters_center(value, width)
+
+        @functools.wraps(filters["replace"])
+        def replace(eval_ctx: Any, s: Any, old: Any, new: Any, count: int | None = None) -> str:
+            size("replaces", _replaced_size(str(s), str(old), str(new), count))
+            return filters_replace(eval_ctx, s, old, new, count)
+
+        @functools.wraps(filters["wordwrap"])
+        def wordwrap(environment: Any, s: Any, width: int = 79, break_long_words: bool = True,
+                     wrapstring: str | None = None, break_on_hyphens: bool = True) -> str:
+            text = str(s)
+            size("wraps", len(text) * (2 + len(wrapstring or "")))
+            return filters_wordwrap(environment, s, width, break_long_words, wrapstring, break_on_hyphens)
+
+        @functools.wraps(filters["join"])
+        def join(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> str:
+            items = list(value)
+            size("joins", _text_size(items) + len(str(d)) * len(items))
+            return filters_join(eval_ctx, items, d, attribute)
+
+        @functools.wraps(filters["format"])
+        def format_(value: Any, *args: Any, **kwargs: Any) -> str:
+            size("formats", _format_size(str(value), args or kwargs, {}, percent=True))
+            return filters_format(value, *args, **kwargs)
+
+        @functools.wraps(filters["batch"])
+        def batch(value: Any, linecount: int, fill_with: Any = None) -> Any:
+            size("batches", linecount)
+            return filters_batch(value, linecount, fill_with)
+
+        @functools.wraps(filters["slice"])
+        def slice_(value: Any, slices: int, fill_with: Any = None) -> Any:
+            size("slices", slices)
+            return filters_slice(value, slices, fill_with)
+
+        filters_indent, filters_center, filters_replace = filters["indent"], filters["center"], filters["replace"]
+        filters_wordwrap, filters_join, filters_format = filters["wordwrap"], filters["join"], filters["format"]
+        filters_batch, filters_slice = filters["batch"], filters["slice"]
+        return {"indent": indent, "center": center, "replace": replace, "wordwrap": wordwrap, "join": join,
+                "format": format_, "batch": batch, "slice": slice_}
+
+    def size(self, what: str, chars: int) -> None:
+        """Refuse an operation that would make ``chars`` characters (or items), past the limit."""
+        if chars > self.limit:
+            raise TemplateError(f"{what} to {chars:,} characters")
+
+    def _tojson(self, value: Any, ensure_ascii: bool = False, indent: int | str | None = None, separators: Any = None,
+                sort_keys: bool = False) -> str:
+        # transformers' filter: plain json.dumps, no HTML escaping; written a piece at a time, so
+        # that an indent that grows it past the limit stops it there
+        self.size("indents JSON", indent if isinstance(indent, int) else len(indent or ""))
+        out, written = [], 0
+        encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                   sort_keys=sort_keys)
+        for piece in encoder.iterencode(value):
+            written += len(piece)
+            self.size("writes JSON", written)
+            out.append(piece)
+        return "".join(out)
 
     def start(self, size: int) -> None:
         """A render of a conversation of ``size`` characters begins: its budget of steps and of
@@ -142,30 +250,105 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         tree = super()._parse(source, name, filename)
         for loop in tree.find_all(nodes.For):  # every loop's items counted as they are taken
             loop.iter = nodes.Call(nodes.EnvironmentAttribute("counted"), [loop.iter], [], None, None)
-        return tree
+        return _Joins().visit(tree)
+
+    def joined(self, *items: Any) -> str:
+        """``a ~ b``: the texts sized before they are joined."""
+        texts = [str(item) for item in items]
+        self.size("joins", sum(map(len, texts)))
+        return "".join(texts)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # jinja's own is an undefined that renders as "": a template reaching for an internal is
+        # this record's error instead
+        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapper = super().wrap_str_format(value)
+        if wrapper is None:
+            return None
+        fmt = value.__self__
+
+        def sized(*args: Any, **kwargs: Any) -> str:
+            self.size("formats", _format_size(fmt, args, kwargs, percent=False))
+            return wrapper(*args, **kwargs)
+
+        return sized
 
     def counted(self, items: Any) -> Iterator[Any]:
         for item in items:
             self.step()
             yield item
 
-    def step(self) -> None:
-        self.steps -= 1
+    def step(self, steps: int = 1) -> None:
+        self.steps -= steps
         if self.steps < 0:
             raise TemplateError(f"takes more than {self.budget:,} steps (loop turns and calls)")
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        self.step()
+        self.step(1 + len(args) + len(kwargs))  # loop.cycle(*range(10**5)) costs what it copies
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > self.limit:
+                raise TemplateError(f"calls with the number {value:,}, past what a render may write")
+        method, of = getattr(obj, "__name__", None), getattr(obj, "__self__", None)
+        if isinstance(of, str) and method == "join" and args:
+            args = (list(args[0]), *args[1:])  # counted before the separator goes between them
+        if isinstance(of, str) and method in _STR_SIZES:
+            self.size(f"makes text ({method})", _STR_SIZES[method](of, *args, **kwargs))
         return super().call(context, obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        ints = isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool) \
+            and not isinstance(right, bool)
+        if operator == "*" and ints:
+            if left.bit_length() + right.bit_length() > MAX_BITS:
+                raise TemplateError(f"multiplies numbers past {MAX_BITS:,} bits")
+        elif operator == "*":
             times, seq = (right, left) if isinstance(right, int) else (left, right)
             if isinstance(times, int) and isinstance(seq, (str, list, tuple)) and len(seq) * times > self.limit:
                 raise TemplateError(f"repeats a sequence to {len(seq) * times:,} items")
-        elif isinstance(right, int) and abs(right) > 4096 and isinstance(left, (int, float)) and abs(left) > 1:
-            raise TemplateError(f"raises to the power {right:,}")
+        elif operator == "**":
+            if isinstance(right, int) and right > 0 and isinstance(left, (int, float)) and abs(left) > 1 and (
+                    not isinstance(left, int) and right > MAX_BITS or int(abs(left)).bit_length() * right > MAX_BITS):
+                raise TemplateError(f"raises to the power {right:,}")
+        elif operator == "+":
+            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                self.size("adds", len(left) + len(right))
+        elif operator == "%" and isinstance(left, str):
+            self.size("formats", _format_size(left, right, {}, percent=True))
         return super().call_binop(context, operator, left, right)
+
+
+def _replaced_size(s: str, old: str, new: str, count: int | None = -1) -> int:
+    times = s.count(old)  # len(s) + 1 for ""
+    if count is not None and count >= 0:
+        times = min(times, count)
+    return len(s) + times * len(new)
+
+
+def _translated_size(s: str, table: Any) -> int:
+    longest = max((len(v) for v in table.values() if isinstance(v, str)), default=1) if isinstance(table, Mapping) \
+        else 1
+    return len(s) * max(longest, 1)
+
+
+# What a str method that can write more than it is given writes at most, from its arguments.
+_STR_SIZES: dict[str, Callable[..., int]] = {
+    "ljust": lambda s, width, *_: max(len(s), width), "rjust": lambda s, width, *_: max(len(s), width),
+    "center": lambda s, width, *_: max(len(s), width), "zfill": lambda s, width: max(len(s), width),
+    "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * tabsize,
+    "replace": lambda s, old, new, count=-1: _replaced_size(s, old, new, count),
+    "join": lambda s, items: _text_size(items) + len(s) * len(items),
+    "translate": _translated_size,
+}
+
+
+class _Joins(jinja2.visitor.NodeTransformer):
+    """``a ~ b ~ c`` as ``environment.joined(a, b, c)``, which sizes the text before joining it."""
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        return nodes.Call(nodes.EnvironmentAttribute("joined"), node.nodes, [], None, None).set_lineno(node.lineno)
 
 
 @lru_cache(maxsize=8)
@@ -276,6 +459,8 @@ class Template:
         try:
             for block in self.compiled.generate(messages=found, tools=None, documents=None,
                                                 add_generation_prompt=prompt, **self.variables):
+                if " at 0x" in block and _ADDRESS.search(block):
+                    raise TemplateError("writes an object's memory address, which differs run to run")
                 blocks.append(block)
                 self.env.written += len(block)
                 if self.env.written > self.env.limit:
