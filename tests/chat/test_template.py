@@ -240,6 +240,26 @@ def test_a_hostile_render_is_refused_before_it_takes_memory_or_time(chatml, temp
     assert "\n" not in str(err.value) and peak < 64 << 20, (str(err.value), peak)
 
 
+def test_turns_found_by_prefixes_are_bounded_per_record(tmp_path):
+    from tokpack.chat.template import PREFIX_WORK
+
+    tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
+    enc = load_encoding(str(tok))
+    template = Template(LLAMA, "t", enc, 0, enc.template_variables())
+
+    def chat(n):
+        return {"messages": [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(n)]}
+
+    work = {}
+    for n in (200, 2_000):
+        text, _ = template.render(messages(chat(n), "r"), "r", 0)
+        work[n] = n * (len(text) + template.env.budget - template.env.steps)  # two renders an assistant turn
+    assert work[200] <= PREFIX_WORK < work[2_000]  # one record on each side of the bound
+    assert template.pieces(messages(chat(200), "r"), "r").texts
+    with pytest.raises(ValueError, match=r"has 1,000 assistant turns in [\d,]+ rendered characters, too many"):
+        template.pieces(messages(chat(2_000), "r"), "r")
+
+
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):
     (tmp_path / "picky.jinja").write_text(
         "{% if 'forbidden' in messages[0]['content'] %}{{ raise_exception('no') }}{% endif %}" + CHATML)

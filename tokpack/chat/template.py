@@ -16,7 +16,7 @@ is "special": transformers' way), each stretch between them encoded whole. The m
 each token overlapping a ``{% generation %}`` block; a template without one has its assistant
 turns found by rendering prefixes: turn i is the text the conversation's first i+1 messages add
 to its first i rendered with ``add_generation_prompt=True``. O(conversation) a render;
-O(turns x conversation) without generation blocks.
+O(turns x conversation) without generation blocks, bounded per record (``PREFIX_WORK``).
 
 See docs/chat.md.
 """
@@ -54,6 +54,9 @@ STEPS = 100_000
 STEP_GROWTH = 4
 OUTPUT_CHARS = 1 << 20  # characters a render may have beyond GROWTH a character of its conversation
 GROWTH = 8
+# Characters and steps the prefix renders of one record may take together (about 5 s): a template
+# without {% generation %} renders two prefixes an assistant turn.
+PREFIX_WORK = 1 << 25
 MAX_BITS = 1 << 16  # a number a template makes at most (20,000 digits): big-integer arithmetic is unbounded time
 FIXED_DAY = datetime(2024, 7, 26)  # strftime_now's day: the one Llama 3's template falls back to
 # Markers for special-token text inside messages: pairs of Unicode noncharacters, the first pair
@@ -474,6 +477,14 @@ class Template:
         return "".join(blocks), self.env.spans
 
     def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int) -> list[tuple[int, int]]:
+        # Two renders a turn, each about the whole one's work: a record of thousands of turns is
+        # refused before its square is paid.
+        steps, turns = self.env.budget - self.env.steps, sum(m["role"] == "assistant" for m in found)
+        if 2 * turns * (len(text) + steps) > PREFIX_WORK:
+            raise bad_record(where, f"has {turns:,} assistant turns in {len(text):,} rendered characters, too many "
+                             f"to find by rendering each turn's prefixes (the chat template {self.origin} has no "
+                             "{% generation %} blocks); split the conversation, or mark the assistant's text in "
+                             "the template with {% generation %}")
         spans = []
         for i, message in enumerate(found):
             if message["role"] != "assistant":
