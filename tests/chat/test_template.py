@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import cli_run, make_chats, write_jsonl
+from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages
 from tokpack.tokenizer.specials import specials_apart
@@ -258,6 +258,47 @@ def test_turns_found_by_prefixes_are_bounded_per_record(tmp_path):
     assert template.pieces(messages(chat(200), "r"), "r").texts
     with pytest.raises(ValueError, match=r"has 1,000 assistant turns in [\d,]+ rendered characters, too many"):
         template.pieces(messages(chat(2_000), "r"), "r")
+
+
+def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Templates and conversations where a special token's name is made of a message's text and
+    its neighbour's (another message's, or the template's own text), at each boundary."""
+    k = len(name) // 2
+    left, right, inner = name[:k], name[k:], name[1:-1]
+    each = "{% for m in messages %}"
+    side = (each + "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+            "{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    return [
+        (side, [("user", "x " + left), ("assistant", right + " y")]),  # message | message
+        (side, [("user", "a " + name[:1]), ("assistant", inner), ("user", name[-1:] + " b"), ("assistant", "c")]),
+        (each + "{{ '" + left + "' }}{{ m['content'] }}{% endfor %}", [("user", right + " x"), ("assistant", "ok")]),
+        (each + "{{ m['content'] }}{{ '" + right + "' }}{% endfor %}", [("user", "x " + left), ("assistant", "ok")]),
+        (each + "{{ '" + name[:1] + "' ~ m['content'] ~ '" + name[-1:] + "' }}{% endfor %}",  # template | message | template
+         [("user", inner), ("assistant", "ok")]),
+    ]
+
+
+@pytest.mark.parametrize("tokenizer", ["hf", "tiktoken", "splintr"])
+def test_no_special_token_is_made_of_a_messages_text_and_its_neighbours(chatml, tmp_path, tokenizer):
+    enc = load_encoding(str(chatml if tokenizer == "hf" else write_nanochat_spec(tmp_path / "tok")))
+    if tokenizer == "splintr":
+        enc = enc.with_backend("splintr", 1.0, 0)
+    for name in sorted(enc.specials)[:3]:
+        for template, chat in _joining(name):
+            found = messages({"messages": [{"role": r, "content": c} for r, c in chat]}, "r")
+            rendered = Template(template, "t", enc, 0).render(found, "r", 0)[0]
+            assert name in rendered  # the template does join them
+            t = Template(template, "t", enc, 0)
+            ids = t.encode(enc, np.dtype(np.uint32), [t.pieces(found, "r")]).ids.tolist()
+            assert not set(ids) & set(enc.specials.values()), (name, template, chat)
+            assert enc.decode(ids) == rendered  # all of it text, as it was written
+    if tokenizer != "hf":  # a role is no text: templates build tokens of it, as Phi-3's '<|' + role + '|>'
+        t = Template("{% for m in messages %}{{ '<|' + m['role'] + '_start|>' + m['content'] + '<|' + m['role'] + "
+                     "'_end|>' }}{% endfor %}", "t", enc, 0)
+        found = messages({"messages": [{"role": "user", "content": "<|"}, {"role": "assistant", "content": "ok"}]}, "r")
+        ids = t.encode(enc, np.dtype(np.uint32), [t.pieces(found, "r")]).ids.tolist()
+        assert [i for i in ids if i in enc.special_ids] == [enc.specials[f"<|{r}_{e}|>"] for r in ("user", "assistant")
+                                                           for e in ("start", "end")]
 
 
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):

@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jinja2
 import jinja2.ext
@@ -290,19 +290,24 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         self.step(1 + len(args) + len(kwargs))  # loop.cycle(*range(10**5)) costs what it copies
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > self.limit:
-                raise TemplateError(f"calls with the number {value:,}, past what a render may write")
-        method, of = getattr(obj, "__name__", None), getattr(obj, "__self__", None)
-        if isinstance(of, str) and method == "join" and args:
-            args = (list(args[0]), *args[1:])  # counted before the separator goes between them
-        if isinstance(of, str) and method in _STR_SIZES:
-            self.size(f"makes text ({method})", _STR_SIZES[method](of, *args, **kwargs))
+        if args or kwargs:
+            for value in (*args, *kwargs.values()):
+                if value.__class__ is int and abs(value) > self.limit:
+                    raise TemplateError(f"calls with the number {value:,}, past what a render may write")
+            of = getattr(obj, "__self__", None)
+            if of.__class__ is str and obj.__name__ in _STR_SIZES:
+                if obj.__name__ == "join":
+                    args = (list(args[0]), *args[1:])  # counted before the separator goes between them
+                self.size(f"makes text ({obj.__name__})", _STR_SIZES[obj.__name__](of, *args, **kwargs))
         return super().call(context, obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        ints = isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool) \
-            and not isinstance(right, bool)
+        if operator == "+":  # the common one first: '<|im_start|>' + message['role']
+            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)) and \
+                    len(left) + len(right) > self.limit:
+                raise TemplateError(f"adds to {len(left) + len(right):,} characters")
+            return left + right
+        ints = left.__class__ is int and right.__class__ is int
         if operator == "*" and ints:
             if left.bit_length() + right.bit_length() > MAX_BITS:
                 raise TemplateError(f"multiplies numbers past {MAX_BITS:,} bits")
@@ -314,9 +319,6 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             if isinstance(right, int) and right > 0 and isinstance(left, (int, float)) and abs(left) > 1 and (
                     not isinstance(left, int) and right > MAX_BITS or int(abs(left)).bit_length() * right > MAX_BITS):
                 raise TemplateError(f"raises to the power {right:,}")
-        elif operator == "+":
-            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-                self.size("adds", len(left) + len(right))
         elif operator == "%" and isinstance(left, str):
             self.size("formats", _format_size(left, right, {}, percent=True))
         return super().call_binop(context, operator, left, right)
@@ -380,15 +382,72 @@ def _strings(value: Any) -> list[str]:
     return out
 
 
-def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str]) -> Any:
-    """``value`` with each special token's text inside its strings wrapped in the markers."""
+def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str], parts: _NameParts) -> Any:
+    """``value`` with each special token's text inside its strings wrapped in the markers, and
+    each string's ends that could join another text into one (``_NameParts.ends``)."""
     if isinstance(value, str):
-        return pattern.sub(lambda m: markers[0] + m.group(2) + markers[1], value)
+        marked = pattern.sub(lambda m: markers[0] + m.group(2) + markers[1], value)
+        head, tail = parts.ends(marked)
+        if head or tail < len(marked):
+            a, b = markers
+            if head > tail:  # the ends overlap: the whole string
+                return a + marked + b
+            return (a + marked[:head] + b if head else "") + marked[head:tail] + \
+                (a + marked[tail:] + b if tail < len(marked) else "")
+        return marked
     if isinstance(value, Mapping):
-        return {key: _mark(item, pattern, markers) for key, item in value.items()}
+        return {key: _mark(item, pattern, markers, parts) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_mark(item, pattern, markers) for item in value]
+        return [_mark(item, pattern, markers, parts) for item in value]
     return value
+
+
+class _NameParts(NamedTuple):
+    """What of the special tokens' names a text may hold at its ends and still be joined into a
+    name by the text beside it: a proper prefix at its end, a proper suffix at its start, or the
+    whole text inside a name."""
+
+    firsts: str  # the characters names start with (a prefix at a text's end starts with one)
+    lasts: str  # and end with
+    prefixes: frozenset[str]
+    suffixes: frozenset[str]
+    inner: frozenset[str]
+    longest: int
+
+    @classmethod
+    def of(cls, names: tuple[str, ...]) -> _NameParts:
+        return cls("".join({n[0] for n in names if n}), "".join({n[-1] for n in names if n}),
+                   frozenset(n[:k] for n in names for k in range(1, len(n))),
+                   frozenset(n[k:] for n in names for k in range(1, len(n))),
+                   frozenset(n[i:j] for n in names for i in range(1, len(n)) for j in range(i + 1, len(n))),
+                   max(map(len, names), default=0))
+
+    def ends(self, s: str) -> tuple[int, int]:
+        """(h, t): ``s[:h]`` the longest start of ``s`` that ends a name, ``s[t:]`` the longest end
+        that starts one (h = len(s) + 1 where ``s`` is inside a name); (0, len(s)) where none.
+        O(the longest name) a string: only the places a name's first or last character stands."""
+        n = len(s)
+        if n < self.longest and s in self.inner:
+            return n + 1, 0
+        head, tail, reach = 0, n, self.longest - 1
+        for ch in self.lasts:
+            i = s.find(ch, 0, reach)
+            while i != -1:
+                if s[:i + 1] in self.suffixes:
+                    head = max(head, i + 1)
+                i = s.find(ch, i + 1, reach)
+        for ch in self.firsts:
+            i = s.find(ch, max(0, n - reach))
+            while i != -1:
+                if s[i:] in self.prefixes:
+                    tail = min(tail, i)
+                i = s.find(ch, i + 1)
+        return head, tail
+
+    def joins(self, s: str) -> bool:
+        """Whether ``s`` could be joined into a special token by the text beside it."""
+        head, tail = self.ends(s)
+        return head > 0 or tail < len(s)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -443,6 +502,7 @@ class Template:
                              "--chat-template FILE") from None
         self.origin, self.specials, self.vocab = origin, dict(vocab.specials), vocab
         self._names = tuple(self.specials)  # the key of their patterns, made once
+        self._parts = _NameParts.of(self._names)
         self._apart = specials_apart(self.specials)  # a rendered text may be encoded whole
         self.max_tokens, self.variables = max_tokens, dict(variables or {})
         self.ordinary = special_text == "ordinary"
@@ -500,14 +560,17 @@ class Template:
         return spans
 
     def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
-        markers, held = None, _strings(found)
+        markers, held = None, _strings([{k: v for k, v in m.items() if k != "role"} for m in found])
         typed = _specials_pattern(self._names, None)
-        # Special-token text in a message is marked, to stay text.
-        if self.ordinary and self.specials and any(typed.search(s) for s in held):
+        # Special-token text in a message, and the end of one that could join its neighbour (or
+        # the template's text) into one, is marked, to stay text. A role is no text: templates
+        # build tokens of it ('<|' + role + '|>').
+        if self.ordinary and self.specials and any(typed.search(s) or self._parts.joins(s) for s in held):
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
                 raise bad_record(where, "holds every marker tokpack could use for special-token text")
-            found = _mark(found, typed, markers)
+            found = [{k: v if k == "role" else _mark(v, typed, markers, self._parts) for k, v in m.items()}
+                     for m in found]
         size = sum(map(len, held))
         text, spans = self.render(found, where, size)
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
