@@ -334,7 +334,8 @@ def test_where_the_template_comes_from(chatml, tmp_path, capsys):
         (chatml / "chat_template.jinja").unlink()
     cases = [(("--encoding", "gpt2"), "has none beside it"),
              (("--chat-template", tmp_path / "missing.jinja"), "does not exist"),
-             (("--chat-template", tmp_path / "config.json"), "holds no chat_template")]
+             (("--chat-template", tmp_path / "config.json"), "holds no chat_template"),
+             (("--chat-template", tmp_path), f"chat template {tmp_path} is a folder; pass a .jinja template")]
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "broken.jinja").write_text("{% for %}")
     cases.append((("--chat-template", tmp_path / "broken.jinja"), "does not parse"))

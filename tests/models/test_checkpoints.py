@@ -88,6 +88,11 @@ def test_spoiled_llmc_checkpoints_are_one_line(prepared, tmp_path, capsys, fragm
     assert code == 2 and fragment in err and "\n" not in err, err
 
 
+def test_an_llmc_checkpoint_path_that_is_a_folder_is_one_line(prepared, tmp_path, capsys):
+    code, err = _cli(capsys, prepared, "--llmc-model", tmp_path)
+    assert code == 2 and f"{tmp_path} is a folder; " in err and "Errno" not in err and "\n" not in err, err
+
+
 # -- Hugging Face -----------------------------------------------------------------------------------
 
 transformers = pytest.importorskip("transformers")

@@ -205,10 +205,12 @@ def read_file(path: Path, what: str, fix: str, limit: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # before a file object, which refuses a folder by its descriptor's number
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ValueError(f"{what} {path} is {kind}; {fix}")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{what} {path} is not a regular file; {fix}")
         data = f.read(min(info.st_size, limit) + 1)  # a file that grew since is caught below too
         if len(data) > limit:
             raise ValueError(f"{what} {path} is {max(info.st_size, len(data)):,} bytes, more than the {limit:,} a "
