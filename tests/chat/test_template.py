@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -473,6 +474,16 @@ def test_strftime_now_is_the_fixed_day_wherever_it_runs(chatml):
     dated = Template("{{ strftime_now('%d %b %Y') }}" + CHATML, "t", enc, 0)
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
     assert enc.decode(_one(dated, chat).ids.tolist()).startswith("26 Jul 2024<|im_start|>user")
+    # the same bytes in any time zone, whatever the format asks
+    zoned = Template("{{ strftime_now('%s %Z %z %H %%s %c') }}" + CHATML, "t", enc, 0)
+    seen = set()
+    for zone in ("UTC", "Asia/Tokyo", "America/New_York"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TZ", zone)
+            time.tzset()
+            seen.add(enc.decode(_one(zoned, chat).ids.tolist()).split("<|im_start|>")[0])
+    time.tzset()
+    assert seen == {"1721952000 UTC +0000 00 %s Fri Jul 26 00:00:00 2024"}
 
 
 def test_a_conversation_cut_to_one_trained_token_is_kept(chatml):

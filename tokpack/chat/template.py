@@ -28,7 +28,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -58,7 +58,7 @@ GROWTH = 8
 # without {% generation %} renders two prefixes an assistant turn.
 PREFIX_WORK = 1 << 25
 MAX_BITS = 1 << 16  # a number a template makes at most (20,000 digits): big-integer arithmetic is unbounded time
-FIXED_DAY = datetime(2024, 7, 26)  # strftime_now's day: the one Llama 3's template falls back to
+FIXED_DAY = datetime(2024, 7, 26, tzinfo=timezone.utc)  # strftime_now's day: the one Llama 3's template falls back to
 # Markers for special-token text inside messages: pairs of Unicode noncharacters, the first pair
 # that no string of a conversation holds, so no text is ever changed to make room for them.
 MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
@@ -116,6 +116,13 @@ class _Dict:
         return dict.fromkeys(*args)
 
 
+def _strftime_now(fmt: str) -> str:
+    """The fixed day, in UTC, formatted: ``%s`` is replaced first, since the C library's reads the
+    machine's time zone."""
+    return FIXED_DAY.strftime(re.sub("%.", lambda m: str(int(FIXED_DAY.timestamp())) if m.group() == "%s"
+                                     else m.group(), str(fmt)))
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
 
@@ -164,7 +171,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def __init__(self) -> None:
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
-        self.globals.update(raise_exception=_raise, strftime_now=FIXED_DAY.strftime, dict=_Dict(),
+        self.globals.update(raise_exception=_raise, strftime_now=_strftime_now, dict=_Dict(),
                             namespace=_Namespace, lipsum=_random)
         self.filters.update(tojson=self._tojson, random=_random, **self._bounded_filters())
         self.start(0)
