@@ -104,6 +104,14 @@ class Split:
                              f"meta.json records; a token file was changed: python -m tokpack.verify {self.folder}")
         return tokens
 
+    def check_mask(self, values: np.ndarray) -> np.ndarray:
+        """A loss mask (this split's values) as read, unless one is other than 0 and 1: a mask file
+        changed after it was prepared. O(values served)."""
+        if values.size and int(values.max()) > 1:
+            raise ValueError(f"{self.describe()} holds the loss-mask value {int(values.max())}, where a mask is 0 or 1; "
+                             f"a mask file was changed: python -m tokpack.verify {self.folder}")
+        return values
+
     def index_path(self) -> Path:
         """The document index of the split: meta.json's ``idx``, or the ``.idx`` beside a lone file."""
         if self.folder is not None and self.meta is not None and self.name is not None:

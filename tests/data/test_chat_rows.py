@@ -169,6 +169,35 @@ def _zero_mask(folder):
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
+def test_a_mask_value_other_than_0_and_1_is_refused_by_every_reader(chats, tmp_path):
+    folder = tmp_path / "two"
+    shutil.copytree(chats[0], folder)
+    mask = bytearray((folder / "train.mask").read_bytes())
+    mask[:] = bytes(min(b * 2, 2) for b in mask)  # every trained token: 2, which no prepare writes
+    (folder / "train.mask").write_bytes(bytes(mask))
+    readers = [lambda: build_loader(TokenWindows(folder, 16, split="train"), 4, seed=0),
+               lambda: build_loader(PackedDocuments(folder, chats[3] + 30, split="train", rows="nanochat-sft"), 2,
+                                    seed=0),
+               lambda: iter([DocumentDataset(folder, 4096, split="train")[0]])]
+    for reader in readers:
+        with pytest.raises(ValueError, match="holds the loss-mask value 2, where a mask is 0 or 1"):
+            next(iter(reader()))
+
+
+def test_a_split_of_conversations_whose_meta_json_lost_its_mask_is_refused(chats, tmp_path, capsys):
+    folder = tmp_path / "lost"
+    shutil.copytree(chats[0], folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["splits"]["train"]["mask"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="split 'train' is of conversations but lists no loss mask"):
+        TokenWindows(folder, 16, split="train")
+    from tokpack.verify import main as verify_main
+
+    assert verify_main([str(folder)]) == 1  # not whole, with the reason
+    assert "lists no loss mask" in capsys.readouterr().err
+
+
 def test_a_batch_with_nothing_to_train_on_is_refused(chats, tmp_path):
     folder = tmp_path / "zero"
     shutil.copytree(chats[0], folder)

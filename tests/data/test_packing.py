@@ -21,6 +21,7 @@ from tokpack.data.loader import build_loader
 from tokpack.data.packers import Order
 from tokpack.data.layouts import HF, PRESETS, EvalRows, Flat, Rows, TrainRows, preset
 from tokpack.data.packing import PackedDocuments
+from tokpack.data.windows import TokenWindows
 from tokpack.evaluation import evaluate
 from tokpack.models import GPT, GPTConfig
 from tokpack.split import open_split, read_index
@@ -365,6 +366,16 @@ def test_forged_rows_and_settings_are_refused_in_one_line(prepared):
                              ({"rows": EvalRows(17)}, "must lie in 1..block_size")):
         with pytest.raises(ValueError, match=fragment):
             PackedDocuments(prepared, 16, split="train", **kwargs)
+    for label in (0, 5, 50256):  # a token id's value: its real targets would be ignored
+        with pytest.raises(ValueError, match=f"ignore_index={label} could be a token's id"):
+            PackedDocuments(prepared, 16, split="train", ignore_index=label)
+        with pytest.raises(ValueError, match=f"ignore_index={label} could be a token's id"):
+            TokenWindows(prepared, 16, split="train", ignore_index=label)
+    for option in ("buffer_size", "refill"):  # an int to Python, never a count here
+        with pytest.raises(TypeError, match=f"{option}=True is not an int"):
+            PackedDocuments(prepared, 16, split="train", rows=TrainRows("bestfit", **{option: True}))
+    with pytest.raises(TypeError, match="block_size=True is not an int"):
+        TokenWindows(prepared, True, split="train")
     with pytest.raises(ValueError, match="form='flat'"), pytest.warns(DeprecationWarning):
         PackedDocuments(prepared, 16, split="train", max_docs=4)  # 0.2's keywords: only Flat() takes it now
     crowded = PackedDocuments(prepared, 64, split="train", rows="bestfit", form=Flat(1))

@@ -145,6 +145,6 @@ class DocumentDataset(Dataset):
         if self.split.mask is not None:  # a conversation split: its mask files, cut where its token files are
             if self._mask_files is None:
                 self._mask_files = self.split.mask.open()
-            mask = self._mask_files.span(start, stop).astype(np.int64)
+            mask = self.split.mask.check_mask(self._mask_files.span(start, stop)).astype(np.int64)
             return {"input_ids": ids, "assistant_masks": torch.from_numpy(mask)}
         return ids if self.labels is None else (ids, int(self.labels[i]))

@@ -39,7 +39,7 @@ from .packers import (Order, Packer, PackerState, Row, Stream, TrainingRows, buf
 from .protocol import compact_copy
 from .runtime import to_device
 from .samplers import Batch, ResumableBatchSampler
-from .windows import IGNORE_INDEX, _whole
+from .windows import IGNORE_INDEX, _whole, ignore_label
 
 # The keywords of tokpack 0.2, which build rows= and form= until 0.3, with a DeprecationWarning.
 OLD_KEYWORDS = ("packing", "stride", "max_doc_len", "buffer_size", "split_long", "mask_boundary", "ranks", "refill",
@@ -273,7 +273,7 @@ class PackedDocuments(Dataset):
             raise ValueError(f"stride {self.stride} must lie in 1..block_size ({T}); use stride=block_size for no "
                              "overlap")
         self.form, self.hf_extras = self.output.name, getattr(self.output, "extras", tuple)()
-        self.ignore_index = _whole("ignore_index", ignore_index)
+        self.ignore_index = ignore_label(ignore_index)
         self.max_docs: int | None = getattr(self.output, "max_docs", None)
         self.index = DocumentIndex(open_split(path, split))
         self.split = self.index.split
@@ -604,6 +604,7 @@ class PackedDocuments(Dataset):
         ``kept`` (B, T + 1) leaves out: x position p predicts the row's token p + 1. A batch left
         with no target at all is refused: its loss would be NaN."""
         B, T = kept.shape[0], kept.shape[1] - 1
+        self.split.mask.check_mask(kept)  # type: ignore[union-attr]
         ignored = kept[:, 1:].reshape(-1) == 0  # a boolean pass, where a set union sorted B * T positions
         ignored[masked] = True
         masked = np.flatnonzero(ignored)

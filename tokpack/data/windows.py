@@ -86,9 +86,21 @@ class CompactWindows(NamedTuple):
 
 def _whole(name: str, value: Any) -> int:
     try:
+        if isinstance(value, bool):  # an int to Python: True would be taken as 1
+            raise TypeError
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name}={value!r} is not an int; pass a whole number of tokens") from None
+
+
+def ignore_label(value: Any) -> int:
+    """``ignore_index`` checked: a negative whole number, since every token id is 0 or more and a
+    label equal to one would leave that token's real targets untrained."""
+    label = _whole("ignore_index", value)
+    if label >= 0:
+        raise ValueError(f"ignore_index={label} could be a token's id (ids are 0 and up), so real targets would be "
+                         "ignored; pass a negative number: -100 (PyTorch's), or -1 (nanochat's)")
+    return label
 
 
 def collate_windows(batch: Any) -> Any:
@@ -145,7 +157,7 @@ class TokenWindows(Dataset):
                 f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
             )
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.ignore_index = _whole("ignore_index", ignore_index)
+        self.ignore_index = ignore_label(ignore_index)
         # The loss mask's windows, read beside the tokens' (the same files' shapes, one byte a token).
         self.masks = None if self.split.mask is None else TokenWindows(self.split.mask, block_size, stride)
         # A window whose every target the mask leaves out would make a mean loss NaN: only windows
@@ -321,7 +333,7 @@ class TokenWindows(Dataset):
     def _compact(self, gathered: np.ndarray, valid: np.ndarray | None, local: np.ndarray,
                  idx: np.ndarray) -> CompactWindows:
         self.split.check_ids(gathered)
-        mask = None if self.masks is None else self.masks.gather(idx).tokens
+        mask = None if self.masks is None else self.masks.split.check_mask(self.masks.gather(idx).tokens)
         if self.stride is None:
             return CompactWindows(gathered, None, None, 0, mask, self.ignore_index)
         return CompactWindows(gathered, valid, local > 0, self.block_size - self.stride, mask, self.ignore_index)

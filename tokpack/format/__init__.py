@@ -316,6 +316,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
         if "mask" in info and not (not bad_file(info["mask"]) and _is_count(info.get("supervised"))
                                    and info["mask"]["bytes"] == info["tokens"] and "bin" in info):
             return f"split {name!r} has a mask entry that is not one byte a token of a flat split, with its count"
+        if ("supervised" in info or meta.get("chat") is not None) and not ("mask" in info or "mask_shards" in info):
+            return f"split {name!r} is of conversations but lists no loss mask, so every token would be trained on"
         if "mask_shards" in info and not _masks_match(info):
             return f"split {name!r} has mask_shards that are not one byte a token of each of its shards, with its count"
         groups = info.get("row_groups")
