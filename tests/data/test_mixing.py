@@ -50,8 +50,9 @@ def test_mixture_is_reproducible_and_resumable(mix):
 def test_bad_weights_are_refused(tmp_path, mix):
     with pytest.raises(ValueError, match="give one weight each"):
         MixedWindows({"web": mix.parts[0]}, {"code": 1.0}, 8)
-    with pytest.raises(ValueError, match="non-negative with a positive sum"):
-        MixedWindows({"web": mix.parts[0]}, {"web": 0.0}, 8)
+    for weight in (0.0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="must be finite non-negative numbers with a positive sum"):
+            MixedWindows({"web": mix.parts[0]}, {"web": weight}, 8)
 
 
 def test_realised_never_hangs_on_an_endless_sampler(mix):

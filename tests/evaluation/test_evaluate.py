@@ -91,7 +91,8 @@ BAD_SWEEPS = {  # the fragment of the one line -> the options ({tmp}: the test's
     "is not a GPT checkpoint": ["--checkpoint", "{data}/meta.json"],
     "--block-size 0 must be at least 1": ["--model", "bigram", "--block-size", "0"],
     "block_size 100000000 is longer than the": ["--model", "bigram", "--block-size", str(10**8)],
-    "add_k nan must be positive": ["--model", "bigram", "--add-k", "nan"],
+    "add_k nan must be a positive finite number": ["--model", "bigram", "--add-k", "nan"],
+    "add_k inf must be a positive finite number": ["--model", "bigram", "--add-k", "inf"],
     "argument --batch-size: invalid int value": ["--model", "bigram", "--batch-size", "x"],
     "--device 'nonsense' is not a device": ["--model", "bigram", "--device", "nonsense"],
 }

@@ -16,6 +16,7 @@ See docs/loading.md.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,9 @@ class MixedWindows(Dataset):
     def __init__(self, paths: Mapping[str, str | Path | TokenWindows], weights: Mapping[str, float], block_size: int):
         if set(paths) != set(weights):
             raise ValueError(f"weights name {sorted(weights)} but corpora are {sorted(paths)}; give one weight each")
-        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"weights {dict(weights)} must be non-negative with a positive sum")
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w < math.inf
+                   for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"weights {dict(weights)} must be finite non-negative numbers with a positive sum")
         self.names = list(paths)
         self.parts = [TokenWindows.of(p, block_size) for p in paths.values()]
         total = sum(weights.values())

@@ -238,8 +238,9 @@ class NGram(nn.Module):
         super().__init__()
         if order not in (1, 2):
             raise ValueError(f"order {order} is not 1 (unigram) or 2 (bigram)")
-        if not add_k > 0:
-            raise ValueError(f"add_k {add_k} must be positive so that no token has probability 0")
+        if not 0 < add_k < math.inf:
+            raise ValueError(f"add_k {add_k} must be a positive finite number, so that no token has probability 0 "
+                             "and the counts still count")
         # Shards are counted apart: a pair never spans two files, as windows never do.
         files = [t.astype(np.int64) for t in open_split(train_path).open()]
         self.order, self.vocab_size, self.add_k = order, vocab_size, add_k
