@@ -172,7 +172,7 @@ def test_processes_share_one_cache_and_its_limit_evicts_the_least_recently_used(
     limit = int(split_bytes * 1.5)  # one folder's train split fits, two do not
     both = [_open_in(f"s3://{BUCKET}/a", cache, limit) for _ in range(2)]  # at once, into one cache
     outs = [p.communicate() for p in both]
-    assert all(p.returncode == 0 for p in both), outs
+    assert all(p.returncode == 0 and not err for p, (_, err) in zip(both, outs)), outs  # nothing said at exit either
     assert outs[0][0] == outs[1][0]
     assert len(_cached_bins(cache)) == len(meta["splits"]["train"]["shards"])  # each fetched into one place
     assert not [f for f in cache.rglob("*.tokpack-tmp")]
