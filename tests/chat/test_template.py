@@ -279,6 +279,34 @@ def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
     ]
 
 
+DECOMPOSED = [{"messages": [{"role": "user", "content": f"un cafe\u0301 {i}, s'il vous pla\u0131\u0302t"},
+                            {"role": "assistant", "content": f"voila\u0300 {i}: Ame\u0301lie, A\u030angstro\u0308m"}]}
+              for i in range(6)]
+
+
+def test_a_tokenizer_that_normalizes_to_nfc_gives_transformers_ids_and_masks(tmp_path, capsys):
+    from tokenizers import normalizers
+
+    from tokpack.bench.chat import gpt2_tokenizer
+
+    tok = tmp_path / "qwen-like"
+    chat_tokenizer(tok)
+    library = gpt2_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    library.normalizer = normalizers.NFC()  # Qwen2/2.5/3's tokenizer.json normalizer
+    library.save(str(tok / "tokenizer.json"))
+    records = DECOMPOSED + CHATS[:10]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out", "--skip-bad")
+    assert code == 0, err
+    assert read_meta(tmp_path / "out")["chat"]["skipped"] == 0
+    assert sorted(_every(tmp_path / "out")) == sorted(_every_chatml(tok, records))
+    # Where the template's own text and a message's would compose, the record is its own one line.
+    enc = load_encoding(str(tok))
+    joined = Template("{% for m in messages %}{{ 'e' + m['content'] }}{% endfor %}", "t", enc, 0)
+    chat = {"messages": [{"role": "user", "content": "\u0301 accent"}, {"role": "assistant", "content": "ok"}]}
+    with pytest.raises(ValueError, match="r renders text that the tokenizer's NFC normalizer would change"):
+        joined.pieces(messages(chat, "r"), "r")
+
+
 @pytest.mark.parametrize("tokenizer", ["hf", "tiktoken", "splintr"])
 def test_no_special_token_is_made_of_a_messages_text_and_its_neighbours(chatml, tmp_path, tokenizer):
     enc = load_encoding(str(chatml if tokenizer == "hf" else write_nanochat_spec(tmp_path / "tok")))

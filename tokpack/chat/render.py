@@ -86,6 +86,7 @@ class Vocabulary(Protocol):
 
     n_vocab: int
     specials: dict[str, int]
+    normal_form: str | None
 
     def token_bytes(self, token: int) -> bytes:
         ...

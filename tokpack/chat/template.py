@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from functools import cached_property, lru_cache
@@ -409,6 +410,17 @@ def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str], parts:
     return value
 
 
+def _normalized(value: Any, form: str) -> Any:
+    """``value`` with each string inside it in the Unicode normal ``form``."""
+    if isinstance(value, str):
+        return unicodedata.normalize(form, value)
+    if isinstance(value, Mapping):
+        return {key: _normalized(item, form) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalized(item, form) for item in value]
+    return value
+
+
 class _NameParts(NamedTuple):
     """What of the special tokens' names a text may hold at its ends and still be joined into a
     name by the text beside it: a proper prefix at its end, a proper suffix at its start, or the
@@ -568,6 +580,12 @@ class Template:
 
     def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
         markers, held = None, _strings([{k: v for k, v in m.items() if k != "role"} for m in found])
+        form = self.vocab.normal_form
+        if form is not None and not all(unicodedata.is_normalized(form, s) for s in held):
+            # The tokenizer reads text in its normal form: the messages are put in it first, so
+            # that the tokens spell the rendered text and the assistant's can be found.
+            found = [{k: v if k == "role" else _normalized(v, form) for k, v in m.items()} for m in found]
+            held = _strings([{k: v for k, v in m.items() if k != "role"} for m in found])
         typed = _specials_pattern(self._names, None)
         # Special-token text in a message, and the end of one that could join its neighbour (or
         # the template's text) into one, is marked, to stay text. A role is no text: templates
@@ -580,6 +598,10 @@ class Template:
                      for m in found]
         size = sum(map(len, held))
         text, spans = self.render(found, where, size)
+        if form is not None and not unicodedata.is_normalized(form, text):
+            raise bad_record(where, f"renders text that the tokenizer's {form} normalizer would change (a combining "
+                             "mark right after the template's own text), so its tokens would not spell it and the "
+                             "assistant's could not be found")
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
         if markers is None and self._apart:  # every special token's text in it is the template's
             lead = [self.specials[name] for _, name, _ in typed.findall(text)]

@@ -92,6 +92,7 @@ class TiktokenEncoder:
         self.can_cut = library._pat_str in CUT_SAFE_PATTERNS
         self.parallel = backend is not None  # splintr threads itself; tiktoken runs in tokpack's threads
         self.specials = dict(library._special_tokens)
+        self.normal_form = None  # tiktoken reads text as it is
         self.special_ids = frozenset(self.specials.values())
 
     @cached_property

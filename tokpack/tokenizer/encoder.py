@@ -39,6 +39,7 @@ class Encoder(Protocol):
     parallel: bool
     special_ids: frozenset[int]
     specials: dict[str, int]  # the special tokens, by their text
+    normal_form: str | None  # the Unicode form its normalizer puts text in ("NFC"), where that is all it does
     vocab_sha256: str  # the vocabulary's hash, recorded in meta.json and checked by readers
     library: Any  # the library's own object (a tiktoken Encoding, a tokenizers Tokenizer), for comparisons
 

@@ -50,6 +50,16 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _unicode_form(normalizer: Any) -> str | None:
+    """The Unicode normal form a tokenizer's normalizer is and nothing else (Qwen's NFC; a
+    sequence of that one alone too), or None: none, or one that does more."""
+    while isinstance(normalizer, dict) and normalizer.get("type") == "Sequence" and \
+            len(normalizer.get("normalizers") or ()) == 1:
+        normalizer = normalizer["normalizers"][0]
+    form = normalizer.get("type") if isinstance(normalizer, dict) else None
+    return form if form in ("NFC", "NFD", "NFKC", "NFKD") else None
+
+
 def _byte_level_table() -> dict[int, int]:
     """str.translate's table from GPT-2's alphabet to the bytes it stands for (as latin-1
     characters), with every other character below 256 sent past latin-1, so it fails to encode."""
@@ -101,6 +111,7 @@ class HFEncoder:
         self.specials = {token.content: int(i) for i, token in added.items() if token.special}
         self.special_ids = frozenset(self.specials.values())
         self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+        self.normal_form = _unicode_form(spec.get("normalizer"))
         self.eot_name = self._eot(eot_token, prepend)
         self.eot_token = self.library.token_to_id(self.eot_name)
         # GPT-2's own pipeline (no normalizer; byte-level pre-tokenizing with GPT-2's regex, no prefix
