@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
-from tokpack.chat import Template, messages
+from tokpack.chat import Template, messages, tools
 from tokpack.tokenizer.specials import specials_apart
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main
@@ -277,6 +278,82 @@ def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
         (each + "{{ '" + name[:1] + "' ~ m['content'] ~ '" + name[-1:] + "' }}{% endfor %}",  # template | message | template
          [("user", inner), ("assistant", "ok")]),
     ]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL_CHATS = [{"tools": [WEATHER], "messages": [
+    {"role": "user", "content": f"What is the weather in Paris, day {i}?"},
+    {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                           "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": f'{{"temperature": {20 + i}}}'},
+    {"role": "assistant", "content": f"It is {20 + i} degrees in Paris."}]} for i in range(6)]
+
+
+def _trl_template(name: str) -> str:
+    trl = pytest.importorskip("trl")
+    return (Path(trl.__file__).parent / "chat_templates" / name).read_text()
+
+
+def test_tools_and_tool_messages_render_as_transformers_renders_them(tmp_path, capsys):
+    # Qwen2.5's training template: tools in the system turn, calls in the assistant's generation
+    # block, results in a user turn, untrained.
+    template = _trl_template("qwen2_5_training.jinja")
+    tok = chat_tokenizer(tmp_path / "qwen", template)
+    records = TOOL_CHATS + CHATS[:6]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "qwen-out")
+    assert code == 0, err
+    library = _library(tok)
+    expected = [tuple(library.apply_chat_template(r["messages"], tools=r.get("tools"), tokenize=True, return_dict=True,
+                                                  return_assistant_tokens_mask=True)[k]
+                      for k in ("input_ids", "assistant_masks")) for r in records]
+    found = _every(tmp_path / "qwen-out")
+    assert sorted(found) == sorted(expected)
+    trained = [library.decode([t for t, m in zip(ids, mask) if m]) for ids, mask in found]
+    called = [t for t in trained if "get_weather" in t]
+    assert len(called) == len(TOOL_CHATS) and not any("temperature" in t for t in trained)
+    # Llama 3.1's: no generation blocks, so each assistant turn (a call, an answer) is found by its prefixes.
+    (tmp_path / "llama").mkdir()
+    template = _trl_template("llama3_1.jinja")
+    names = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>",
+             "<|eot_id|>")
+    tok = chat_tokenizer(tmp_path / "llama" / "tok", template, names)
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|begin_of_text|>"}))
+    code, err = _prepare(capsys, _inputs(tmp_path / "llama", TOOL_CHATS), tok, tmp_path / "llama-out")
+    assert code == 0, err
+    library = _library(tok)
+    assert sorted(ids for ids, _ in _every(tmp_path / "llama-out")) == sorted(
+        library.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True, return_dict=True)["input_ids"]
+        for r in TOOL_CHATS)
+    for ids, mask in _every(tmp_path / "llama-out"):
+        trained = library.decode([t for t, m in zip(ids, mask) if m])
+        assert trained.startswith('{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>It is ')
+        assert trained.endswith(" degrees in Paris.<|eot_id|>") and "temperature" not in trained
+    # nanochat's rendering has no tokens for tools: one line, or skipped
+    code, err = cli_run(prepare_main, capsys, _inputs(tmp_path / "llama", TOOL_CHATS), "--chat", "nanochat",
+                        "--encoding", write_nanochat_spec(tmp_path / "nano"), "--out-dir", tmp_path / "nano-out")
+    assert code == 2 and "render it with --chat template" in err and "\n" not in err.strip(), err
+
+
+BAD_TOOLS = [
+    ({"role": "tool", "content": "x"}, "has a tool message where a user turn comes"),
+    ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "only an assistant calls tools"),
+    ({"role": "assistant", "tool_calls": "f()"}, "tool_calls are not a list of calls"),
+    ({"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}, "tool_calls are not a list of calls"),
+]
+
+
+@pytest.mark.parametrize("bad,reason", BAD_TOOLS, ids=[r for _, r in BAD_TOOLS])
+def test_malformed_tool_records_are_one_line(bad, reason):
+    chat = [{"role": "user", "content": "hi"}, bad, {"role": "assistant", "content": "ok"}]
+    if bad["role"] == "tool":
+        chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, bad]
+    with pytest.raises(ValueError, match=reason):
+        messages({"messages": chat}, "r")
+    with pytest.raises(ValueError, match="tools that are not a list of function schemas"):
+        tools({"tools": "get_weather", "messages": []}, "r")
 
 
 DECOMPOSED = [{"messages": [{"role": "user", "content": f"un cafe\u0301 {i}, s'il vous pla\u0131\u0302t"},

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from ..tokenizer.specials import NANOCHAT_TOKENS
 from ..tokenizer.templates import read_template, template_source
 from .nanochat import Nanochat
-from .records import messages
+from .records import messages, tools
 from .render import ChatPieces, ChatRenderer, Encoded, PieceMask, Renderer
 
 if TYPE_CHECKING:
     from .template import Template
 
 __all__ = ["NANOCHAT_TOKENS", "ChatPieces", "ChatRenderer", "Encoded", "Nanochat", "PieceMask", "Renderer", "Template",
-           "messages", "read_template", "template_source"]
+           "messages", "read_template", "template_source", "tools"]
 
 
 def __getattr__(name: str) -> Any:

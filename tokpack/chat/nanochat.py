@@ -20,6 +20,7 @@ import numpy as np
 
 from ..format import MASK_DTYPE
 from ..tokenizer.specials import NANOCHAT_TOKENS, lead_places
+from .records import bad_record, calls
 from .render import ChatPieces, Encoded, Renderer, encode_conversations
 
 if TYPE_CHECKING:
@@ -54,7 +55,10 @@ class Nanochat:
         self.specials, self.max_tokens = dict(specials), max_tokens
         self._ids = _Ids(*(self.specials[name] for name in NANOCHAT_TOKENS))
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
+    def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
+        if tools is not None or any(m["role"] == "tool" or calls(m) for m in found):
+            raise bad_record(where, "has tools, tool_calls or tool messages, which nanochat's rendering has no tokens "
+                             "for (its python tool is an assistant's parts); render it with --chat template")
         return ChatPieces(*_rendered(found, self._ids))
 
     def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:

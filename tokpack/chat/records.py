@@ -4,7 +4,9 @@ A record is ``{"messages": [{"role": ..., "content": ...}, ...]}`` (content a st
 assistant nanochat's list of parts ``{"type": "text" | "python" | "python_output", "text": ...}``),
 or TRL's ``{"prompt": ..., "completion": ...}`` (each a string, or a list of messages). A
 message's other keys (``reasoning_content``, ``name``, ...) are kept for a chat template; keys
-whose value is null are dropped, as transformers drops them.
+whose value is null are dropped, as transformers drops them. Function calling, as transformers
+takes it: a record's ``tools`` (a list of function schemas), an assistant's ``tool_calls`` (with
+or without content) and ``tool`` messages (a call's result) after it.
 
 See docs/chat.md.
 """
@@ -16,7 +18,7 @@ from typing import Any
 
 
 PART_TYPES = ("text", "python", "python_output")
-ROLES = ("system", "user", "assistant")  # a tuple: a role may be any value, and unhashable
+ROLES = ("system", "user", "assistant", "tool")  # a tuple: a role may be any value, and unhashable
 # Nesting of a message's values at most: a tool call's arguments reach 5 or so, and everything
 # that walks a message (marking special-token text, a template's filters) recurses.
 MAX_DEPTH = 32
@@ -30,12 +32,18 @@ def bad_record(where: str, problem: str) -> ValueError:
 def _message(value: Any, where: str, i: int) -> dict[str, Any]:
     # type(...) is dict first: isinstance of an ABC is slow, and json gives dicts.
     if (type(value) is not dict and not isinstance(value, Mapping)) or not isinstance(value.get("role"), str) \
-            or "content" not in value:
+            or ("content" not in value and not calls(value)):
         raise bad_record(where, f"has message {i} without a role and content")
-    role, content = value["role"], value["content"]
+    role, content = value["role"], value.get("content")
     if role not in ROLES:
-        raise bad_record(where, f"has message {i} of role {role!r}; the roles are system, user and assistant")
-    if isinstance(content, list) and role == "assistant":
+        raise bad_record(where, f"has message {i} of role {role!r}; the roles are system, user, assistant and tool")
+    if "tool_calls" in value and value["tool_calls"] is not None:
+        _check_calls(value["tool_calls"], where, i, role)
+        if content is None:
+            content = ""
+    if role == "tool" and isinstance(content, (list, Mapping)):  # a call's result as JSON: a template writes it
+        pass
+    elif isinstance(content, list) and role == "assistant":
         for part in content:
             if not ((type(part) is dict or isinstance(part, Mapping)) and part.get("type") in PART_TYPES
                     and isinstance(part.get("text"), str)):
@@ -61,6 +69,36 @@ def _deeper(value: Any, limit: int) -> bool:
                 return True
             stack.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, Mapping) else item))
     return False
+
+
+def calls(message: Mapping[str, Any]) -> bool:
+    """Whether an assistant message calls tools."""
+    return bool(message.get("tool_calls"))
+
+
+def _check_calls(value: Any, where: str, i: int, role: Any) -> None:
+    """An assistant's ``tool_calls``: a list of calls, each naming its function, as OpenAI's
+    ``{"type": "function", "function": {"name": ..., "arguments": ...}}`` or flat."""
+    if role != "assistant":
+        raise bad_record(where, f"has message {i} ({role}) with tool_calls; only an assistant calls tools")
+    ok = isinstance(value, list) and bool(value)
+    for call in value if ok else ():
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        ok = ok and isinstance(function, Mapping) and isinstance(function.get("name"), str)
+    if not ok:
+        raise bad_record(where, f"has message {i} whose tool_calls are not a list of calls, each "
+                         "{'function': {'name': ..., 'arguments': ...}}")
+
+
+def tools(record: Any, where: str) -> list[Any] | None:
+    """A record's ``tools`` (function schemas, handed to a chat template), or None."""
+    found = record.get("tools") if isinstance(record, Mapping) else None
+    if found is None:
+        return None
+    if not (isinstance(found, list) and all(isinstance(t, Mapping) for t in found)) or _deeper(found, MAX_DEPTH):
+        raise bad_record(where, f"has tools that are not a list of function schemas (objects) nested at most "
+                         f"{MAX_DEPTH} deep")
+    return found
 
 
 def _turns(value: Any, role: str, where: str, field: str) -> list[Any]:
@@ -95,10 +133,12 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     turns = found[1:] if found[0]["role"] == "system" else found
     roles = [message["role"] for message in turns]
     if roles[::2] != ["user"] * ((len(roles) + 1) // 2) or roles[1::2] != ["assistant"] * (len(roles) // 2):
-        _out_of_order(roles, where)
-    if len(roles) < 2:
+        _check_order(turns, where)
+    if "assistant" not in roles:
         raise bad_record(where, "has no assistant turn, so nothing to train on")
-    for message in turns[1::2]:
+    for message in turns:
+        if message["role"] != "assistant" or calls(message):
+            continue
         content = message["content"]
         if not (content if isinstance(content, str) else
                 "".join(p["text"] for p in content if p["type"] != "python_output")):
@@ -106,10 +146,18 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     return found
 
 
-def _out_of_order(roles: list[str], where: str) -> None:
-    for i, role in enumerate(roles):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if role != expected:
-            article = "an" if expected == "assistant" else "a"
-            raise bad_record(where, f"has a {role} message where {article} {expected} turn comes (a system message "
-                             "first, then user and assistant turns alternating, from a user turn)")
+def _check_order(turns: list[dict[str, Any]], where: str) -> None:
+    """Turns after a system message: from a user turn, user and assistant alternating, and after
+    an assistant that calls tools, their results (tool messages), then an assistant again."""
+    before: dict[str, Any] | None = None
+    for message in turns:
+        role = before["role"] if before is not None else None
+        allowed = {None: ("user",), "user": ("assistant",), "tool": ("tool", "assistant"),
+                   "assistant": ("user", "tool") if before is not None and calls(before) else ("user",)}.get(role, ())
+        if message["role"] not in allowed:
+            expected = " or ".join(allowed)
+            article = "an" if expected.startswith("assistant") else "a"
+            raise bad_record(where, f"has a {message['role']} message where {article} {expected} turn comes (a "
+                             "system message first, then user and assistant turns alternating, from a user turn; "
+                             "tool messages only after an assistant's tool_calls)")
+        before = message

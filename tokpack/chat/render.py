@@ -67,8 +67,9 @@ class Encoded(NamedTuple):
 class ChatRenderer(Protocol):
     """A rendering: a checked conversation's pieces, and a batch of conversations' ids and masks."""
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
-        """One conversation's checked messages, rendered (``where`` names it in errors)."""
+    def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
+        """One conversation's checked messages, and its tools where it has some, rendered
+        (``where`` names it in errors)."""
         ...
 
     def encode(self, enc: Encoder, dtype: np.dtype, batch: list[ChatPieces]) -> Encoded:

@@ -532,14 +532,14 @@ class Template:
         return {"renderer": Renderer.TEMPLATE.value, "max_tokens": self.max_tokens, "template_sha256": self.sha256,
                 "assistant_mask": "generation" if self.generation else "prefixes"}
 
-    def render(self, found: list[dict[str, Any]], where: str, size: int,
-               prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text of ``found`` and its generation spans (character ranges); ``size``,
-        the characters of the conversation, sets how far the render may go."""
+    def render(self, found: list[dict[str, Any]], where: str, size: int, prompt: bool = False,
+               tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text of ``found`` (and ``tools``) and its generation spans (character
+        ranges); ``size``, the characters of the conversation, sets how far the render may go."""
         self.env.start(size)
         blocks = []
         try:
-            for block in self.compiled.generate(messages=found, tools=None, documents=None,
+            for block in self.compiled.generate(messages=found, tools=tools, documents=None,
                                                 add_generation_prompt=prompt, **self.variables):
                 if " at 0x" in block and _ADDRESS.search(block):
                     raise TemplateError("writes an object's memory address, which differs run to run")
@@ -555,7 +555,8 @@ class Template:
                              f"{type(exc).__name__}: {exc}") from None
         return "".join(blocks), self.env.spans
 
-    def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int) -> list[tuple[int, int]]:
+    def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int,
+                      tools: list[Any] | None) -> list[tuple[int, int]]:
         # Two renders a turn, each about the whole one's work: a record of thousands of turns is
         # refused before its square is paid.
         steps, turns = self.env.budget - self.env.steps, sum(m["role"] == "assistant" for m in found)
@@ -568,8 +569,8 @@ class Template:
         for i, message in enumerate(found):
             if message["role"] != "assistant":
                 continue
-            before, _ = self.render(found[:i], where, size, prompt=True)
-            upto, _ = self.render(found[:i + 1], where, size)
+            before, _ = self.render(found[:i], where, size, prompt=True, tools=tools)
+            upto, _ = self.render(found[:i + 1], where, size, tools=tools)
             if not (upto.startswith(before) and text.startswith(upto)):
                 raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole "
                                  f"than in its first {i + 1} messages, so its assistant turn {i} cannot be found "
@@ -578,31 +579,36 @@ class Template:
             spans.append((len(before), len(upto)))
         return spans
 
-    def pieces(self, found: list[dict[str, Any]], where: str) -> ChatPieces:
-        markers, held = None, _strings([{k: v for k, v in m.items() if k != "role"} for m in found])
+    def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
+        def each(change: Callable[[Any], Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
+            """Every value a template reads as the record's text changed: the messages' but their
+            roles (templates build tokens of them: '<|' + role + '|>'), and the tools."""
+            return ([{k: v if k == "role" else change(v) for k, v in m.items()} for m in found],
+                    None if tools is None else change(tools))
+
+        markers, held = None, _strings([[{k: v for k, v in m.items() if k != "role"} for m in found], tools])
         form = self.vocab.normal_form
         if form is not None and not all(unicodedata.is_normalized(form, s) for s in held):
-            # The tokenizer reads text in its normal form: the messages are put in it first, so
-            # that the tokens spell the rendered text and the assistant's can be found.
-            found = [{k: v if k == "role" else _normalized(v, form) for k, v in m.items()} for m in found]
-            held = _strings([{k: v for k, v in m.items() if k != "role"} for m in found])
+            # The tokenizer reads text in its normal form: the record is put in it first, so that
+            # the tokens spell the rendered text and the assistant's can be found.
+            found, tools = each(lambda v: _normalized(v, form))
+            held = _strings([[{k: v for k, v in m.items() if k != "role"} for m in found], tools])
         typed = _specials_pattern(self._names, None)
-        # Special-token text in a message, and the end of one that could join its neighbour (or
-        # the template's text) into one, is marked, to stay text. A role is no text: templates
-        # build tokens of it ('<|' + role + '|>').
+        # Special-token text in the record, and a text's end that could join its neighbour (or the
+        # template's text) into one, is marked, to stay text.
         if self.ordinary and self.specials and any(typed.search(s) or self._parts.joins(s) for s in held):
             markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
             if markers is None:
                 raise bad_record(where, "holds every marker tokpack could use for special-token text")
-            found = [{k: v if k == "role" else _mark(v, typed, markers, self._parts) for k, v in m.items()}
-                     for m in found]
+            chosen = markers
+            found, tools = each(lambda v: _mark(v, typed, chosen, self._parts))
         size = sum(map(len, held))
-        text, spans = self.render(found, where, size)
+        text, spans = self.render(found, where, size, tools=tools)
         if form is not None and not unicodedata.is_normalized(form, text):
             raise bad_record(where, f"renders text that the tokenizer's {form} normalizer would change (a combining "
                              "mark right after the template's own text), so its tokens would not spell it and the "
                              "assistant's could not be found")
-        spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size))
+        spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size, tools))
         if markers is None and self._apart:  # every special token's text in it is the template's
             lead = [self.specials[name] for _, name, _ in typed.findall(text)]
             return ChatPieces([text], [lead], [PieceMask([], 0, _byte_spans(text, 0, spans, None)[1])], marked=True)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..chat import ChatPieces, ChatRenderer, Encoded, messages
+from ..chat import ChatPieces, ChatRenderer, Encoded, messages, tools
 from ..corpus import parse_record, records
 from ..tokenizer import encoded_batches
 from .cluster import Entry
@@ -56,8 +56,9 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
     key = document_key(plan.config.seed)
     for source, where, value in _records(plan, entries):
         try:
-            found = messages(parse_record(value, where, plan.read.errors), where)
-            pieces = renderer.pieces(found, where)
+            record = parse_record(value, where, plan.read.errors)
+            found, functions = messages(record, where), tools(record, where)
+            pieces = renderer.pieces(found, where, functions)
         except ValueError:
             if not plan.config.skip_bad:
                 raise
@@ -66,8 +67,8 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
         split = only
         if split is None:
             digest = document_hash(key)  # over each message's "role\0content\0", in one update
-            hash_small(digest, "".join([f"{m['role']}\0{_text(m['content'])}\0" for m in found]).encode(
-                "utf-8", "surrogatepass"))
+            hash_small(digest, "".join([f"{m['role']}\0{_text(m.get('content', ''))}\0" for m in found]).encode(
+                "utf-8", "surrogatepass"))  # a call alone has no content
             split = "val" if plan.holdout.is_val(digest.digest()) else "train"
         counts["conversations"] += 1
         yield Conversation(pieces, split, source, sum(map(len, pieces.texts)))
