@@ -15,7 +15,9 @@ before rendering, so special-token text inside a message stays text, unless ``sp
 is "special": transformers' way), each stretch between them encoded whole. The mask is 1 on
 each token overlapping a ``{% generation %}`` block; a template without one has its assistant
 turns found by rendering prefixes: turn i is the text the conversation's first i+1 messages add
-to its first i rendered with ``add_generation_prompt=True``. O(conversation) a render;
+to its first i rendered with ``add_generation_prompt=True``; where a template renders a
+conversation otherwise than its prefixes, turn i is its content where a stand-in for it stands in
+a render of the whole, with the special token that ends it. O(conversation) a render;
 O(turns x conversation) without generation blocks, bounded per record (``PREFIX_WORK``).
 
 See docs/chat.md.
@@ -64,6 +66,7 @@ FIXED_DAY = datetime(2024, 7, 26, tzinfo=timezone.utc)  # strftime_now's day: th
 # that no string of a conversation holds, so no text is ever changed to make room for them.
 MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # an object's repr: "<built-in method items of dict object at 0x7f...>"
+_SPACES = re.compile(r"\s*")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -571,13 +574,42 @@ class Template:
                 continue
             before, _ = self.render(found[:i], where, size, prompt=True, tools=tools)
             upto, _ = self.render(found[:i + 1], where, size, tools=tools)
-            if not (upto.startswith(before) and text.startswith(upto)):
-                raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole "
-                                 f"than in its first {i + 1} messages, so its assistant turn {i} cannot be found "
-                                 "by rendering prefixes; mark the assistant's text in the template with "
-                                 "{% generation %}")
-            spans.append((len(before), len(upto)))
+            if upto.startswith(before) and text.startswith(upto):
+                spans.append((len(before), len(upto)))
+            else:
+                spans.append(self._content_span(found, i, text, where, size, tools))
         return spans
+
+    def _content_span(self, found: list[dict[str, Any]], i: int, text: str, where: str, size: int,
+                      tools: list[Any] | None) -> tuple[int, int]:
+        """Assistant turn ``i`` of a conversation its template renders otherwise than its prefixes
+        (one that writes the end of text only after the last turn, or moves the system message):
+        its content as rendered, found by rendering the whole conversation with a stand-in for it,
+        and the special token that ends it where only whitespace comes between."""
+        held = _strings(found)
+        stand_in = next(a + b for a, b in MARKERS if not any(a in s or b in s for s in held))
+        if found[i].get("tool_calls") or not isinstance(found[i].get("content"), str):
+            raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole than in "
+                             f"its first {i + 1} messages, and its assistant turn {i} holds tool calls or parts, which "
+                             "cannot be found otherwise; mark the assistant's text in the template with "
+                             "{% generation %}")
+        swapped, _ = self.render([*found[:i], {**found[i], "content": stand_in}, *found[i + 1:]], where, size,
+                                 tools=tools)
+        at = swapped.find(stand_in)
+        head, tail = swapped[:at], swapped[at + len(stand_in):]
+        if at < 0 or stand_in in tail or not (text.startswith(head) and text.endswith(tail)) \
+                or len(head) + len(tail) > len(text):
+            raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole than in "
+                             f"its first {i + 1} messages, and its assistant turn {i} cannot be found by putting a "
+                             "stand-in in its place either; mark the assistant's text in the template with "
+                             "{% generation %}")
+        start, end = len(head), len(text) - len(tail)
+        ending = _specials_pattern(self._names, None).search(text, end) if self.specials else None
+        if ending is not None and not text[end:ending.start(2)].strip():
+            # its end-of-turn token (the model learns to stop) and the whitespace after it, as
+            # prefixes give the turns whose prefixes hold
+            end = _SPACES.match(text, ending.end(2)).end()  # type: ignore[union-attr]
+        return start, end
 
     def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
         def each(change: Callable[[Any], Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
