@@ -414,6 +414,49 @@ def test_malformed_tool_records_are_one_line(bad, reason):
         tools({"tools": "get_weather", "messages": []}, "r")
 
 
+THINKING = CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}",
+                          "{% generation %}{{ '<think>\\n\\n</think>\\n\\n' + message['content'] + '<|im_end|>' }}")
+TYPED_THOUGHTS = [{"messages": [{"role": "user", "content": f"what does <think> mean {i}? and </think>"},
+                                {"role": "assistant", "content": f"<think> opens a thought {i}"}]} for i in range(6)]
+
+
+def test_added_tokens_a_template_writes_are_control_tokens_and_text_elsewhere(tmp_path, capsys):
+    from tokenizers import AddedToken
+
+    from tokpack.bench.chat import gpt2_tokenizer
+
+    assert THINKING != CHATML
+    tok = chat_tokenizer(tmp_path / "tok", THINKING)
+    library = gpt2_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    library.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                        AddedToken("</think>", special=False, normalized=False),
+                        AddedToken("<tool_call>", special=False, normalized=False)])  # as Qwen3's tokenizer.json
+    library.save(str(tok / "tokenizer.json"))
+    records = TYPED_THOUGHTS + CHATS[:6]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
+    assert code == 0, err
+    hf = _library(tok)
+    found = {hf.decode(ids): (ids, mask) for ids, mask in _every(tmp_path / "out")}
+    controls = {hf.convert_tokens_to_ids(name) for name in ("<think>", "</think>")}
+    for record in records:
+        # transformers with sanitize_control_tokens=True: the same text, the same control tokens (it
+        # cuts its encoding at a message's control-token text, tokpack encodes that text as text)
+        sanitized = hf.apply_chat_template(record["messages"], tokenize=True, return_dict=True,
+                                           sanitize_control_tokens=True)["input_ids"]
+        ids, mask = found.pop(hf.decode(sanitized))
+        turns = sum(m["role"] == "assistant" for m in record["messages"])
+        assert [t for t in ids if t in controls] == [t for t in sanitized if t in controls] == sorted(controls) * turns
+        trained = hf.decode([t for t, m in zip(ids, mask) if m])
+        assert trained == "".join(f"<think>\n\n</think>\n\n{m['content']}<|im_end|>" for m in record["messages"]
+                                  if m["role"] == "assistant")
+    assert not found
+    # --special-text special: the library's way, a message's <think> is the token too
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "lib", "--special-text", "special")
+    assert code == 0, err
+    assert sorted(ids for ids, _ in _every(tmp_path / "lib")) == sorted(
+        hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in records)
+
+
 DECOMPOSED = [{"messages": [{"role": "user", "content": f"un cafe\u0301 {i}, s'il vous pla\u0131\u0302t"},
                             {"role": "assistant", "content": f"voila\u0300 {i}: Ame\u0301lie, A\u030angstro\u0308m"}]}
               for i in range(6)]

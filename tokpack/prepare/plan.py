@@ -108,7 +108,7 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
     count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
     inputs = _describe_inputs(groups, sizes)
-    chat = _renderer(config, enc)
+    enc, chat = _renderer(config, enc)
     # A rendering's own facts (a template's sha256, whatever file it came from) decide a unit's bytes too.
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
                                      "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
@@ -134,12 +134,14 @@ def processes_plan(config: PrepareConfig, started: float) -> Plan:
     return plan
 
 
-def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
-    """How conversations are rendered (``--chat``), or None for text."""
+def _renderer(config: PrepareConfig, enc: Encoder) -> tuple[Encoder, ChatRenderer | None]:
+    """How conversations are rendered (``--chat``), or None for text; and the encoder they are
+    encoded with: a template's control tokens (the tokenizer's added tokens its text writes, as
+    transformers infers them: Qwen's ``<think>``) read as special, so a message's stay text."""
     if config.chat == Renderer.NANOCHAT:
-        return Nanochat(enc.specials, config.max_tokens)
+        return enc, Nanochat(enc.specials, config.max_tokens)
     if config.chat != Renderer.TEMPLATE:
-        return None
+        return enc, None
     from ..chat.template import Template  # jinja2 only where a template is used
     from ..tokenizer.templates import read_template
 
@@ -150,7 +152,9 @@ def _renderer(config: PrepareConfig, enc: Encoder) -> ChatRenderer | None:
     else:
         raise ValueError(f"--chat template needs a chat template, and {config.encoding} has none beside it (no "
                          "chat_template.jinja, no chat_template in tokenizer_config.json); pass --chat-template FILE")
-    return Template(source, origin, enc, config.max_tokens, enc.template_variables(), config.special_text)
+    if config.special_text == "ordinary":
+        enc = enc.with_controls(name for name in enc.added if name in source)
+    return enc, Template(source, origin, enc, config.max_tokens, enc.template_variables(), config.special_text)
 
 
 def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile]]], list[InputFile]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property, lru_cache
 from typing import Any
@@ -93,6 +94,7 @@ class TiktokenEncoder:
         self.parallel = backend is not None  # splintr threads itself; tiktoken runs in tokpack's threads
         self.specials = dict(library._special_tokens)
         self.normal_form = None  # tiktoken reads text as it is
+        self.added: dict[str, int] = {}  # no token is added to its ranks but the special ones
         self.special_ids = frozenset(self.specials.values())
 
     @cached_property
@@ -194,6 +196,10 @@ class TiktokenEncoder:
 
     def token_bytes(self, token: int) -> bytes:
         return self.library.decode_single_token_bytes(token)
+
+    def with_controls(self, names: Iterable[str]) -> TiktokenEncoder:
+        """Itself: a tiktoken encoding has no added tokens besides its special ones."""
+        return self
 
     def with_backend(self, asked: str, check_fraction: float, seed: int) -> TiktokenEncoder:
         backend = fast.choose_backend(self.library, asked)

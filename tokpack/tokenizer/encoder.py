@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
@@ -40,6 +41,7 @@ class Encoder(Protocol):
     special_ids: frozenset[int]
     specials: dict[str, int]  # the special tokens, by their text
     normal_form: str | None  # the Unicode form its normalizer puts text in ("NFC"), where that is all it does
+    added: dict[str, int]  # tokens added to the vocabulary but not special (Qwen's <think>), by their text
     vocab_sha256: str  # the vocabulary's hash, recorded in meta.json and checked by readers
     library: Any  # the library's own object (a tiktoken Encoding, a tokenizers Tokenizer), for comparisons
 
@@ -85,6 +87,11 @@ class Encoder(Protocol):
 
     def flush(self) -> None:
         """Wait for work in flight (an accelerated backend's checks); an error found there raises."""
+        ...
+
+    def with_controls(self, names: Iterable[str]) -> Encoder:
+        """This encoder reading the added tokens ``names`` as special ones (a chat template's
+        control tokens: placed by id where it writes them, text where a message holds them)."""
         ...
 
     def with_backend(self, asked: str, check_fraction: float, seed: int) -> Encoder:

@@ -14,10 +14,12 @@ See docs/tokenizers.md.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import warnings
 from functools import cached_property
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,7 @@ class HFEncoder:
         self.n_vocab = self.library.get_vocab_size(with_added_tokens=True)
         added = self.library.get_added_tokens_decoder()
         self.specials = {token.content: int(i) for i, token in added.items() if token.special}
+        self.added = {token.content: int(i) for i, token in added.items() if not token.special}
         self.special_ids = frozenset(self.specials.values())
         self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
         self.normal_form = _unicode_form(spec.get("normalizer"))
@@ -224,6 +227,27 @@ class HFEncoder:
 
     def flush(self) -> None:
         """Nothing runs in the background here."""
+
+    def with_controls(self, names: Iterable[str]) -> HFEncoder:
+        """A copy of this encoder that reads the added tokens ``names`` as special tokens: placed
+        by id where a chat template writes them, text where a message holds them."""
+        names = [name for name in names if name in self.added]
+        if not names:
+            return self
+        import tokenizers
+
+        controls = copy.copy(self)
+        controls.__dict__.pop("_whole", None)  # made again from the new library
+        controls.library = type(self.library).from_str(self.library.to_str())
+        found = {t.content: t for t in self.library.get_added_tokens_decoder().values()}
+        controls.library.add_special_tokens([tokenizers.AddedToken(
+            name, single_word=found[name].single_word, lstrip=found[name].lstrip, rstrip=found[name].rstrip,
+            normalized=found[name].normalized, special=True) for name in names])
+        controls.library.encode_special_tokens = self.library.encode_special_tokens
+        controls.specials = {**self.specials, **{name: self.added[name] for name in names}}
+        controls.special_ids = frozenset(controls.specials.values())
+        controls.added = {name: i for name, i in self.added.items() if name not in names}
+        return controls
 
     def with_backend(self, asked: str, check_fraction: float, seed: int) -> HFEncoder:
         if asked != "auto":
