@@ -667,6 +667,29 @@ def _one(template, chat):
     return template.encode(enc, np.dtype(np.uint32), [template.pieces(messages(chat, "r"), "r")])
 
 
+def test_long_texts_are_encoded_in_chunks_to_the_same_ids(chatml, monkeypatch):
+    from tokpack.chat import render
+
+    enc = load_encoding(str(chatml))
+    assert enc.can_cut
+    whole_text = {"messages": [{"role": "user", "content": "tell me, " * 3000},
+                               {"role": "assistant", "content": "well: " + "all of it, " * 2000}]}
+    in_pieces = {"messages": [{"role": "user", "content": "and then? " * 3000},  # typed: encoded a piece at a time
+                              {"role": "assistant", "content": "so: " + "more of it, " * 2000 + "<|im_end|> typed"}]}
+    template = Template(CHATML, "t", enc, 0)
+    batch = [template.pieces(messages(c, "r"), "r") for c in (whole_text, in_pieces, *CHATS[:5])]
+    assert batch[0].marked and not batch[1].marked
+    reference = template.encode(enc, np.dtype(np.uint32), batch)
+    calls = []
+    for name in ("encode_flat", "encode_marked"):
+        real = getattr(enc, name)
+        monkeypatch.setattr(enc, name, lambda *a, real=real, name=name: calls.append(name) or real(*a), raising=False)
+    monkeypatch.setattr(render, "CHUNK_CHARS", 1000)
+    chunked = template.encode(enc, np.dtype(np.uint32), batch)
+    assert [a.tolist() for a in chunked] == [b.tolist() for b in reference]
+    assert calls.count("encode_flat") > 20 and calls.count("encode_marked") > 20  # about 1,000 characters a call
+
+
 def test_a_render_may_grow_with_its_conversation_past_a_mebibyte(chatml):
     # Output is bounded at 1 MiB plus 8 characters a character of the conversation: a 1.2 MB message renders.
     enc = load_encoding(str(chatml))

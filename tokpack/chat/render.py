@@ -126,7 +126,11 @@ def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str]
     vouches for it: a difference is a bug)."""
     if not marked:
         return _EMPTY
-    ids, bounds = enc.encode_marked([c.texts[0] for c in marked], marks, [len(c.leads[0]) for c in marked])
+    texts = [c.texts[0] for c in marked]
+    if max(map(len, texts)) > CHUNK_CHARS and enc.can_cut:
+        ids, bounds = _in_chunks(enc, texts, lambda chunks: enc.encode_marked(chunks, marks))
+    else:
+        ids, bounds = enc.encode_marked(texts, marks, [len(c.leads[0]) for c in marked])
     written = np.fromiter(itertools.chain.from_iterable(c.leads[0] for c in marked), dtype=np.int64)
     at = np.flatnonzero(_table(frozenset(enc.specials[m] for m in marks)).take(ids, mode="clip"))
     if not np.array_equal(ids[at], written):
@@ -144,7 +148,8 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
     if not texts:
         return _EMPTY
     leads = list(itertools.chain.from_iterable(conversation.leads for conversation in conversations))
-    ids, layout = with_leads(*enc.encode_flat(texts), leads)
+    long = max(map(len, texts)) > CHUNK_CHARS and enc.can_cut
+    ids, layout = with_leads(*(_in_chunks(enc, texts, enc.encode_flat) if long else enc.encode_flat(texts)), leads)
     mask = masks(ids, layout, conversations).view(MASK_DTYPE)
     last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
     return ids, mask, np.concatenate(([0], layout[last - 1, 2]))
@@ -213,6 +218,45 @@ def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
     inside_any = after < len(hi)
     inside_any[inside_any] = lo[after[inside_any]] < ends[inside_any]
     return inside_any
+
+
+# A text longer than this is encoded a piece at a time, cut where the tokens stay the same: a
+# tokenizer library's own objects for a whole message of hundreds of MB take tens of times its size.
+CHUNK_CHARS = 1 << 20
+
+
+def _in_chunks(enc: Encoder, texts: list[str],
+               encode: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(texts)`` (ids laid end to end, and each text's offsets) for an encoder that can cut
+    (``Encoder.can_cut``), with every text longer than ``CHUNK_CHARS`` cut at the points
+    ``safe_cut`` finds and encoded about ``CHUNK_CHARS`` at a time: the same ids, in memory bounded
+    by a chunk."""
+    from ..tokenizer import safe_cut
+
+    chunks, owner = [], []
+    for i, text in enumerate(texts):
+        at = 0
+        while len(text) - at > CHUNK_CHARS:
+            cut = safe_cut(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
+            if cut <= at:  # no safe point in reach: the rest whole
+                break
+            chunks.append(text[at:cut])
+            owner.append(i)
+            at = cut
+        chunks.append(text[at:])
+        owner.append(i)
+    parts, sizes, group, size = [], [], [], 0
+    for chunk in chunks + [None]:  # groups of about CHUNK_CHARS, each one call
+        if chunk is None or (group and size + len(chunk) > CHUNK_CHARS):
+            ids, bounds = encode(group)
+            parts.append(ids)
+            sizes.append(np.diff(bounds))
+            group, size = [], 0
+        if chunk is not None:
+            group.append(chunk)
+            size += len(chunk)
+    lengths = np.bincount(np.array(owner), weights=np.concatenate(sizes), minlength=len(texts)).astype(np.int64)
+    return np.concatenate(parts), np.concatenate(([0], np.cumsum(lengths)))
 
 
 def crop(ids: np.ndarray, mask: np.ndarray, bounds: np.ndarray,

@@ -142,20 +142,7 @@ class TokenWindows(Dataset):
         self.block_size, self.stride = block_size, stride
         self.dtype, self.lengths = self.split.dtype, self.split.lengths
         T = block_size
-        if stride is None:
-            counts = np.maximum(self.lengths - T, 0)
-        else:
-            counts = np.where(self.lengths >= 2, -(-np.maximum(self.lengths - 1 - T, 0) // stride) + 1, 0)
-        if stride is not None and T >= self.lengths.max():
-            raise ValueError(
-                f"block_size {T} is longer than the {int(self.lengths.max()) - 1} targets of {self.split.describe()}, so "
-                f"every window would be mostly padding; use a block_size below {int(self.lengths.max())}"
-            )
-        if counts.sum() == 0:
-            raise ValueError(
-                f"block_size {T} needs more than {T} tokens, but {self.split.describe()} holds "
-                f"{int(self.lengths.max())} at most; use a smaller block_size or more data"
-            )
+        counts = _window_counts(self.lengths, T, stride, self.split.describe())
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.ignore_index = ignore_label(ignore_index)
         # The loss mask's windows, read beside the tokens' (the same files' shapes, one byte a token).
@@ -343,6 +330,22 @@ class TokenWindows(Dataset):
         untrained = f", {self.untrained_windows:,} with nothing to train on left out" if self.untrained_windows else ""
         return (f"TokenWindows({self.split.describe()}, block_size={self.block_size}, {mode}, {len(self):,} "
                 f"windows{untrained})")
+
+
+def _window_counts(lengths: np.ndarray, T: int, stride: int | None, where: str) -> np.ndarray:
+    """Each file's windows: a training window at every start with T + 1 tokens, or an
+    evaluation window every ``stride`` tokens while a target is left; refused where none is."""
+    if stride is None:
+        counts = np.maximum(lengths - T, 0)
+    else:
+        counts = np.where(lengths >= 2, -(-np.maximum(lengths - 1 - T, 0) // stride) + 1, 0)
+    if stride is not None and T >= lengths.max():
+        raise ValueError(f"block_size {T} is longer than the {int(lengths.max()) - 1} targets of {where}, so every "
+                         f"window would be mostly padding; use a block_size below {int(lengths.max())}")
+    if counts.sum() == 0:
+        raise ValueError(f"block_size {T} needs more than {T} tokens, but {where} holds {int(lengths.max())} at "
+                         "most; use a smaller block_size or more data")
+    return counts
 
 
 def _trained_windows(masks: OpenedFiles, counts: np.ndarray, T: int, stride: int | None,
