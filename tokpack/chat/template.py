@@ -377,6 +377,13 @@ def _specials_pattern(names: tuple[str, ...], markers: tuple[str, str] | None) -
     return re.compile(f"({start}?)({tokens})({end}?)")
 
 
+def _texts(found: list[dict[str, Any]], tools: list[Any] | None) -> list[str]:
+    """Every string a template reads as a record's text: inside its messages (keys too) but their
+    roles, and inside its tools."""
+    return _strings([tools, *(value for m in found for key, value in m.items() if key != "role")]) + \
+        [key for m in found for key in m]
+
+
 def _strings(value: Any) -> list[str]:
     """Every string inside ``value`` (keys too), in no particular order."""
     out, stack = [], [value]
@@ -618,13 +625,13 @@ class Template:
             return ([{k: v if k == "role" else change(v) for k, v in m.items()} for m in found],
                     None if tools is None else change(tools))
 
-        markers, held = None, _strings([[{k: v for k, v in m.items() if k != "role"} for m in found], tools])
+        markers, held = None, _texts(found, tools)
         form = self.vocab.normal_form
         if form is not None and not all(unicodedata.is_normalized(form, s) for s in held):
             # The tokenizer reads text in its normal form: the record is put in it first, so that
             # the tokens spell the rendered text and the assistant's can be found.
             found, tools = each(lambda v: _normalized(v, form))
-            held = _strings([[{k: v for k, v in m.items() if k != "role"} for m in found], tools])
+            held = _texts(found, tools)
         typed = _specials_pattern(self._names, None)
         # Special-token text in the record, and a text's end that could join its neighbour (or the
         # template's text) into one, is marked, to stay text.
