@@ -395,6 +395,32 @@ def test_templates_without_generation_blocks_train_what_their_training_variants_
     assert compared >= 5  # Qwen3: its single-turn conversations
 
 
+# Mistral Nemo's template in miniature: the system message goes into the last user turn only.
+NEMO = ('{%- if messages[0]["role"] == "system" %}{%- set system_message = messages[0]["content"] %}'
+        '{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}'
+        '{{- bos_token }}{%- for message in loop_messages %}{%- if message["role"] == "user" %}'
+        '{%- if loop.last and system_message is defined %}{{- "[INST]" + system_message + "\\n\\n" + '
+        'message["content"] + "[/INST]" }}{%- else %}{{- "[INST]" + message["content"] + "[/INST]" }}{%- endif %}'
+        '{%- elif message["role"] == "assistant" %}{{- message["content"] + eos_token }}{%- endif %}{%- endfor %}')
+
+
+def test_a_template_that_moves_the_system_message_finds_each_turn_by_a_stand_in(tmp_path, capsys):
+    tok = chat_tokenizer(tmp_path / "tok", NEMO, ("<s>", "[INST]", "[/INST]", "</s>"))
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<s>", "eos_token": "</s>"}))
+    chats = [c for c in CHATS if c["messages"][0]["role"] == "system"][:6]
+    assert chats
+    code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
+    assert code == 0, err
+    library = _library(tok)
+    found = {tuple(ids): mask for ids, mask in _every(tmp_path / "out")}
+    for chat in chats:
+        ids = library.apply_chat_template(chat["messages"], tokenize=True, return_dict=True)["input_ids"]
+        trained = library.decode([t for t, m in zip(ids, found.pop(tuple(ids))) if m])
+        assert trained == "".join(m["content"] + "</s>" for m in chat["messages"] if m["role"] == "assistant")
+    assert not found
+
+
 BAD_TOOLS = [
     ({"role": "tool", "content": "x"}, "has a tool message where a user turn comes"),
     ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "only an assistant calls tools"),
