@@ -440,6 +440,15 @@ def test_malformed_tool_records_are_one_line(bad, reason):
         tools({"tools": "get_weather", "messages": []}, "r")
 
 
+def test_a_tool_result_may_be_json_and_a_call_needs_no_content():
+    call = {"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}
+    chat = [{"role": "user", "content": "weather?"}, call, {"role": "tool", "content": {"temperature": 3}},
+            {"role": "tool", "content": [1, 2]}, {"role": "assistant", "content": "cold"}]
+    assert messages({"messages": chat}, "r") == chat
+    with pytest.raises(ValueError, match=r"message 2 \(user\) whose content is dict"):
+        messages({"messages": [*chat[:2], {"role": "user", "content": {"temperature": 3}}]}, "r")
+
+
 THINKING = CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}",
                           "{% generation %}{{ '<think>\\n\\n</think>\\n\\n' + message['content'] + '<|im_end|>' }}")
 TYPED_THOUGHTS = [{"messages": [{"role": "user", "content": f"what does <think> mean {i}? and </think>"},

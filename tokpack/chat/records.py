@@ -41,15 +41,14 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
         _check_calls(value["tool_calls"], where, i, role)
         if content is None:
             content = ""
-    if role == "tool" and isinstance(content, (list, Mapping)):  # a call's result as JSON: a template writes it
-        pass
-    elif isinstance(content, list) and role == "assistant":
+    result = role == "tool" and isinstance(content, (list, Mapping))  # a call's result as JSON: a template writes it
+    if isinstance(content, list) and role == "assistant":
         for part in content:
             if not ((type(part) is dict or isinstance(part, Mapping)) and part.get("type") in PART_TYPES
                     and isinstance(part.get("text"), str)):
                 raise bad_record(where, f"has message {i} with a part that is not {{'type': one of "
                                  f"{', '.join(PART_TYPES)}, 'text': a string}}")
-    elif not isinstance(content, str):
+    elif not isinstance(content, str) and not result:
         raise bad_record(where, f"has message {i} ({role}) whose content is {type(content).__name__}, not a string"
                    + (" or a list of parts" if role == "assistant" else ""))
     if _deeper(value, MAX_DEPTH):

@@ -18,8 +18,8 @@ import copy
 import hashlib
 import json
 import warnings
-from functools import cached_property
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
