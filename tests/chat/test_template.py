@@ -543,6 +543,22 @@ def test_no_special_token_is_made_of_a_messages_text_and_its_neighbours(chatml, 
                                                            for e in ("start", "end")]
 
 
+@pytest.mark.parametrize("template,extra,reason", [
+    ("{{ 'hello' }}", (), "none of the 6 conversations has a token to train on: 6 rendered with no token to train"),
+    (CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
+                    "{% generation %}{% endgeneration %}{{ message['content'] + '<|im_end|>' }}"), (),
+     "6 rendered with no token to train on (the chat template writes no assistant text, or its {% generation %}"),
+    (CHATML, ("--max-tokens", "1"), "6 cut to --max-tokens 1 before their first trained token (raise --max-tokens)"),
+    ("{{ raise_exception('no') }}", ("--skip-bad",), "all 6 records are bad and were skipped (--skip-bad)"),
+], ids=["static", "empty-generation", "max-tokens", "all-bad"])
+def test_a_run_that_trains_on_nothing_says_why(chatml, tmp_path, capsys, template, extra, reason):
+    (tmp_path / "t.jinja").write_text(template)
+    code, err = _prepare(capsys, _inputs(tmp_path, CHATS[:6]), chatml, tmp_path / "out", "--chat-template",
+                         tmp_path / "t.jinja", *extra)
+    assert code == 2 and reason in err and "holds no text" not in err and "\n" not in err.strip(), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_records_a_template_fails_on_are_skipped_and_counted(chatml, tmp_path, capsys):
     (tmp_path / "picky.jinja").write_text(
         "{% if 'forbidden' in messages[0]['content'] %}{{ raise_exception('no') }}{% endif %}" + CHATML)

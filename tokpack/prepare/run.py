@@ -294,6 +294,9 @@ def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
 
 
 def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
+    counts = {key: sum(part["chat"][key] for part in parts) for key in CHAT_COUNTS} if plan.chat is not None else {}
+    if counts and not any(part["splits"][split]["info"]["documents"] for part in parts for split in SPLITS):
+        raise ValueError(_nothing_trained(counts, plan.config.max_tokens))
     meta: Meta = {
         "format_version": FORMAT_VERSION,
         "tokpack_version": __version__,
@@ -308,11 +311,25 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
         "options": plan.config.output_options(),
     }
     if plan.chat is not None:
-        counts = {key: sum(part["chat"][key] for part in parts) for key in CHAT_COUNTS}
         meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
         if plan.mixture is not None:  # a mixture is one unit's: conversations are written flat
             meta["chat"]["mixture"] = parts[0]["chat"]["mixture"]  # type: ignore[typeddict-item]
     return meta
+
+
+def _nothing_trained(counts: dict[str, int], max_tokens: int) -> str:
+    """Why no conversation was written: every record bad, or none with a token to train on."""
+    if not counts["conversations"]:
+        return (f"all {counts['skipped']:,} records are bad and were skipped (--skip-bad): no conversation is left"
+                if counts["skipped"] else "the corpus holds no conversation; pass files of chat records")
+    why = []
+    if counts["cropped"]:
+        why.append(f"{counts['cropped']:,} cut to --max-tokens {max_tokens} before their first trained token (raise "
+                   "--max-tokens)")
+    if counts["conversations"] > counts["cropped"]:
+        why.append(f"{counts['conversations'] - counts['cropped']:,} rendered with no token to train on (the chat "
+                   "template writes no assistant text, or its {% generation %} blocks are empty)")
+    return f"none of the {counts['conversations']:,} conversations has a token to train on: {'; '.join(why)}"
 
 
 def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
