@@ -649,7 +649,7 @@ class Template:
                              "assistant's could not be found")
         spans = _merged(spans if self.generation else self._prefix_spans(found, text, where, size, tools))
         if markers is None and self._apart:  # every special token's text in it is the template's
-            lead = [self.specials[name] for _, name, _ in typed.findall(text)]
+            lead = [self.specials[m.group(2)] for m in typed.finditer(text)]  # no tuple a token held at once
             return ChatPieces([text], [lead], [PieceMask([], 0, _byte_spans(text, 0, spans, None)[1])], marked=True)
         return self._split(text, spans, markers)
 
