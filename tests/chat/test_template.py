@@ -55,6 +55,17 @@ def _every(folder):
     return chat_documents(folder, "train") + chat_documents(folder, "val")
 
 
+def _trained_by_chat(folder, library, chats):
+    """Each conversation's trained tokens, decoded, found in ``folder`` by transformers' ids for it."""
+    found = {tuple(ids): mask for ids, mask in _every(folder)}
+    out = []
+    for chat in chats:
+        ids = library.apply_chat_template(chat["messages"], tokenize=True, return_dict=True)["input_ids"]
+        out.append(library.decode([t for t, m in zip(ids, found.pop(tuple(ids))) if m]))
+    assert not found
+    return out
+
+
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory):
     return chat_tokenizer(tmp_path_factory.mktemp("chatml"))
@@ -102,15 +113,10 @@ def test_where_prefixes_differ_each_turn_is_its_content_and_end_found_by_a_stand
     chats = [c for c in CHATS if sum(m["role"] == "assistant" for m in c["messages"]) > 1][:6]
     code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
     assert code == 0, err
-    library = _library(tok)
-    found = {tuple(ids): mask for ids, mask in _every(tmp_path / "out")}
-    for chat in chats:
-        ids = library.apply_chat_template(chat["messages"], tokenize=True, return_dict=True)["input_ids"]
-        trained = library.decode([t for t, m in zip(ids, found.pop(tuple(ids))) if m])
+    for chat, trained in zip(chats, _trained_by_chat(tmp_path / "out", _library(tok), chats)):
         answers = [m["content"] for m in chat["messages"] if m["role"] == "assistant"]
         # the earlier turns by the stand-in (content, end token, newline), the last by its prefix
         assert trained == "".join(a + "<|im_end|>\n" for a in answers[:-1]) + answers[-1] + "\n", trained
-    assert not found
     # A template that writes a turn twice (or renders the rest from its content) is refused in one line.
     twice = unstable.replace("{{ message['content'] + ('' if loop.last else '<|im_end|>') }}",
                              "{{ message['content'] + message['content'] + ('' if loop.last else '<|im_end|>') }}")
@@ -412,13 +418,8 @@ def test_a_template_that_moves_the_system_message_finds_each_turn_by_a_stand_in(
     assert chats
     code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
     assert code == 0, err
-    library = _library(tok)
-    found = {tuple(ids): mask for ids, mask in _every(tmp_path / "out")}
-    for chat in chats:
-        ids = library.apply_chat_template(chat["messages"], tokenize=True, return_dict=True)["input_ids"]
-        trained = library.decode([t for t, m in zip(ids, found.pop(tuple(ids))) if m])
+    for chat, trained in zip(chats, _trained_by_chat(tmp_path / "out", _library(tok), chats)):
         assert trained == "".join(m["content"] + "</s>" for m in chat["messages"] if m["role"] == "assistant")
-    assert not found
 
 
 BAD_TOOLS = [
