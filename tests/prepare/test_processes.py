@@ -209,3 +209,19 @@ def test_stopping_asks_each_task_to_clean_up_before_it_kills(monkeypatch):
     stubborn.stdout.readline()  # its handler is set
     local._stop([polite, stubborn])
     assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+
+
+def test_a_tasks_warnings_reach_the_command_once_each_and_its_other_lines_do_not():
+    import tempfile
+    import warnings
+
+    from tokpack.prepare.executors import local
+
+    with tempfile.TemporaryFile() as log:
+        log.write(b"tokpack: warning: document 3 holds over 1 characters\nsome library's own line\n"
+                  b"tokpack: warning: document 3 holds over 1 characters\ntokpack: warning: another\n"
+                  b"tokpack: a task's error line\n")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            local._forward_warnings(log)
+    assert [str(w.message) for w in seen] == ["document 3 holds over 1 characters", "another"]
