@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages, tools
+from tokpack.chat.template import MARKERS
 from tokpack.tokenizer.specials import specials_apart
 from tokpack.format import read_meta
 from tokpack.prepare.__main__ import main as prepare_main
@@ -117,6 +118,15 @@ def test_where_prefixes_differ_each_turn_is_its_content_and_end_found_by_a_stand
         answers = [m["content"] for m in chat["messages"] if m["role"] == "assistant"]
         # the earlier turns by the stand-in (content, end token, newline), the last by its prefix
         assert trained == "".join(a + "<|im_end|>\n" for a in answers[:-1]) + answers[-1] + "\n", trained
+    # A record holding every marker tokpack could use: one line, whether it needs them to keep its
+    # special-token text text, or to stand in for a turn.
+    every = "".join(a + b for a, b in MARKERS)
+    template = Template(unstable, "t", load_encoding(str(tok)), 0)
+    for typed in ("", " <|im_end|>"):
+        chat = {"messages": [{"role": "user", "content": "1" + every + typed}, {"role": "assistant", "content": "2"},
+                             {"role": "user", "content": "3"}, {"role": "assistant", "content": "4"}]}
+        with pytest.raises(ValueError, match="r holds every marker tokpack could use"):
+            template.pieces(messages(chat, "r"), "r")
     # A template that writes a turn twice (or renders the rest from its content) is refused in one line.
     twice = unstable.replace("{{ message['content'] + ('' if loop.last else '<|im_end|>') }}",
                              "{{ message['content'] + message['content'] + ('' if loop.last else '<|im_end|>') }}")
@@ -265,7 +275,7 @@ def test_a_hostile_render_is_refused_before_it_takes_memory_or_time(chatml, temp
 
 
 def test_turns_found_by_prefixes_are_bounded_per_record(tmp_path):
-    from tokpack.chat.template import PREFIX_WORK
+    from tokpack.chat.template import MARKERS, PREFIX_WORK
 
     tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
     enc = load_encoding(str(tok))

@@ -384,6 +384,14 @@ def _texts(found: list[dict[str, Any]], tools: list[Any] | None) -> list[str]:
         [key for m in found for key in m]
 
 
+def _free_markers(held: list[str], where: str) -> tuple[str, str]:
+    """The first pair of ``MARKERS`` that no string of a record holds."""
+    found = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
+    if found is None:
+        raise bad_record(where, "holds every marker tokpack could use for special-token text")
+    return found
+
+
 def _strings(value: Any) -> list[str]:
     """Every string inside ``value`` (keys too), in no particular order."""
     out, stack = [], [value]
@@ -593,13 +601,12 @@ class Template:
         (one that writes the end of text only after the last turn, or moves the system message):
         its content as rendered, found by rendering the whole conversation with a stand-in for it,
         and the special token that ends it where only whitespace comes between."""
-        held = _strings(found)
-        stand_in = next(a + b for a, b in MARKERS if not any(a in s or b in s for s in held))
         if found[i].get("tool_calls") or not isinstance(found[i].get("content"), str):
             raise bad_record(where, f"is rendered by the chat template {self.origin} differently as a whole than in "
                              f"its first {i + 1} messages, and its assistant turn {i} holds tool calls or parts, which "
                              "cannot be found otherwise; mark the assistant's text in the template with "
                              "{% generation %}")
+        stand_in = "".join(_free_markers(_strings(found), where))  # the marked record's markers left out
         swapped, _ = self.render([*found[:i], {**found[i], "content": stand_in}, *found[i + 1:]], where, size,
                                  tools=tools)
         at = swapped.find(stand_in)
@@ -636,10 +643,7 @@ class Template:
         # Special-token text in the record, and a text's end that could join its neighbour (or the
         # template's text) into one, is marked, to stay text.
         if self.ordinary and self.specials and any(typed.search(s) or self._parts.joins(s) for s in held):
-            markers = next((m for m in MARKERS if not any(m[0] in s or m[1] in s for s in held)), None)
-            if markers is None:
-                raise bad_record(where, "holds every marker tokpack could use for special-token text")
-            chosen = markers
+            markers = chosen = _free_markers(held, where)
             found, tools = each(lambda v: _mark(v, typed, chosen, self._parts))
         size = sum(map(len, held))
         text, spans = self.render(found, where, size, tools=tools)
