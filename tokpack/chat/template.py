@@ -408,34 +408,28 @@ def _strings(value: Any) -> list[str]:
     return out
 
 
-def _mark(value: Any, pattern: re.Pattern[str], markers: tuple[str, str], parts: _NameParts) -> Any:
-    """``value`` with each special token's text inside its strings wrapped in the markers, and
-    each string's ends that could join another text into one (``_NameParts.ends``)."""
-    if isinstance(value, str):
-        marked = pattern.sub(lambda m: markers[0] + m.group(2) + markers[1], value)
-        head, tail = parts.ends(marked)
-        if head or tail < len(marked):
-            a, b = markers
-            if head > tail:  # the ends overlap: the whole string
-                return a + marked + b
-            return (a + marked[:head] + b if head else "") + marked[head:tail] + \
-                (a + marked[tail:] + b if tail < len(marked) else "")
+def _mark(text: str, pattern: re.Pattern[str], markers: tuple[str, str], parts: _NameParts) -> str:
+    """``text`` with each special token's text inside it wrapped in the markers, and its ends that
+    could join another text into one (``_NameParts.ends``)."""
+    marked = pattern.sub(lambda m: markers[0] + m.group(2) + markers[1], text)
+    head, tail = parts.ends(marked)
+    if not head and tail == len(marked):
         return marked
-    if isinstance(value, Mapping):
-        return {key: _mark(item, pattern, markers, parts) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_mark(item, pattern, markers, parts) for item in value]
-    return value
+    a, b = markers
+    if head > tail:  # the ends overlap: the whole string
+        return a + marked + b
+    return (a + marked[:head] + b if head else "") + marked[head:tail] + \
+        (a + marked[tail:] + b if tail < len(marked) else "")
 
 
-def _normalized(value: Any, form: str) -> Any:
-    """``value`` with each string inside it in the Unicode normal ``form``."""
+def _each_string(value: Any, change: Callable[[str], str]) -> Any:
+    """``value`` with each string inside it changed (not the keys)."""
     if isinstance(value, str):
-        return unicodedata.normalize(form, value)
+        return change(value)
     if isinstance(value, Mapping):
-        return {key: _normalized(item, form) for key, item in value.items()}
+        return {key: _each_string(item, change) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_normalized(item, form) for item in value]
+        return [_each_string(item, change) for item in value]
     return value
 
 
@@ -626,25 +620,25 @@ class Template:
         return start, end
 
     def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
-        def each(change: Callable[[Any], Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
-            """Every value a template reads as the record's text changed: the messages' but their
-            roles (templates build tokens of them: '<|' + role + '|>'), and the tools."""
-            return ([{k: v if k == "role" else change(v) for k, v in m.items()} for m in found],
-                    None if tools is None else change(tools))
+        def each(change: Callable[[str], str]) -> tuple[list[dict[str, Any]], list[Any] | None]:
+            """Every string a template reads as the record's text changed: the messages' but their
+            roles (templates build tokens of them: '<|' + role + '|>'), and the tools'."""
+            return ([{k: v if k == "role" else _each_string(v, change) for k, v in m.items()} for m in found],
+                    None if tools is None else _each_string(tools, change))
 
         markers, held = None, _texts(found, tools)
         form = self.vocab.normal_form
         if form is not None and not all(unicodedata.is_normalized(form, s) for s in held):
             # The tokenizer reads text in its normal form: the record is put in it first, so that
             # the tokens spell the rendered text and the assistant's can be found.
-            found, tools = each(lambda v: _normalized(v, form))
+            found, tools = each(functools.partial(unicodedata.normalize, form))
             held = _texts(found, tools)
         typed = _specials_pattern(self._names, None)
         # Special-token text in the record, and a text's end that could join its neighbour (or the
         # template's text) into one, is marked, to stay text.
         if self.ordinary and self.specials and any(typed.search(s) or self._parts.joins(s) for s in held):
             markers = chosen = _free_markers(held, where)
-            found, tools = each(lambda v: _mark(v, typed, chosen, self._parts))
+            found, tools = each(lambda text: _mark(text, typed, chosen, self._parts))
         size = sum(map(len, held))
         text, spans = self.render(found, where, size, tools=tools)
         if form is not None and not unicodedata.is_normalized(form, text):
