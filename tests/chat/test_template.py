@@ -275,7 +275,7 @@ def test_a_hostile_render_is_refused_before_it_takes_memory_or_time(chatml, temp
 
 
 def test_turns_found_by_prefixes_are_bounded_per_record(tmp_path):
-    from tokpack.chat.template import MARKERS, PREFIX_WORK
+    from tokpack.chat.template import PREFIX_WORK
 
     tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
     enc = load_encoding(str(tok))
