@@ -90,15 +90,18 @@ def test_a_flag_wins_over_the_file_but_a_wrong_value_there_is_still_refused(tmp_
 
 
 def test_the_prepare_flags_are_the_config_fields(capsys):
-    # One source: every PrepareConfig field is a flag whose help is the field's, and no flag is extra.
+    # One source: every PrepareConfig field is a flag whose help is the field's (a group's fields,
+    # the [guard] table's, flags of their own), and no flag is extra.
     from dataclasses import fields
 
     from tokpack.prepare.__main__ import main
+    from tokpack.prepare.guard import GuardOptions
 
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    for f in fields(PrepareConfig):
+    assert "--guard " not in help_text
+    for f in [f for f in fields(PrepareConfig) if f.name != "guard"] + list(fields(GuardOptions)):
         flag = "inputs" if f.name == "inputs" else f"--{f.name.replace('_', '-')}"
         assert flag in help_text, flag
         assert " ".join(f.metadata["help"].split())[:40] in help_text, f.name

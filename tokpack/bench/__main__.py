@@ -7,6 +7,7 @@
     python -m tokpack.bench train [--folder data/sample] [--config configs/train_sample.toml]
     python -m tokpack.bench remote [--mb 32]            # needs tokpack[remote] and moto[server]
     python -m tokpack.bench chat [--mb 8] [--rss-mb 300] [--processes 2]
+    python -m tokpack.bench dedup [--mb 16] [--rss-mb 300]  # peers: datasketch, datatrove (see its module)
 
 Each prints its tables and, last, one JSON line with every figure. Absolute times are noise on a
 shared machine; the ratios are the result: medians over rounds in which the runs take turns.
@@ -119,6 +120,12 @@ def _add_others(sub: Any) -> None:
                     help="also time whole commands: one process, and prepare --processes N, against nanochat's "
                          "loop as a process (default: 0, none)")
     cp.add_argument("--processes-mb", type=float, help="conversations in MB for those (default: 64)")
+    dp = sub.add_parser("dedup", help="the split guard's clusters against exact Jaccard, its signatures against "
+                        "datasketch and datatrove, decontamination against a Python scan, its cost in a prepare")
+    _sizes(dp, 16.0, "jsonl in MB for the speed runs", "300")
+    dp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    dp.add_argument("--real-docs", type=int, default=800,
+                    help="installed packages' licences and descriptions compared pair by pair (default: 800)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
     rp.add_argument("--at", type=int, nargs="+", default=[10**3, 10**5, 10**7],
                     help="batches to resume at (default: 1000 100000 10000000)")
@@ -174,6 +181,10 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
 
         return bench_chat(tmp, args.mb, args.rss_mb, args.block_size, args.batch_size, args.batches, args.rounds,
                           args.processes, args.processes_mb)
+    if args.what == "dedup":
+        from .dedup import bench_dedup
+
+        return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs)
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
 

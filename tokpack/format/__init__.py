@@ -58,6 +58,9 @@ UNIT_RECORD_NAME = re.compile(r"\.tokpack-unit-(\d{5})\.json")  # its unit in gr
 UNIT_INDEX = ".{split}.idx.u{unit:05d}"
 UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
 UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
+SIGN = ".tokpack-sign-{:05d}.{}"  # a unit's signatures of a guarded run (--near-split, --dedup, --decontaminate)
+SIGN_GLOB = ".tokpack-sign-[0-9][0-9][0-9][0-9][0-9].*"
+SIGN_NAME = re.compile(r"\.tokpack-sign-\d{5}\.(?:json|docs|prints|bands|hits)")
 # A remote folder being published: the probe that proves the credentials may write.
 PROBE = ".tokpack-probe-{}"  # + a random hex token
 PROBE_NAME = re.compile(r"\.tokpack-probe-[0-9a-f]{32}")
@@ -151,6 +154,7 @@ class Meta(TypedDict):
     inputs: InputsInfo
     options: dict[str, Any]
     chat: NotRequired[dict[str, Any]]  # of conversations (--chat): the renderer and the counts
+    guard: NotRequired[dict[str, Any]]  # the split guard's, dedup's and decontamination's rules and counts
 
 
 class UnitPart(TypedDict):

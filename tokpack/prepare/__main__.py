@@ -21,6 +21,7 @@ from ..cli import add_config_option, parser, run_cli
 from ..options import add_options, build_config
 from ..tokenizer import load_encoding
 from .config import PrepareConfig
+from .guard import GuardOptions
 from .process import fix_mmap_threshold
 from .run import prepare
 
@@ -59,7 +60,8 @@ def summary(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("prepare", __doc__)
     p.add_argument("inputs", nargs="*", help=PrepareConfig.__dataclass_fields__["inputs"].metadata["help"])
-    add_options(p, PrepareConfig, skip=("inputs",))
+    add_options(p, PrepareConfig, skip=("inputs", "guard"))
+    add_options(p, GuardOptions)
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json, or its folder (needs tokpack[hf]); "
                    "instead of --encoding")
     add_config_option(p)

@@ -15,7 +15,6 @@ See docs/chat.md.
 from __future__ import annotations
 
 import array
-import json
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -26,7 +25,7 @@ from ..corpus import parse_record, records
 from ..tokenizer import encoded_batches
 from .cluster import Entry
 from .config import Plan
-from .holdout import document_hash, document_key, hash_small
+from .holdout import conversation_hash, document_key
 from .mixture import mix, staging_writers
 from .writers import SplitWriter
 
@@ -50,11 +49,12 @@ def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]
 
 
 def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None,
-                   counts: dict[str, int]) -> Iterator[Conversation]:
+                   counts: dict[str, int], read: int) -> Iterator[Conversation]:
     """Each conversation, rendered, with its split: ``only``, or by the hash of its messages'
-    roles and contents, so the same whatever the tokenizer or rendering."""
+    roles and contents, so the same whatever the tokenizer or rendering; where the guard moves or
+    drops it (by ``read``, the run's read this is, and its record's number), as it says."""
     key = document_key(plan.config.seed)
-    for source, where, value in _records(plan, entries):
+    for number, (source, where, value) in enumerate(_records(plan, entries)):
         try:
             record = parse_record(value, where, plan.read.errors)
             found, functions = messages(record, where), tools(record, where)
@@ -64,25 +64,17 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
                 raise
             counts["skipped"] += 1
             continue
-        split = only
+        split: str | None = only
         if split is None:
-            digest = document_hash(key)  # over each message's "role\0content\0", in one update
-            hash_small(digest, "".join([f"{m['role']}\0{_text(m.get('content', ''))}\0" for m in found]).encode(
-                "utf-8", "surrogatepass"))  # a call alone has no content
-            split = "val" if plan.holdout.is_val(digest.digest()) else "train"
+            split = "val" if plan.holdout.is_val(conversation_hash(key, found)) else "train"
+        if plan.guard is not None and (split := plan.guard.split(read, number, split)) is None:
+            continue
         counts["conversations"] += 1
         yield Conversation(pieces, split, source, sum(map(len, pieces.texts)))
 
 
-_DUMPS = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once
-
-
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else _DUMPS(content)
-
-
 def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
-                   counts: dict[str, int], kinds: dict[str, array.array] | None = None) -> None:
+                   counts: dict[str, int], read: int, kinds: dict[str, array.array] | None = None) -> None:
     """Every conversation of ``entries`` into its split's writer (``only``: all into that split);
     ``counts`` gains the conversations read, skipped as bad, cut to ``max_tokens``, and left out
     for having nothing to train on once cut; ``kinds``, the input of each one written."""
@@ -93,7 +85,7 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     def encode(batch: list[Conversation]) -> Encoded:
         return renderer.encode(plan.enc, plan.dtype, [conversation.pieces for conversation in batch])
 
-    stream = _conversations(plan, renderer, entries, only, counts)
+    stream = _conversations(plan, renderer, entries, only, counts, read)
     for batch, encoded in encoded_batches(stream, encode, workers, plan.config.piece_chars, in_flight,
                                           size=lambda conversation: conversation.chars):
         counts["cropped"] += int(np.count_nonzero(encoded.cut))
@@ -121,18 +113,19 @@ def _write(batch: list[Conversation], encoded: Encoded, splits: list[str | None]
 
 
 def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writers: dict[str, SplitWriter],
-                counts: dict[str, Any]) -> None:
+                counts: dict[str, Any], first_read: int) -> None:
     """A unit's conversations into ``writers``, in input order, or, in a mixture, rendered into
-    temporary files first and copied out in mixture order (``counts["mixture"]`` its report)."""
+    temporary files first and copied out in mixture order (``counts["mixture"]`` its report).
+    ``first_read``: the run's number of the unit's first read."""
     if plan.mixture is None:
-        for only, entries in passes:
-            tokenize_chats(plan, entries, writers, only, counts)
+        for i, (only, entries) in enumerate(passes):
+            tokenize_chats(plan, entries, writers, only, counts, first_read + i)
         return
     staged = staging_writers(plan)
     try:
         kinds = {s: array.array("I") for s in staged}
-        for only, entries in passes:
-            tokenize_chats(plan, entries, staged, only, counts, kinds)
+        for i, (only, entries) in enumerate(passes):
+            tokenize_chats(plan, entries, staged, only, counts, first_read + i, kinds)
         counts["mixture"] = mix(plan, staged, kinds, writers)
     finally:
         for writer in staged.values():

@@ -12,6 +12,7 @@ See docs/prepare.md.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from ..options import default_of, option
 from ..storage import is_url
 from ..tokenizer import encoding_key
 from ..tokenizer.fast import BACKENDS
+from .guard import Guard, GuardOptions
 
 if TYPE_CHECKING:
     from ..format import InputsInfo
@@ -123,6 +125,7 @@ class PrepareConfig:
     finalize: bool = option(False, "write meta.json of a run of --tasks once every unit is done (the task that "
                             "finishes the last unit does it too)")
     quiet: bool = option(False, "no progress bar or summary")
+    guard: GuardOptions = option(GuardOptions(), "the split guard, dedup and decontamination: a [guard] table")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
@@ -177,6 +180,14 @@ class PrepareConfig:
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
         self._check_chat()
+        self._check_guard()
+
+    def _check_guard(self) -> None:
+        """The guard sees documents' text; where the split is not chosen by their hashes it cannot move them."""
+        if self.guard.near_split and (self.val_inputs or self.val_tokens):
+            raise ValueError(f"--near-split moves near-duplicates to their cluster's split, and "
+                             f"{'--val-inputs' if self.val_inputs else '--val-tokens'} fixes which documents are val; "
+                             "drop one of them")
 
     def _check_processes(self, remote_out: bool) -> None:
         """--processes runs the tasks of its run itself, into a local folder."""
@@ -226,7 +237,8 @@ class PrepareConfig:
 
     def output_options(self) -> dict[str, Any]:
         chat = CHAT_OPTIONS if self.chat != Renderer.NONE else ()  # a text run's record stays as it was
-        return {k: getattr(self, k) for k in OUTPUT_OPTIONS + chat}
+        guard = {"guard": dataclasses.asdict(self.guard)} if self.guard.active else {}
+        return {**{k: getattr(self, k) for k in OUTPUT_OPTIONS + chat}, **guard}
 
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.errors, self.doc_sep, self.jsonl_key, self.text_column)
@@ -254,6 +266,7 @@ class Plan:
     read: ReadOptions
     chat: ChatRenderer | None = None  # how conversations are rendered (--chat), or None for text
     mixture: Mixture | None = None  # the order conversations are written in (--mixture), or None: input order
+    guard: Guard | None = None  # documents moved or dropped (--near-split, --dedup, --decontaminate)
 
     def encoding_threads(self) -> tuple[int, int]:
         """(threads, batches in flight) of the encoding pipeline, batches of ``piece_chars``. An

@@ -29,7 +29,7 @@ from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
-from . import units
+from . import signatures, units
 from .writers import HashingWriter, remove_temporaries, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.
@@ -220,6 +220,8 @@ def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], 
     publish(out, meta, renames)
     if merge:
         units.clear(out)
+    else:  # the units' files are the caller's to remove (a --processes run joined them)
+        signatures.clear(out)
 
 
 def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import heapq
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,6 +94,22 @@ def document_key(seed: int) -> bytes:
 def document_hash(key: bytes) -> Any:
     """The hash a document's split is decided by: keyed by the seed, over its UTF-8 text."""
     return hashlib.blake2b(digest_size=8, key=key)
+
+
+def conversation_hash(key: bytes, found: list[dict[str, Any]]) -> bytes:
+    """The split hash of a conversation: over each message's "role\\0content\\0" in one update, whatever renders it
+    (a message of tool calls alone has no content)."""
+    digest = document_hash(key)
+    hash_small(digest, "".join([f"{m['role']}\0{_text(m.get('content', ''))}\0" for m in found]).encode(
+        "utf-8", "surrogatepass"))
+    return digest.digest()
+
+
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else _DUMPS(content)
 
 
 # hashlib lets other threads run while it hashes this many bytes or more; the thread that hashed

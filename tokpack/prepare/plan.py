@@ -7,21 +7,25 @@ concatenated, are the one process's, byte for byte, for any number of units and 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ..chat import ChatRenderer, Nanochat, Renderer
-from ..corpus import is_jsonl, is_parquet, is_records, is_single_document
+from ..corpus import ReadOptions, documents, is_jsonl, is_parquet, is_records, is_single_document
+from ..dedup.ngrams import NgramIndex
 from ..format import InputsInfo
 from ..inputs import resolve_groups
 from ..options import default_of
 from ..storage import InputFile, is_url, redact
 from ..storage.local import remove_leftovers
 from ..tokenizer import Encoder, load_encoding, token_dtype
-from . import holdout, units
+from . import guard, holdout, signatures, units
+from .cluster import share_of
 from .config import Plan, PrepareConfig
 from .folder import check_out_dir
 from .mixture import Mixture
@@ -113,11 +117,45 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
                                      "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
                                      **({"chat": chat.describe()} if chat is not None else {})})
-    return Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
+    plan = Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
                 sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
                 chat=chat, mixture=Mixture.of(config.mixture, groups, config.seed))
+    return _guarded(plan, groups) if config.guard.active else plan
+
+
+def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
+    """The plan with its guard: the evaluation sets' n-grams read now; the units' documents are
+    signed and matched once the folder is ready, by the tasks that run them."""
+    options = plan.config.guard
+    if plan.single:
+        raise ValueError(f"--near-split, --dedup and --decontaminate compare documents, and {plan.files[0]} is one "
+                         "document; pass --doc-sep to cut it into documents, or drop them")
+    index = evaluation_index(options, plan.config.errors, plan.config.storage_options) if options.decontaminate else None
+    # The evaluation sets' contents decide which documents are dropped: a rerun with other sets redoes the units.
+    fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None})
+    reading = signatures.Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
+                                 {f: i for i, (_, found) in enumerate(groups) for f in found})
+    shares = [share_of(plan.files, plan.sizes, unit, plan.units) for unit in range(plan.units)]
+    sets = [redact(s) if is_url(s) else s for s in options.decontaminate]
+    run = guard.Guard(options, plan.out, fingerprint, [(share, units.reads(plan, share)) for share in shares], reading,
+                      plan.workers, index, sets, len(groups))
+    return dataclasses.replace(plan, guard=run, fingerprint=fingerprint)
+
+
+def evaluation_index(options: guard.GuardOptions, errors: str, storage_options: dict[str, Any] | None) -> NgramIndex:
+    """The n-grams of ``--decontaminate``'s files: a text file's lines, a record's text field."""
+    sets = []
+    for given in options.decontaminate:
+        found = [f for _, files in resolve_groups([given], storage_options) for f in files]
+        read = ReadOptions(errors, "\n", options.decontaminate_key, options.decontaminate_key)
+        texts = ["".join(runs) for runs in documents(found, read)]
+        texts = [t for t in texts if t.strip()]
+        if not texts:
+            raise ValueError(f"--decontaminate {given} holds no text; pass an evaluation set with examples in it")
+        sets.append(texts)
+    return NgramIndex.of(enumerate(sets), options.decontaminate_ngram)
 
 
 def processes_plan(config: PrepareConfig, started: float) -> Plan:

@@ -310,6 +310,8 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
         "inputs": {**plan.inputs, "units_sha256": [part["input_sha256"] for part in parts]},
         "options": plan.config.output_options(),
     }
+    if plan.guard is not None:
+        meta["guard"] = plan.guard.record()
     if plan.chat is not None:
         meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
         if plan.mixture is not None:  # a mixture is one unit's: conversations are written flat

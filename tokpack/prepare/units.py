@@ -45,6 +45,7 @@ from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..tokenizer import encode_in_order, safe_cut
 from ..verify import VerifyError, check_index, check_mask, check_tokens
+from . import signatures
 from .cluster import Entry, share_of
 from .chats import CHAT_COUNTS, chat_counts, write_chats
 from .config import LLMC_SHARD_TOKENS, Plan
@@ -219,10 +220,11 @@ def drop_foreign(out: Path, expected: str) -> None:
 
 
 def drop_own(out: Path, expected: str) -> None:
-    """Remove this run's records and their files: after a user error nothing is left behind
-    (the fix changes the inputs, and so the fingerprint, anyway)."""
+    """Remove this run's records and their files, and the units' signatures: after a user error
+    nothing is left behind (the fix changes the inputs, and so the fingerprint, anyway)."""
     _remove(out, [(path, names) for path, record, names in _records(out)
                   if record is not None and record["fingerprint"] == expected])
+    signatures.clear(out)
 
 
 def _remove(out: Path, records: list[tuple[Path, list[str]]]) -> None:
@@ -233,9 +235,10 @@ def _remove(out: Path, records: list[tuple[Path, list[str]]]) -> None:
 
 
 def clear(out: Path) -> None:
-    """The records and index parts of a folder whose meta.json now stands."""
+    """The records, index parts and signatures of a folder whose meta.json now stands."""
     for path in [*out.glob(UNIT_RECORD_GLOB), *out.glob(UNIT_INDEX_GLOB)]:
         remove_own(path)
+    signatures.clear(out)
 
 
 def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
@@ -260,11 +263,13 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
     published at once, its index kept as a hidden part; else its files stay temporary for the
     leader to rename."""
     share = share_of(plan.files, plan.sizes, unit, plan.units)
-    passes = _passes(plan, share)
+    passes = reads(plan, share)
     # Where the unit reads its input once, in order, and all of it whole files, the reader hashes
     # what it reads. Anything else is hashed in a thread of its own while the unit is tokenized,
     # where it fills the pipeline's idle start and end instead of coming before it.
     tap = InputTap(share) if len(passes) == 1 and not plan.single and InputTap.fits(share) else None
+    if plan.guard is not None:
+        plan.guard.ready(unit)  # every unit signed and matched: its documents' verdicts known
     stop = threading.Event()  # a failed unit does not wait for its input to be hashed
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-input-hash") as hashing:
         digest = tap.hexdigest if tap else hashing.submit(input_sha256, share, stop).result
@@ -273,13 +278,17 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
         try:
             writers = open_writers(plan, unit)
             if plan.chat is not None:
-                write_chats(plan, [(only, tap.share if tap else entries) for only, entries in passes], writers, counts)
-            for only, entries in passes if plan.chat is None else ():
+                write_chats(plan, [(only, tap.share if tap else entries) for only, entries in passes], writers, counts,
+                            unit * len(passes))
+            for i, (only, entries) in enumerate(passes if plan.chat is None else ()):
                 tokenize(_encoded(plan, tap.share if tap else entries), writers,
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
-                         only)
+                         only, unit * len(passes) + i)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
-            return finish(plan, unit, digest(), writers, counts if plan.chat is not None else None)
+            read = digest()
+            if plan.guard is not None:
+                plan.guard.check_input(unit, read)
+            return finish(plan, unit, read, writers, counts if plan.chat is not None else None)
         except BaseException:
             stop.set()
             for writer in writers.values():
@@ -296,7 +305,7 @@ def open_writers(plan: Plan, unit: int) -> dict[str, SplitWriter]:
         f"{MEGATRON_NAME.format(split=s)}.bin" if megatron else "", masked=plan.chat is not None))
 
 
-def _passes(plan: Plan, share: list[Entry]) -> list[tuple[str | None, list[Entry]]]:
+def reads(plan: Plan, share: list[Entry]) -> list[tuple[str | None, list[Entry]]]:
     """The reads of a unit: all its input at once, or, by file, the val inputs' documents into
     val and the others into train, each in input order."""
     if plan.holdout.kind != "inputs":
@@ -359,9 +368,10 @@ def _closed(plan: Plan, writer: SplitWriter) -> UnitPart:
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
-             plan: Plan, total_bytes: int, only: str | None = None) -> None:
+             plan: Plan, total_bytes: int, only: str | None = None, read: int = 0) -> None:
     """Every piece into its split's writer: a lone document by its cut, others by their hash, or
-    all into split ``only``."""
+    all into split ``only``; where the plan's guard moves or drops a document (looked up by
+    ``read``, the run's read this is, and the document's number), as it says."""
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=plan.config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
@@ -381,8 +391,11 @@ def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, Spli
                 continue
             buffer.add(raw, tokens)
             if piece.last:
-                split = only or ("val" if plan.holdout.is_val(buffer.hash.digest()) else "train")
-                buffer.drain_into(writers[split])
+                split: str | None = only or ("val" if plan.holdout.is_val(buffer.hash.digest()) else "train")
+                if plan.guard is not None:
+                    split = plan.guard.split(read, piece.doc, split)
+                if split is not None:
+                    buffer.drain_into(writers[split])
                 buffer.reset()
     finally:
         bar.close()

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ..format import LOCK_NAME, META_NAME, TMP_SUFFIX, UNIT_INDEX_GLOB, UNIT_RECORD_GLOB, plain_name
+from ..format import LOCK_NAME, META_NAME, SIGN_GLOB, SIGN_NAME, TMP_SUFFIX, UNIT_INDEX_GLOB, UNIT_RECORD_GLOB, plain_name
 from . import Missing
 
 
@@ -88,7 +88,8 @@ def remove_leftovers(folder: Path) -> list[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return []
-        found = [*folder.glob(UNIT_RECORD_GLOB), *folder.glob(UNIT_INDEX_GLOB), *folder.glob(f".*{TMP_SUFFIX}")]
+        found = [*folder.glob(UNIT_RECORD_GLOB), *folder.glob(UNIT_INDEX_GLOB), *folder.glob(f".*{TMP_SUFFIX}"),
+                 *(p for p in folder.glob(SIGN_GLOB) if SIGN_NAME.fullmatch(p.name))]
         if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
             found.append(lock)
         return sorted(p.name for p in found if remove_own(p))

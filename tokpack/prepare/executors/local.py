@@ -84,7 +84,7 @@ def _threads_each(config: PrepareConfig, tasks: int) -> int:
 
 def _plain(config: PrepareConfig) -> dict[str, Any]:
     """The config as JSON, for the task's process to rebuild and check as the caller did."""
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return dataclasses.asdict(config)  # a group of options (the [guard] table) as a table
 
 
 def _wait(started: list[tuple[subprocess.Popen[bytes], IO[bytes]]], tick: Callable[[], None]) -> None:

@@ -1,0 +1,192 @@
+"""MinHash signatures of texts over normalised word n-grams, for a batch of texts at once.
+
+    sign(["The MIT License ...", ...], Shingling(ngram=5, hashes=256, bands=32))   # -> Signatures
+
+A text's words are its maximal runs of ASCII letters and digits and of non-ASCII bytes, ASCII
+letters lowercased, so that case and punctuation do not tell copies apart; its shingles are its
+word n-grams (a text of fewer than n words: all its words as one; a text with no word: its
+bytes). Each shingle is hashed once to 64 bits (one permutation hashing): the top bits choose one
+of ``hashes`` bins and the low 32 bits are its value; a bin keeps its minimum, and an empty bin
+takes the next non-empty bin's value to its right (circularly), offset by the distance (rotation
+densification), so that two texts agree on a bin with the probability of their Jaccard similarity
+whatever their lengths. The cost is O(bytes + shingles), not O(shingles x hashes) as a hash a
+permutation is: a text is read by numpy a few times, and no Python runs per word.
+
+What is kept of a text: a 16-bit fingerprint a bin (to estimate the similarity of a candidate
+pair) and a 64-bit hash a band of ``hashes / bands`` bins (texts that share a band are candidates).
+
+See docs/dedup.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+U64 = np.uint64
+_EMPTY = U64(1 << 32)  # above every bin's 32-bit value
+_SALT = U64(0x9E3779B97F4A7C15)
+_BASE = 0x100000001B3  # odd, so it has an inverse modulo 2**64 and a word's hash needs no division
+_BASE_INVERSE = pow(_BASE, -1, 1 << 64)
+# Word k of an n-gram is weighed by multiplier k, so the order of words counts.
+_WEIGHTS = np.array([(0x9E3779B97F4A7C15 * (2 * k + 1)) % (1 << 64) | 1 for k in range(64)], dtype=U64)
+
+
+# A byte of a word, ASCII letters lowercased; every other byte, 0.
+_WORD_BYTES = bytes((b + 32 if 65 <= b <= 90 else b) if chr(b).isascii() and chr(b).isalnum() or b >= 0x80 else 0
+                    for b in range(256))
+
+
+def mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every bit of the result depends on every bit of ``z``."""
+    z = z ^ (z >> U64(30))
+    z = z * U64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> U64(27))
+    z = z * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+@dataclass(frozen=True)
+class Shingling:
+    """How texts are signed: word ``ngram``-grams, ``hashes`` bins, in ``bands`` bands of
+    ``hashes // bands`` bins each."""
+
+    ngram: int = 5
+    hashes: int = 256
+    bands: int = 32
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ngram <= len(_WEIGHTS):
+            raise ValueError(f"an n-gram of {self.ngram} words is outside 1..{len(_WEIGHTS)}; try 5")
+        if self.bands < 1 or self.hashes < self.bands or self.hashes % self.bands or self.hashes > 4096:
+            raise ValueError(f"{self.hashes} hashes in {self.bands} bands: the bands must split the hashes "
+                             "evenly, at most 4096 of them; try 256 in 32")
+
+    @property
+    def rows(self) -> int:
+        return self.hashes // self.bands
+
+
+class Words(NamedTuple):
+    """The words of a batch of texts: each word's 64-bit hash and the text it is in, in order;
+    and, for a text with no word, a hash of its bytes."""
+
+    hashes: np.ndarray  # uint64, a word
+    text: np.ndarray  # int64, a word
+    count: np.ndarray  # int64, a text: how many words it has
+    bare: np.ndarray  # uint64, a text: the hash of its whole bytes (used where it has no word)
+
+
+# Texts are hashed in chunks of about this many bytes, cut after a byte no word holds (a word
+# longer than two chunks is cut), so the powers below are bounded whatever a text's length.
+_CHUNK = 1 << 18
+
+
+@functools.cache
+def _powers() -> tuple[np.ndarray, np.ndarray]:
+    """BASE**i and its inverse's, modulo 2**64, for i up to two chunks."""
+    found = []
+    for base in (_BASE, _BASE_INVERSE):
+        powers = np.full(2 * _CHUNK + 1, base, dtype=U64)
+        powers[0] = 1
+        found.append(np.cumprod(powers, dtype=U64))  # wraps modulo 2**64, as wanted
+    return found[0], found[1]
+
+
+def words(texts: Sequence[str]) -> Words:
+    """The words of ``texts``, hashed by a polynomial over their lowercased bytes: the prefix sums
+    of byte x BASE**position, so a word's hash is a difference times the inverse of its start's
+    power (no division, no Python per word)."""
+    encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    ends = np.cumsum(lengths + 1) - 1
+    table = b"\0".join(encoded).translate(_WORD_BYTES) + b"\0"  # a zero byte is no word's; one ends it
+    power, inverse = _powers()
+    firsts, hashes = [], []
+    at = 0
+    while at < len(table):
+        end = table.find(b"\0", at + _CHUNK) + 1 or len(table)
+        end = min(end, at + 2 * _CHUNK)
+        chunk = np.frombuffer(table, dtype=np.uint8, count=end - at, offset=at)
+        prefix = np.zeros(len(chunk) + 1, dtype=U64)
+        np.cumsum(np.multiply(chunk, power[:len(chunk)]), out=prefix[1:])
+        inside = np.concatenate([[False], chunk != 0, [False]])
+        edges = np.flatnonzero(inside[1:] != inside[:-1])
+        first, last = edges[0::2], edges[1::2]  # each word's start and end in the chunk
+        hashes.append(mix((prefix[last] - prefix[first]) * inverse[first]))
+        firsts.append(first + at)
+        at = end
+    found = np.concatenate(hashes) if hashes else np.empty(0, U64)
+    # Texts are few and words many: each text's count of words from where its end falls among them.
+    count = np.diff(np.searchsorted(np.concatenate(firsts) if firsts else np.empty(0, np.int64), ends), prepend=0)
+    text = np.repeat(np.arange(len(texts)), count)
+    bare = np.zeros(len(texts), dtype=U64)  # a text with no word is known by all its bytes
+    for i in np.flatnonzero(count == 0):
+        bare[i] = int.from_bytes(hashlib.blake2b(encoded[i], digest_size=8).digest(), "little")
+    return Words(found, text, count, bare)
+
+
+def grams(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The hash of every run of ``n`` words inside one text, with its text, in order; and of each
+    text of fewer words, all its words (the hash tells how many). A text with no word has none."""
+    hashes, text, count, _ = found
+    total = np.zeros(max(len(hashes) - n + 1, 0), dtype=U64)
+    for k in range(n):  # n passes of vectorised work, whatever the number of texts
+        total += hashes[k:k + len(total)] * _WEIGHTS[k]
+    inside = text[:len(total)] == text[n - 1:n - 1 + len(total)]
+    gram_hashes, gram_texts = total[inside], text[:len(total)][inside]
+    short = np.flatnonzero((count > 0) & (count < n))
+    if len(short):
+        first = np.searchsorted(text, short)
+        whole = np.zeros(len(short), dtype=U64)
+        for k in range(n - 1):
+            has = count[short] > k
+            whole[has] += hashes[first[has] + k] * _WEIGHTS[k]
+        gram_hashes = np.concatenate([gram_hashes, whole + count[short].astype(U64)])
+        gram_texts = np.concatenate([gram_texts, short])
+    return mix(gram_hashes + U64(n * int(_SALT) % (1 << 64))), gram_texts
+
+
+class Signatures(NamedTuple):
+    """A batch's signatures: a 16-bit fingerprint a bin and a 64-bit hash a band, a row a text."""
+
+    fingerprints: np.ndarray  # uint16 (texts, hashes)
+    bands: np.ndarray  # uint64 (texts, bands)
+
+
+def sign(texts: Sequence[str], shingling: Shingling, found: Words | None = None) -> Signatures:
+    """The signatures of ``texts`` (see the module's docstring).
+
+    Args:
+        texts: the texts.
+        shingling: the n-gram, the number of hashes and of bands.
+        found: the texts' ``words``, where the caller has them already.
+    """
+    found = words(texts) if found is None else found
+    hashes, owner = grams(found, shingling.ngram)
+    bare = np.flatnonzero(found.count == 0)
+    hashes, owner = np.concatenate([hashes, found.bare[bare]]), np.concatenate([owner, bare])
+    k = shingling.hashes
+    bins = np.full(len(texts) * k, _EMPTY, dtype=U64)
+    np.minimum.at(bins, owner * k + ((hashes >> U64(32)) * U64(k) >> U64(32)).astype(np.int64),
+                  hashes & U64(0xFFFFFFFF))
+    values = _densified(bins.reshape(len(texts), k))
+    fingerprints = (values >> U64(48)).astype(np.uint16)
+    rows = values.reshape(len(texts), shingling.bands, shingling.rows) * _WEIGHTS[:shingling.rows]
+    return Signatures(fingerprints, mix(rows.sum(axis=2, dtype=U64)))
+
+
+def _densified(bins: np.ndarray) -> np.ndarray:
+    """Every bin's value mixed to 64 bits, an empty one taking its next non-empty neighbour's to
+    the right (circularly) plus the distance to it."""
+    k = bins.shape[1]
+    filled = bins != _EMPTY
+    at = np.where(np.concatenate([filled, filled], axis=1), np.arange(2 * k), 2 * k)
+    nearest = np.minimum.accumulate(at[:, ::-1], axis=1)[:, ::-1][:, :k]  # every text has a filled bin
+    taken = np.take_along_axis(bins, nearest % k, axis=1)
+    return mix(taken + ((nearest - np.arange(k)).astype(U64) << U64(32)) + _SALT)

@@ -1,0 +1,286 @@
+"""The split guard, dedup and decontamination of a prepare run: decided once, in the plan, before
+anything is tokenized (a unit's shards are final once written).
+
+    python -m tokpack.prepare corpus.jsonl --near-split                    # near-copies on one side
+    python -m tokpack.prepare corpus.jsonl --dedup near                    # and written once
+    python -m tokpack.prepare corpus.jsonl --decontaminate mmlu.jsonl      # no 13-gram of it in train
+
+The plan reads the corpus once more, in the units' order, and signs every document (no tokenizer:
+the same verdicts whatever the tokenizer, thread count or task count); the signatures wait on disk
+(768 bytes a document: a 16-bit fingerprint a bin, a 64-bit hash a band), are matched band by band,
+and leave a verdict for each document that is moved to the other split or dropped. A unit looks up
+its documents' verdicts by their number in the unit, as it writes them.
+
+A cluster of near-duplicates goes to the split of its first document (in stored order), so val
+never holds a near-copy of a train document; ``--dedup`` keeps that first one and drops the rest
+(``exact``: only copies of the same text); ``--decontaminate`` drops a train document that shares a
+word n-gram with an evaluation file. The cost: O(corpus) read and signed, O(documents x bands) to
+match, 16 bytes a document in memory while matching, and the verdicts (9 bytes a document moved
+or dropped).
+
+See docs/dedup.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dedup.clusters import clusters
+from ..dedup.minhash import Shingling
+from ..dedup.ngrams import NgramIndex
+from ..options import option
+from .signatures import Reading, load_unit, sign_unit
+
+
+
+class Dedup(enum.StrEnum):
+    """Which duplicates are written once: ``NONE``, every document kept; ``EXACT``, copies of the
+    same text; ``NEAR``, near-duplicates too (``--threshold``)."""
+
+    NONE = "none"
+    EXACT = "exact"
+    NEAR = "near"
+
+
+class Verdict(enum.IntEnum):
+    """What happens to a document other than its own split: moved to val or train, or dropped."""
+
+    VAL = 1
+    TRAIN = 2
+    DROP = 3
+
+
+@dataclass(frozen=True)
+class GuardOptions:
+    """The split guard, dedup and decontamination options (the ``[guard]`` table of a config)."""
+
+    near_split: bool = option(False, "keep near-duplicates on one side of the split: each cluster goes where its "
+                              "first document does, so val holds no near-copy of a train document")
+    dedup: str = option("none", "write duplicates once, the first in stored order: exact, copies of the same text; "
+                        "near, near-duplicates too (default: none, keep all)", tuple(Dedup))
+    threshold: float = option(0.8, "the estimated Jaccard similarity of word n-grams from which two documents are "
+                              "near-duplicates, in (0, 1]")
+    ngram: int = option(5, "words a shingle of the near-duplicate signatures (FineWeb's 5)")
+    hashes: int = option(256, "MinHash bins a document's signature")
+    bands: int = option(32, "LSH bands the bins are cut into: candidates share a band")
+    decontaminate: tuple[str, ...] = option((), "evaluation files (text, .jsonl, .parquet, local or URLs) whose word "
+                                            "n-grams no train document may hold; such a document is dropped")
+    decontaminate_key: str = option("text", "the text field (.jsonl) or column (.parquet) of --decontaminate's files")
+    decontaminate_ngram: int = option(13, "words of a matched run (GPT-3's 13); a shorter evaluation text is "
+                                      "matched whole")
+    report_only: bool = option(False, "with --decontaminate, count the train documents that hold an evaluation "
+                               "n-gram in meta.json and keep them")
+
+    def __post_init__(self) -> None:
+        if self.dedup not in tuple(Dedup):
+            raise ValueError(f"--dedup {self.dedup!r} is not one of {', '.join(Dedup)}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"--threshold {self.threshold} must lie in (0, 1]; try 0.8")
+        for flag, n in (("--ngram", self.ngram), ("--decontaminate-ngram", self.decontaminate_ngram)):
+            if not 1 <= n <= 64:
+                raise ValueError(f"{flag} {n} must lie in 1..64 words; try {5 if flag == '--ngram' else 13}")
+        self.shingling()  # hashes and bands checked
+        if self.report_only and not self.decontaminate:
+            raise ValueError("--report-only reports what --decontaminate finds: pass --decontaminate FILE, or drop "
+                             "--report-only")
+
+    @property
+    def active(self) -> bool:
+        return self.near_split or self.dedup != Dedup.NONE or bool(self.decontaminate)
+
+    @property
+    def near(self) -> bool:
+        return self.near_split or self.dedup == Dedup.NEAR
+
+    def shingling(self) -> Shingling:
+        try:
+            return Shingling(self.ngram, self.hashes, self.bands)
+        except ValueError as exc:
+            raise ValueError(f"--hashes {self.hashes} --bands {self.bands}: {exc}") from None
+
+
+class Guard:
+    """A guarded run's verdicts, decided once every unit is signed (by whichever task gets there):
+    where each moved or dropped document goes, by the run's read and its number in the read.
+
+    Args:
+        options: the run's ``[guard]`` options.
+        out: the folder the units' signatures are written to.
+        fingerprint: the run's, which a unit's signatures must carry.
+        units: each unit's input share and its reads (``units.reads``), in unit order.
+        reading: how documents are read, numbered and split.
+        workers: signing threads.
+        index: the evaluation sets' n-grams, or None; ``sets`` their names as given.
+        inputs: how many inputs were given (meta.json counts dropped documents by input).
+    """
+
+    def __init__(self, options: GuardOptions, out: Path, fingerprint: str, units: list[tuple[list[Any], list[Any]]],
+                 reading: Reading, workers: int, index: NgramIndex | None, sets: list[str], inputs: int):
+        self.options, self.out, self.fingerprint, self.units = options, out, fingerprint, units
+        self.reading, self.workers, self.index, self.sets, self.inputs = reading, workers, index, sets, inputs
+        self._lock = threading.Lock()
+        self._decided: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any], list[str]] | None = None
+
+    @property
+    def shingling(self) -> Shingling | None:
+        return self.options.shingling() if self.options.near else None
+
+    def ready(self, unit: int) -> None:
+        """Every unit signed (``unit`` first, then those after it, so tasks of consecutive units
+        each start with their own) and the verdicts decided."""
+        with self._lock:
+            if self._decided is not None:
+                return
+            count = len(self.units)
+            for u in [*range(unit, count), *range(unit)]:
+                if load_unit(self.out, u, self.fingerprint, self.shingling) is None:
+                    share, reads = self.units[u]
+                    sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
+                              self.fingerprint)
+            self._decided = self._decide()
+
+    def split(self, read: int, doc: int, own: str) -> str | None:
+        """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
+        None: dropped."""
+        assert self._decided is not None, "ready() first"
+        starts, numbers, verdicts, _, _ = self._decided
+        number = int(starts[read]) + doc
+        at = int(np.searchsorted(numbers, number))
+        if at == len(numbers) or numbers[at] != number:
+            return own
+        verdict = Verdict(int(verdicts[at]))
+        return None if verdict == Verdict.DROP else verdict.name.lower()
+
+    def check_input(self, unit: int, digest: str) -> None:
+        """Refuse a unit whose input is not what its documents were signed from."""
+        assert self._decided is not None, "ready() first"
+        if digest != self._decided[4][unit]:
+            raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
+                             "from other bytes); run the same command again")
+
+    def record(self) -> dict[str, Any]:
+        """meta.json's account of the guard: its rules and what it moved and dropped."""
+        self.ready(0)
+        assert self._decided is not None
+        return self._decided[3]
+
+    def _decide(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any], list[str]]:
+        signed = [load_unit(self.out, u, self.fingerprint, self.shingling) for u in range(len(self.units))]
+        if any(s is None for s in signed):
+            raise ValueError(f"the signatures of {self.out} changed while the run read them; run the same command again")
+        units = [s for s in signed if s is not None]
+        slots = [n for s in units for n in s.slots]
+        starts = np.concatenate([[0], np.cumsum(slots, dtype=np.int64)])
+        reads_before = np.cumsum([0] + [len(s.slots) for s in units])
+        docs = np.concatenate([s.docs for s in units])
+        number = starts[reads_before[np.repeat(np.arange(len(units)), [len(s.docs) for s in units])]
+                        + docs["read"]] + docs["number"]
+        offsets = np.cumsum([0] + [len(s.docs) for s in units])
+        hits = {int(h["doc"]) + int(offsets[u]): set() for u, s in enumerate(units) for h in s.hits}
+        for u, s in enumerate(units):
+            for h in s.hits:
+                hits[int(h["doc"]) + int(offsets[u])].add(int(h["set"]))
+        first = np.arange(len(docs))
+        if self.options.near and len(docs):
+            first = clusters(_Rows([s.prints for s in units], offsets), _Columns([s.bands for s in units]),
+                             self.options.threshold)
+        verdicts, record = decide(self.options, docs, first, hits, self.sets, self.inputs)
+        moved = np.flatnonzero(verdicts)
+        return starts, number[moved], verdicts[moved].astype(np.uint8), record, [s.input_sha256 for s in units]
+
+
+class _Rows:
+    """The fingerprints of every unit as one array of rows, for the candidate pairs' lookups."""
+
+    def __init__(self, parts: list[np.ndarray], offsets: np.ndarray):
+        self.parts, self.offsets = parts, offsets
+        self.shape = (int(offsets[-1]), parts[0].shape[1])
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.shape[1]), dtype=np.uint16)
+        unit = np.searchsorted(self.offsets, rows, side="right") - 1
+        for u in np.unique(unit):
+            at = unit == u
+            out[at] = self.parts[u][rows[at] - self.offsets[u]]
+        return out
+
+
+class _Columns:
+    """The band hashes of every unit, a band at a time."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.shape = (sum(len(p) for p in parts), parts[0].shape[1])
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, at: tuple[slice, int]) -> np.ndarray:
+        return np.concatenate([part[at] for part in self.parts])
+
+
+def decide(options: GuardOptions, docs: np.ndarray, first: np.ndarray, hits: dict[int, set[int]], sets: list[str],
+           inputs: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """Each document's verdict (0: its own split) and meta.json's record, from the documents
+    (``signatures.DOC``), each one's first near-duplicate ``first`` and the evaluation sets each
+    one holds n-grams of."""
+    n = len(docs)
+    own_val = docs["val"].astype(bool)
+    val = own_val[first] if options.near_split else own_val
+    drop = np.zeros(n, dtype=bool)
+    record = _settings(options)
+    if options.near:
+        record["near"]["clusters"] = int(len(np.unique(first[first != np.arange(n)])))
+    if options.near_split:
+        record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val)),
+                              moved_to_train=int(np.count_nonzero(~val & own_val)))
+    if options.dedup != Dedup.NONE:
+        drop = first != np.arange(n) if options.dedup == Dedup.NEAR else _copies(docs["hash"])
+        record["dedup"]["removed"] = np.bincount(docs["input"][drop], minlength=inputs).tolist()
+    if options.decontaminate:
+        record["decontaminate"].update(_contaminated(hits, val, drop, sets, options.report_only))
+        if not options.report_only:
+            for doc in hits:
+                drop[doc] |= not val[doc]
+    verdicts = np.where(drop, Verdict.DROP, np.where(val == own_val, 0, np.where(val, Verdict.VAL, Verdict.TRAIN)))
+    return verdicts, record
+
+
+def _copies(hashes: np.ndarray) -> np.ndarray:
+    """Which documents repeat an earlier one's text (by its 64-bit hash)."""
+    order = np.argsort(hashes, kind="stable")
+    repeat = np.zeros(len(hashes), dtype=bool)
+    repeat[order[1:]] = hashes[order[1:]] == hashes[order[:-1]]
+    return repeat
+
+
+def _contaminated(hits: dict[int, set[int]], val: np.ndarray, drop: np.ndarray, sets: list[str],
+                  report_only: bool) -> dict[str, Any]:
+    """meta.json's count, for each evaluation file, of the train documents that hold its n-grams
+    (and are not dropped as duplicates already)."""
+    found: Counter[int] = Counter()
+    for doc, numbers in hits.items():
+        if not val[doc] and not drop[doc]:
+            found.update(numbers)
+    word = "found" if report_only else "removed"
+    return {"files": [{"path": path, word: found[i]} for i, path in enumerate(sets)],
+            word: sum(1 for doc in hits if not val[doc] and not drop[doc])}
+
+
+def _settings(options: GuardOptions) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if options.near:
+        out["near"] = {"ngram": options.ngram, "hashes": options.hashes, "bands": options.bands,
+                       "threshold": options.threshold, "split": options.near_split}
+    if options.dedup != Dedup.NONE:
+        out["dedup"] = {"mode": options.dedup}
+    if options.decontaminate:
+        out["decontaminate"] = {"ngram": options.decontaminate_ngram, "report_only": options.report_only}
+    return out

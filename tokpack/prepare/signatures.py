@@ -1,0 +1,280 @@
+"""The sign stage of a guarded run: a unit's documents read (no tokenizer) and signed, into files
+of the unit that any task of the run may write and every task reads.
+
+    .tokpack-sign-00003.docs     a document each: split hash, number in its read, input, own split
+    .tokpack-sign-00003.prints   16-bit fingerprints, ``hashes`` a document
+    .tokpack-sign-00003.bands    64-bit band hashes, ``bands`` a document
+    .tokpack-sign-00003.hits     (document, evaluation set) of each n-gram hit
+    .tokpack-sign-00003.json     the record, written last: the run's fingerprint, the unit, the
+                                 sha256 of its input and of each file above
+
+A unit's signatures are a function of its input and the run's options, so whichever task writes
+them writes the same bytes; a record of another run, or whose files do not hash as recorded, is
+signed again. Each file goes to a temporary name first and the record last, so a killed task
+leaves no record whose files are not whole. 784 bytes a document at the defaults (8 + 8 + 4 + 1 +
+2 x 256 + 8 x 32 ... rounded to its fields), whatever the tokenizer.
+
+See docs/dedup.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..chat import messages, tools
+from ..corpus import ReadOptions, documents, parse_record, records
+from ..dedup.minhash import Shingling, sign, words
+from ..dedup.ngrams import NgramIndex
+from ..format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
+from ..storage.local import open_new, remove_own, tmp_path
+from .cluster import Entry
+from .holdout import Holdout, Rule, conversation_hash, document_hash, document_key, hash_small
+from .input_hash import input_sha256
+from .writers import write_json_atomic
+
+DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("input", "<i4"), ("read", "u1"), ("val", "u1")])
+HIT = np.dtype([("doc", "<i8"), ("set", "<u2")])
+_BATCH_CHARS = 1 << 20
+
+
+class Reading(NamedTuple):
+    """How a run's documents are read for signing: as its units read them."""
+
+    read: ReadOptions
+    seed: int
+    holdout: Holdout
+    chat: bool  # records are conversations: a document each, numbered by record
+    given: dict[Any, int]  # each input file's place among the inputs as given
+
+
+class Signed(NamedTuple):
+    """A unit's signatures as its files hold them (the arrays may be memory maps)."""
+
+    docs: np.ndarray  # DOC, a document
+    prints: np.ndarray  # uint16 (documents, hashes)
+    bands: np.ndarray  # uint64 (documents, bands)
+    hits: np.ndarray  # HIT
+    slots: list[int]  # how many numbers each read of the unit gives out
+    input_sha256: str
+
+
+def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, str, bytes | None, int]]:
+    """(number, text, split hash, input) of each document of one read, numbered as the unit
+    numbers them: text, its non-empty documents; conversations, every record (a record that is
+    not a conversation gives no document, and its number is skipped, as the unit skips it). A
+    text's split hash is None here: the signing threads take it, beside its signature."""
+    key = document_key(reading.seed)
+    number = 0
+    for entry in entries:
+        given = reading.given[entry[0]]
+        if reading.chat:
+            for where, value in records([entry]):
+                try:
+                    record = parse_record(value, where, reading.read.errors)
+                    found = messages(record, where)
+                    tools(record, where)
+                except ValueError:
+                    number += 1
+                    continue
+                yield number, "\n".join(map(_words_of, found)), conversation_hash(key, found), given
+                number += 1
+            continue
+        for runs in documents([entry], reading.read):
+            text = "".join(runs)
+            if text:
+                yield number, text, None, given
+                number += 1
+
+
+def _words_of(message: dict[str, Any]) -> str:
+    """A message's text as signed: its content, or its parts' texts (nanochat's), one a line."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | None, list[Entry]]],
+              reading: Reading, shingling: Shingling | None, index: NgramIndex | None, workers: int,
+              fingerprint: str) -> None:
+    """Sign the documents of ``unit`` (its input ``share``, read as ``reads``) into its files in
+    ``out``, the record last; the share's sha256 is taken beside, as the unit's record takes it."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as hashing, ThreadPoolExecutor(workers) as pool:
+        digest = hashing.submit(input_sha256, share, stop)
+        parts: dict[str, Any] = {}
+        try:
+            for name in ("docs", "prints", "bands", "hits"):
+                parts[name] = _Part(out / SIGN.format(unit, name))
+            slots = _sign_reads(reads, reading, shingling, index, pool, workers, parts)
+            files = {name: part.close() for name, part in parts.items()}
+            record = {"fingerprint": fingerprint, "unit": unit, "input_sha256": digest.result(), "slots": slots,
+                      "files": files}
+        except BaseException:
+            stop.set()
+            for part in parts.values():
+                part.discard()
+            raise
+        for part in parts.values():
+            os.replace(part.tmp, part.path)
+        write_json_atomic(out / SIGN.format(unit, "json"), record)
+
+
+def _sign_reads(reads: list[tuple[str | None, list[Entry]]], reading: Reading, shingling: Shingling | None,
+                index: NgramIndex | None, pool: ThreadPoolExecutor, workers: int, parts: dict[str, Any]) -> list[int]:
+    """Each read's documents signed in ``pool``, in batches, written in order; how many numbers each read gave out."""
+    slots = []
+    pending: list[Future[Any]] = []
+    done = 0
+    for at, (only, entries) in enumerate(reads):
+        count = 0
+        for batch in _batches(documents_of(reading, entries)):
+            count = batch[-1][0] + 1
+            pending.append(pool.submit(_sign, batch, at, only, reading, shingling, index))
+            while len(pending) > 2 * workers:
+                done = _write(pending.pop(0).result(), parts, done)
+        slots.append(count)
+    for future in pending:
+        done = _write(future.result(), parts, done)
+    return slots
+
+
+def _sign(batch: list[tuple[int, str, bytes | None, int]], read: int, only: str | None, reading: Reading,
+          shingling: Shingling | None, index: NgramIndex | None) -> tuple[np.ndarray, Any, list[frozenset[int]]]:
+    """A batch's documents (``DOC``), signatures and evaluation hits."""
+    key = document_key(reading.seed)
+    hashes = []
+    for _, text, found, _ in batch:
+        if found is None:
+            digest = document_hash(key)
+            hash_small(digest, text.encode("utf-8", "surrogatepass"))  # the other threads sign meanwhile
+            found = digest.digest()
+        hashes.append(found)
+    docs = np.zeros(len(batch), dtype=DOC)
+    docs["read"] = read
+    docs["number"] = [number for number, _, _, _ in batch]
+    docs["hash"] = [int.from_bytes(h, "big") for h in hashes]
+    docs["input"] = [given for _, _, _, given in batch]
+    docs["val"] = [only == "val" if reading.holdout.kind == Rule.INPUTS else reading.holdout.is_val(h) for h in hashes]
+    texts = [text for _, text, _, _ in batch]
+    found = words(texts)  # once, for the signatures and the evaluation n-grams
+    return (docs, sign(texts, shingling, found) if shingling is not None else None,
+            index.hits(texts, found) if index is not None else [])
+
+
+def _write(signed: tuple[np.ndarray, Any, list[frozenset[int]]], parts: dict[str, Any], done: int) -> int:
+    """A signed batch into the unit's files; the documents written so far."""
+    docs, signatures, hits = signed
+    parts["docs"].write(docs)
+    if signatures is not None:
+        parts["prints"].write(signatures.fingerprints)
+        parts["bands"].write(signatures.bands)
+    found = [(done + i, s) for i, sets in enumerate(hits) for s in sorted(sets)]
+    if found:
+        parts["hits"].write(np.array(found, dtype=HIT))
+    return done + len(docs)
+
+
+def _batches(found: Iterator[tuple[int, str, bytes | None, int]]) -> Iterator[list[tuple[int, str, bytes | None, int]]]:
+    batch: list[tuple[int, str, bytes | None, int]] = []
+    held = 0
+    for item in found:
+        batch.append(item)
+        held += len(item[1])
+        if held >= _BATCH_CHARS:
+            yield batch
+            batch, held = [], 0
+    if batch:
+        yield batch
+
+
+class _Part:
+    """One file of a unit's signatures, written to a temporary name and hashed as it is written."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp = path, tmp_path(path)
+        self.file = open_new(self.tmp)
+        self.digest = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).tobytes()
+        self.file.write(data)
+        self.digest.update(data)
+        self.bytes += len(data)
+
+    def close(self) -> dict[str, Any]:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return {"bytes": self.bytes, "sha256": self.digest.hexdigest()}
+
+    def discard(self) -> None:
+        self.file.close()
+        remove_own(self.tmp)
+
+
+def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | None) -> Signed | None:
+    """The signatures of ``unit`` if its record is this run's and its files are as recorded, else None."""
+    try:
+        record = load_json((out / SIGN.format(unit, "json")).read_bytes(), f"{out}'s signatures of unit {unit}",
+                           "they are signed again")
+        if not (isinstance(record, dict) and record.get("fingerprint") == fingerprint and record.get("unit") == unit
+                and isinstance(record.get("input_sha256"), str) and isinstance(record.get("slots"), list)
+                and all(type(s) is int and s >= 0 for s in record["slots"]) and isinstance(record.get("files"), dict)):
+            return None
+        arrays = {name: _checked(out / SIGN.format(unit, name), record["files"].get(name))
+                  for name in ("docs", "prints", "bands", "hits")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    docs = arrays["docs"].view(DOC) if len(arrays["docs"]) % DOC.itemsize == 0 else None
+    hits = arrays["hits"].view(HIT) if len(arrays["hits"]) % HIT.itemsize == 0 else None
+    if docs is None or hits is None or not _valid(docs, hits, record["slots"]):
+        return None
+    n = len(docs)
+    k, b = (shingling.hashes, shingling.bands) if shingling is not None else (0, 0)
+    if len(arrays["prints"]) != n * k * 2 or len(arrays["bands"]) != n * b * 8:
+        return None
+    return Signed(docs, arrays["prints"].view(np.uint16).reshape(n, k), arrays["bands"].view(np.uint64).reshape(n, b),
+                  hits, record["slots"], record["input_sha256"])
+
+
+def _checked(path: Path, entry: Any) -> np.ndarray:
+    """A signature file's bytes (a read-only map), if its size and sha256 are as recorded."""
+    if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
+        raise ValueError(f"{path.name} is not recorded")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link is no file of ours
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != entry["bytes"]:
+            raise ValueError(f"{path.name} is not as recorded")
+        digest = hashlib.file_digest(f, "sha256")
+    if digest.hexdigest() != entry["sha256"]:
+        raise ValueError(f"{path.name} is not as recorded")
+    return np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+
+
+def _valid(docs: np.ndarray, hits: np.ndarray, slots: list[int]) -> bool:
+    """Whether a record's documents are numbered within their reads and its hits name its documents."""
+    if not len(docs):
+        return not len(hits)
+    numbers, reads = docs["number"], docs["read"].astype(np.int64)
+    if not (reads < len(slots)).all():
+        return False
+    return bool((numbers >= 0).all() and (numbers < np.array(slots)[reads]).all() and (docs["val"] <= 1).all()
+                and (docs["input"] >= 0).all() and ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all())
+
+
+def clear(out: Path) -> None:
+    """Every unit's signatures in ``out`` (once meta.json stands, or a run starts over)."""
+    for path in out.glob(SIGN_GLOB):
+        if SIGN_NAME.fullmatch(path.name):
+            remove_own(path)
