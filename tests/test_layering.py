@@ -194,7 +194,7 @@ def test_the_tree_shows_the_stages():
 def test_importing_the_prepare_wing_never_loads_torch_nor_jinja2_before_a_template_is_used():
     # The benches of the prepare wing start as its commands do: without torch's two seconds.
     code = ("import sys, tokpack.prepare, tokpack.prepare.__main__, tokpack.verify, tokpack.chat, tokpack.bench.__main__, "
-            "tokpack.bench.prepare, tokpack.bench.chat, tokpack.bench.tokenizer, tokpack.bench.remote\n"
+            "tokpack.bench.prepare, tokpack.bench.chat, tokpack.bench.tokenizer, tokpack.bench.remote, tokpack.bench.dedup\n"
             "print('torch' in sys.modules, 'jinja2' in sys.modules)\n"
             "tokpack.chat.Template\nprint('jinja2' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

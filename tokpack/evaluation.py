@@ -432,6 +432,14 @@ def describe_losses(drawn: dict[str, Any]) -> str:
     return f"{max(drawn['train'], default=0)} steps{last}; baselines {base}"
 
 
+def _guarded(folder: str) -> str:
+    """How the folder's val was guarded, beside its losses: what the number can be compared with."""
+    from .inspect import describe_guard
+    from .storage.folder import as_folder, published
+
+    return f"{folder}: {describe_guard(published(as_folder(folder))[0])}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("evaluate", __doc__)
     p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
@@ -467,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if place.leader:
             print(table(rows, ["model", "split", "block_size", "stride", "scope", "loss", "ppl", "bits_per_token",
                                "bits_per_byte", "tokens", "windows"]))
+            print(_guarded(args.folder))
             if args.plot:
                 from .plot import plot_sweep
 

@@ -5,14 +5,18 @@
     python -m tokpack.inspect data/sample --lengths --block-size 1024          # document lengths as text
     python -m tokpack.inspect data/sample --lengths lengths.png               # and as a figure (tokpack[plot])
     python -m tokpack.inspect s3://bucket/edu --split val --at 5000           # a remote folder: the peek alone
+    python -m tokpack.inspect data/corpus --guard --split val                 # what the guard moved or removed
+    python -m tokpack.inspect data/corpus --guard val:12                      # document 12 of val's near copies
 
 See docs/formats.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,6 +109,75 @@ def describe(folder: str | Path, split: str = "train", at: int = 0, count: int =
     return "\n".join(lines)
 
 
+def describe_guard(meta: Meta) -> str:
+    """One line of how a folder's val was guarded: what a loss on it can be compared with."""
+    record = meta.get("guard", {})
+    near = record.get("near", {})
+    if near.get("split"):
+        held = (f"no near-copy of a train document (Jaccard of word {near['ngram']}-grams >= {near['threshold']}, "
+                f"MinHash {near['hashes']} in {near['bands']} bands; {near['moved_to_val'] + near['moved_to_train']:,} "
+                "documents moved)")
+    else:
+        held = "not guarded against near-copies of train documents (prepare --near-split)"
+    decontaminated = record.get("decontaminate")
+    sets = (f"; train decontaminated ({decontaminated['ngram']}-grams) of "
+            f"{', '.join(f['path'] for f in decontaminated['files'])}" if decontaminated and
+            not decontaminated["report_only"] else "; train not decontaminated (prepare --decontaminate)")
+    dedup = f"; duplicates written once ({record['dedup']['mode']})" if "dedup" in record else ""
+    return f"val: {held}{sets}{dedup}"
+
+
+def _rows(where: Folder, meta: Meta) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(split, row) of every line of the folder's guard reports."""
+    for split, info in meta["splits"].items():
+        if "guard" in info:
+            with where.open(info["guard"]["file"]) as f:
+                for line in f:
+                    yield split, json.loads(line)
+
+
+def guard_report(folder: str | Path, split: str, which: str | None, count: int) -> str:
+    """The guard's summary and the first ``count`` rows of ``split``'s report; or, with ``which``
+    (a document's number in the report, or SPLIT:INDEX, the INDEX-th document written to SPLIT),
+    that document and the others of its cluster."""
+    where = as_folder(folder)
+    meta, _ = published(where)
+    if "guard" not in meta:
+        raise ValueError(f"{folder} was prepared without --near-split, --dedup or --decontaminate: it has no guard "
+                         "report")
+    lines = [describe_guard(meta), f"meta.json: {json.dumps(meta['guard'])}"]  # type: ignore[typeddict-item]
+    if which is None:
+        rows = [row for s, row in _rows(where, meta) if s == split]
+        lines += [_row(row) for row in rows[:count]]
+        lines.append(f"({len(rows):,} documents in {split}'s report)")
+        return "\n".join(lines)
+    target = _target(which)
+    rows = list(_rows(where, meta))
+    found = next((row for s, row in rows if target in (row["document"], (s, row["index"]))), None)
+    if found is None:
+        return "\n".join(lines + [f"{which}: no near copy, copy or evaluation n-gram was found for it"])
+    cluster = found["cluster"]
+    lines += [f"{s}: {_row(row)}" for s, row in rows if row is found or (cluster is not None and row["cluster"] == cluster)]
+    return "\n".join(lines)
+
+
+def _target(which: str) -> int | tuple[str, int]:
+    split, _, index = which.rpartition(":")
+    try:
+        return (split, int(index)) if split else int(index)
+    except ValueError:
+        raise ValueError(f"--guard {which!r} is not a document number nor SPLIT:INDEX (val:12)") from None
+
+
+def _row(row: dict[str, Any]) -> str:
+    written = f"index {row['index']}" if row["index"] is not None else "not written" if row["removed"] else "written"
+    why = f", removed as {row['removed']}" if row["removed"] else ""
+    cluster = (f", cluster of document {row['cluster']} (similarity {row['similarity']})"
+               if row["cluster"] is not None else "")
+    held = f", holds n-grams of {', '.join(row['evaluation'])}" if row.get("evaluation") else ""
+    return f"document {row['document']} of {row['file']} ({row['own_split']} by its hash; {written}{why}{cluster}{held})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("inspect", __doc__)
     p.add_argument("folder", help="a folder written by python -m tokpack.prepare")
@@ -115,9 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="print document-length statistics per split; with a PNG, also draw their histogram")
     p.add_argument("--block-size", type=int, default=1024,
                    help="the block size the long-document share is counted against (default: 1024)")
+    p.add_argument("--guard", nargs="?", const="", metavar="DOCUMENT",
+                   help="what the guard (--near-split, --dedup, --decontaminate) moved, removed and found in --split; "
+                        "with a document (its number in the report, or SPLIT:INDEX), it and its near copies")
     args = p.parse_args(argv)
 
     def body() -> None:
+        if args.guard is not None:
+            print(guard_report(args.folder, args.split, args.guard or None, args.count))
+            return
         if args.lengths is None:
             print(describe(args.folder, args.split, args.at, args.count))
             return

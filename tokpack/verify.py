@@ -15,6 +15,7 @@ See docs/formats.md.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -184,6 +185,59 @@ def _check_masks(folder: Folder, name: str, info: SplitInfo) -> None:
                           f"{info['supervised']}")
 
 
+_REMOVED = (None, "copy", "near-copy", "evaluation")
+
+
+def _check_guard(folder: Folder, meta: Meta) -> None:
+    """Each split's guard report against meta.json: its sha256, one object a line with the
+    report's fields, written documents' indexes inside the split, and as many moved and removed
+    documents as meta.json counts. Read as it streams, a line at a time."""
+    counted = {"copy": 0, "near-copy": 0, "evaluation": 0, "to val": 0, "to train": 0}
+    for name, info in meta["splits"].items():
+        if "guard" not in info:
+            continue
+        held = [b""]
+
+        def lines(body: bytes, at: int, where: str) -> None:
+            *whole, held[0] = (held[0] + body).split(b"\n")
+            for line in whole:
+                _count_row(line, where, name, info["documents"], counted)
+
+        check_entry(folder, info["guard"], lines)
+        if held[0]:
+            raise VerifyError(f"{folder.where}/{info['guard']['file']} ends inside a line")
+    record = meta["guard"]  # type: ignore[typeddict-item]
+    expected = {"copy": None, "near-copy": None, "evaluation": None, "to val": None, "to train": None}
+    if "dedup" in record:
+        expected["copy" if record["dedup"]["mode"] == "exact" else "near-copy"] = sum(record["dedup"]["removed"])
+    if "decontaminate" in record and not record["decontaminate"]["report_only"]:
+        expected["evaluation"] = record["decontaminate"]["removed"]
+    if record.get("near", {}).get("split"):
+        expected["to val"], expected["to train"] = record["near"]["moved_to_val"], record["near"]["moved_to_train"]
+    if "dedup" in record and record["dedup"]["mode"] == "near":  # a copy of the same text is a near copy too
+        counted["near-copy"] += counted.pop("copy")
+        expected.pop("copy")
+    for what, count in expected.items():
+        if count is not None and counted[what] != count:
+            raise VerifyError(f"the guard reports of {folder.where} list {counted[what]} documents {what}, meta.json "
+                              f"says {count}")
+
+
+def _count_row(line: bytes, where: str, split: str, documents: int, counted: dict[str, int]) -> None:
+    try:
+        row = json.loads(line)
+        removed, index, own = row["removed"], row["index"], row["own_split"]
+        if removed not in _REMOVED or own not in ("train", "val") or not (
+                index is None or (type(index) is int and 0 <= index < documents)):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise VerifyError(f"{where} holds a line that is not a guard report's row: {line[:80]!r}") from None
+    if removed is not None:
+        counted[removed] += 1
+    elif own != split:
+        counted[f"to {split}"] += 1
+
+
 def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
     """Raise VerifyError unless ``folder`` is whole; returns tokens per split. A remote folder (its
     URL) is streamed the same way: each listed object read once in ranges, nothing stored.
@@ -215,6 +269,8 @@ def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = N
         if mask_files(info):
             _check_masks(where, name, info)
         counts[name] = info["tokens"]
+    if "guard" in meta:
+        _check_guard(where, meta)
     return counts
 
 

@@ -172,3 +172,34 @@ def test_a_full_spool_disk_names_the_spool(bucket, corpus, tmp_path, capsys, mon
     assert code == 2 and f"the spool folder {tmp_path} is full" in err and "give --spool-dir" in err, err
     assert "--out-dir" not in err and not list(tmp_path.iterdir())
     assert not _objects(bucket, "full").get("meta.json")
+
+
+@pytest.mark.parametrize("options", [["--quiet"], SHARDED], ids=["flat", "sharded"])
+def test_a_guarded_run_reads_its_evaluation_set_and_publishes_as_a_local_one(bucket, tmp_path, capsys, options):
+    docs = make_docs(150, words=150)
+    docs += docs[:20]  # copies, to be written once
+    source = write_docs(tmp_path / "c", docs)
+    questions = "".join(" ".join(doc.split()[:20]) + "\n" for doc in docs[:10] if len(doc.split()) > 20)
+    bucket.put_object(Bucket=BUCKET, Key="eval/set.txt", Body=questions.encode())
+    guard = ["--near-split", "--dedup", "near", "--decontaminate", f"s3://{BUCKET}/eval/set.txt"]
+    name = f"guarded-{len(options)}"
+    code, err = _run(capsys, source, "--out-dir", f"s3://{BUCKET}/{name}", *guard, *options)
+    assert code == 0, err
+    local = _local(source, tmp_path / name, *guard, *options)
+    assert _objects(bucket, name) == local
+    record = json.loads(local["meta.json"])["guard"]
+    assert record["dedup"]["removed"] == [20] and record["decontaminate"]["removed"] >= 1
+
+
+def test_a_guarded_run_of_remote_inputs_is_the_local_inputs_run(bucket, tmp_path, capsys):
+    docs = make_docs(120, words=150)
+    docs += docs[:15]
+    source = write_docs(tmp_path / "c", docs)
+    for path in source.iterdir():
+        bucket.put_object(Bucket=BUCKET, Key=f"inputs/{path.name}", Body=path.read_bytes())
+    guard = ["--near-split", "--dedup", "exact", *SHARDED]
+    assert main([f"s3://{BUCKET}/inputs/", "--out-dir", str(tmp_path / "remote"), *guard]) == 0
+    assert main([str(source), "--out-dir", str(tmp_path / "local"), *guard]) == 0
+    remote, local = ({p.name: p.read_bytes() for p in (tmp_path / f).iterdir()} for f in ("remote", "local"))
+    assert {k: v for k, v in remote.items() if k != "meta.json"} == {k: v for k, v in local.items() if k != "meta.json"}
+    assert json.loads(remote["meta.json"])["guard"] == json.loads(local["meta.json"])["guard"]

@@ -46,8 +46,9 @@ SHARD_NAME = SHARD_STEM + r"\.bin"
 MASK_SHARD_NAME = SHARD_STEM + r"\.mask"  # a shard's loss mask, beside it: one byte a token
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
+GUARD_REPORT = "{split}.guard.jsonl"  # the split's documents the guard moved, removed or found near copies of
 DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}|"
-                       rf"{MASK_SHARD_NAME}")
+                       rf"{MASK_SHARD_NAME}|(?:train|val)\.guard\.jsonl")
 LOCK_NAME = ".tokpack.lock"
 TMP_SUFFIX = ".tokpack-tmp"  # ".NAME.PID" + this: a file being written, renamed to NAME when whole
 # A sharded run's record of each finished unit (while one stands without meta.json, the folder is
@@ -121,6 +122,8 @@ class SplitInfo(TypedDict):
     supervised: NotRequired[int]
     # Of a split that holds whole parquet files: each file's row group sizes, in documents.
     row_groups: NotRequired[list[list[int]]]
+    # Of a guarded run (--near-split, --dedup, --decontaminate): its report of the split.
+    guard: NotRequired[FileEntry]
 
 
 class EncodingInfo(TypedDict):
@@ -193,9 +196,10 @@ def mask_files(info: SplitInfo) -> list[FileEntry]:
 
 def every_file(info: SplitInfo) -> list[FileEntry]:
     """Every file a split's meta.json entry lists: token files, the index, with --format megatron
-    Megatron's index, and masks."""
+    Megatron's index, masks, and the guard's report."""
     megatron = [info["megatron_idx"]] if "megatron_idx" in info else []
-    return [*split_files(info), info["idx"], *megatron, *mask_files(info)]
+    guard = [info["guard"]] if "guard" in info else []
+    return [*split_files(info), info["idx"], *megatron, *mask_files(info), *guard]
 
 
 # The most bytes of JSON tokpack reads as one of its own records (meta.json, a unit record, a
@@ -300,7 +304,7 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     for name, info in splits.items():
         if not (isinstance(info, dict) and _is_count(info.get("tokens")) and _is_count(info.get("documents"))):
             return f"split {name!r} needs tokens and documents counts"
-        entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"), info.get("mask"),
+        entries = [info.get("idx"), info.get("bin"), info.get("megatron_idx"), info.get("mask"), info.get("guard"),
                    *(info["shards"] if isinstance(info.get("shards"), list) else []),
                    *(info["mask_shards"] if isinstance(info.get("mask_shards"), list) else [])]
         for entry in entries:
@@ -317,6 +321,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
             return f"split {name!r} has no valid bin entry"
         if "megatron_idx" in info and bad_file(info["megatron_idx"]):
             return f"split {name!r} has an invalid megatron_idx entry"
+        if "guard" in info and (bad_file(info["guard"]) or info["guard"]["file"] != GUARD_REPORT.format(split=name)):
+            return f"split {name!r} has a guard entry that is not its {GUARD_REPORT.format(split=name)}"
         if "mask" in info and not (not bad_file(info["mask"]) and _is_count(info.get("supervised"))
                                    and info["mask"]["bytes"] == info["tokens"] and "bin" in info):
             return f"split {name!r} has a mask entry that is not one byte a token of a flat split, with its count"

@@ -36,7 +36,7 @@ from ..dedup.clusters import clusters
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
 from ..options import option
-from .signatures import Reading, load_unit, sign_unit
+from .signatures import Reading, Signed, load_unit, sign_unit
 
 
 
@@ -118,15 +118,18 @@ class Guard:
         reading: how documents are read, numbered and split.
         workers: signing threads.
         index: the evaluation sets' n-grams, or None; ``sets`` their names as given.
+        files: each input file's name, as its report names it; ``groups``, the input it was given in.
         inputs: how many inputs were given (meta.json counts dropped documents by input).
     """
 
     def __init__(self, options: GuardOptions, out: Path, fingerprint: str, units: list[tuple[list[Any], list[Any]]],
-                 reading: Reading, workers: int, index: NgramIndex | None, sets: list[str], inputs: int):
+                 reading: Reading, workers: int, index: NgramIndex | None, sets: list[str], files: list[str],
+                 groups: list[int], inputs: int):
         self.options, self.out, self.fingerprint, self.units = options, out, fingerprint, units
-        self.reading, self.workers, self.index, self.sets, self.inputs = reading, workers, index, sets, inputs
+        self.reading, self.workers, self.index, self.sets = reading, workers, index, sets
+        self.files, self.groups, self.inputs = files, groups, inputs
         self._lock = threading.Lock()
-        self._decided: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any], list[str]] | None = None
+        self._decided: _Decided | None = None
 
     @property
     def shingling(self) -> Shingling | None:
@@ -140,7 +143,7 @@ class Guard:
                 return
             count = len(self.units)
             for u in [*range(unit, count), *range(unit)]:
-                if load_unit(self.out, u, self.fingerprint, self.shingling) is None:
+                if self._load(u) is None:
                     share, reads = self.units[u]
                     sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
                               self.fingerprint)
@@ -150,18 +153,18 @@ class Guard:
         """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
         None: dropped."""
         assert self._decided is not None, "ready() first"
-        starts, numbers, verdicts, _, _ = self._decided
-        number = int(starts[read]) + doc
-        at = int(np.searchsorted(numbers, number))
-        if at == len(numbers) or numbers[at] != number:
+        decided = self._decided
+        number = int(decided.starts[read]) + doc
+        at = int(np.searchsorted(decided.numbers, number))
+        if at == len(decided.numbers) or decided.numbers[at] != number:
             return own
-        verdict = Verdict(int(verdicts[at]))
+        verdict = Verdict(int(decided.verdicts[at]))
         return None if verdict == Verdict.DROP else verdict.name.lower()
 
     def check_input(self, unit: int, digest: str) -> None:
         """Refuse a unit whose input is not what its documents were signed from."""
         assert self._decided is not None, "ready() first"
-        if digest != self._decided[4][unit]:
+        if digest != self._decided.inputs[unit]:
             raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
                              "from other bytes); run the same command again")
 
@@ -169,10 +172,22 @@ class Guard:
         """meta.json's account of the guard: its rules and what it moved and dropped."""
         self.ready(0)
         assert self._decided is not None
-        return self._decided[3]
+        return self._decided.record
 
-    def _decide(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any], list[str]]:
-        signed = [load_unit(self.out, u, self.fingerprint, self.shingling) for u in range(len(self.units))]
+    def report(self, split: str) -> list[dict[str, Any]]:
+        """The report of ``split``: each document the guard moved into it or removed from it, or
+        found near copies (or copies) of, or evaluation n-grams in, in stored order."""
+        self.ready(0)
+        assert self._decided is not None
+        return self._decided.rows(split, self.files, self.sets)
+
+    def _load(self, unit: int) -> Signed | None:
+        share = self.units[unit][0]
+        return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e[0]] for e in share},
+                         len(self.sets))
+
+    def _decide(self) -> _Decided:
+        signed = [self._load(u) for u in range(len(self.units))]
         if any(s is None for s in signed):
             raise ValueError(f"the signatures of {self.out} changed while the run read them; run the same command again")
         units = [s for s in signed if s is not None]
@@ -183,17 +198,54 @@ class Guard:
         number = starts[reads_before[np.repeat(np.arange(len(units)), [len(s.docs) for s in units])]
                         + docs["read"]] + docs["number"]
         offsets = np.cumsum([0] + [len(s.docs) for s in units])
-        hits = {int(h["doc"]) + int(offsets[u]): set() for u, s in enumerate(units) for h in s.hits}
+        hits: dict[int, set[int]] = {}
         for u, s in enumerate(units):
-            for h in s.hits:
-                hits[int(h["doc"]) + int(offsets[u])].add(int(h["set"]))
-        first = np.arange(len(docs))
-        if self.options.near and len(docs):
-            first = clusters(_Rows([s.prints for s in units], offsets), _Columns([s.bands for s in units]),
-                             self.options.threshold)
-        verdicts, record = decide(self.options, docs, first, hits, self.sets, self.inputs)
+            for h in s.hits.tolist():
+                hits.setdefault(h[0] + int(offsets[u]), set()).add(h[1])
+        prints = _Rows([s.prints for s in units], offsets) if self.options.near and len(docs) else None
+        if prints is not None:
+            first = clusters(prints, _Columns([s.bands for s in units]), self.options.threshold)
+        else:
+            first = _first_copies(docs["hash"])
+        verdicts, why, val, record = decide(self.options, docs, first, hits, self.sets,
+                                            np.array(self.groups, dtype=np.int64), self.inputs)
         moved = np.flatnonzero(verdicts)
-        return starts, number[moved], verdicts[moved].astype(np.uint8), record, [s.input_sha256 for s in units]
+        return _Decided(starts, number[moved], verdicts[moved].astype(np.uint8), record,
+                        [s.input_sha256 for s in units], docs, first, why, val, hits, prints, not self.reading.chat)
+
+
+_WHY = (None, "copy", "near-copy", "evaluation")  # a removed document's reason, by code
+
+
+class _Decided:
+    """The verdicts (``starts``, ``numbers``, ``verdicts``: the lookup of a read's document), the
+    record for meta.json, the units' input hashes, and what the reports are made of."""
+
+    def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
+                 inputs: list[str], docs: np.ndarray, first: np.ndarray, why: np.ndarray, val: np.ndarray,
+                 hits: dict[int, set[int]], prints: _Rows | None, indexed: bool):
+        self.starts, self.numbers, self.verdicts, self.record, self.inputs = starts, numbers, verdicts, record, inputs
+        self.docs, self.first, self.why, self.val, self.hits, self.prints = docs, first, why, val, hits, prints
+        self.indexed = indexed  # text: a document's index in its split follows from the verdicts
+
+    def rows(self, split: str, files: list[str], sets: list[str]) -> list[dict[str, Any]]:
+        n = len(self.docs)
+        ours = self.val == (split == "val")
+        clustered = (self.first != np.arange(n)) | np.isin(np.arange(n), self.first[self.first != np.arange(n)])
+        listed = np.flatnonzero(ours & (clustered | np.isin(np.arange(n), list(self.hits))))
+        kept = ours & (self.why == 0)
+        index = np.cumsum(kept) - 1
+        similar = np.ones(len(listed))
+        if self.prints is not None and len(listed):
+            similar = (self.prints[listed] == self.prints[self.first[listed]]).mean(axis=1)
+        own = self.docs["val"][listed].astype(bool)
+        return [{"document": d, "file": files[self.docs["file"][d]], "own_split": "val" if o else "train",
+                 "index": int(index[d]) if self.indexed and kept[d] else None,
+                 "cluster": int(self.first[d]) if clustered[d] else None,
+                 "similarity": round(float(sim), 4) if clustered[d] else None,
+                 "removed": _WHY[self.why[d]], **({"evaluation": [sets[i] for i in sorted(self.hits[d])]}
+                                                  if d in self.hits else {})}
+                for d, o, sim in zip(listed.tolist(), own.tolist(), similar.tolist())]
 
 
 class _Rows:
@@ -227,38 +279,46 @@ class _Columns:
 
 
 def decide(options: GuardOptions, docs: np.ndarray, first: np.ndarray, hits: dict[int, set[int]], sets: list[str],
-           inputs: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """Each document's verdict (0: its own split) and meta.json's record, from the documents
-    (``signatures.DOC``), each one's first near-duplicate ``first`` and the evaluation sets each
-    one holds n-grams of."""
+           groups: np.ndarray, inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Each document's verdict (0: its own split), the code of why it is removed (0: it is not;
+    see ``_WHY``), whether it ends in val, and meta.json's record: from the documents
+    (``signatures.DOC``), each one's first near copy (or, without near-duplicates, first copy)
+    ``first``, and the evaluation sets each one holds n-grams of. ``groups``: each input file's
+    input as given."""
     n = len(docs)
     own_val = docs["val"].astype(bool)
     val = own_val[first] if options.near_split else own_val
-    drop = np.zeros(n, dtype=bool)
+    why = np.zeros(n, dtype=np.int64)
     record = _settings(options)
     if options.near:
         record["near"]["clusters"] = int(len(np.unique(first[first != np.arange(n)])))
-    if options.near_split:
-        record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val)),
-                              moved_to_train=int(np.count_nonzero(~val & own_val)))
     if options.dedup != Dedup.NONE:
-        drop = first != np.arange(n) if options.dedup == Dedup.NEAR else _copies(docs["hash"])
-        record["dedup"]["removed"] = np.bincount(docs["input"][drop], minlength=inputs).tolist()
+        copies = _first_copies(docs["hash"]) != np.arange(n)
+        why[first != np.arange(n) if options.dedup == Dedup.NEAR else copies] = 2 if options.dedup == Dedup.NEAR else 1
+        why[copies & (why > 0)] = 1  # the same text is a copy, whatever else it is
+        record["dedup"]["removed"] = np.bincount(groups[docs["file"][why > 0]], minlength=inputs).tolist()
     if options.decontaminate:
-        record["decontaminate"].update(_contaminated(hits, val, drop, sets, options.report_only))
+        record["decontaminate"].update(_contaminated(hits, val, why > 0, sets, options.report_only))
         if not options.report_only:
             for doc in hits:
-                drop[doc] |= not val[doc]
+                if not val[doc] and not why[doc]:
+                    why[doc] = 3
+    drop = why > 0
+    if options.near_split:  # the documents written into the other split
+        record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val & ~drop)),
+                              moved_to_train=int(np.count_nonzero(~val & own_val & ~drop)))
     verdicts = np.where(drop, Verdict.DROP, np.where(val == own_val, 0, np.where(val, Verdict.VAL, Verdict.TRAIN)))
-    return verdicts, record
+    return verdicts, why, val, record
 
 
-def _copies(hashes: np.ndarray) -> np.ndarray:
-    """Which documents repeat an earlier one's text (by its 64-bit hash)."""
+def _first_copies(hashes: np.ndarray) -> np.ndarray:
+    """Each document's first document of the same text (by its 64-bit hash): its own where it is the first."""
     order = np.argsort(hashes, kind="stable")
-    repeat = np.zeros(len(hashes), dtype=bool)
-    repeat[order[1:]] = hashes[order[1:]] == hashes[order[:-1]]
-    return repeat
+    ranked = hashes[order]
+    starts = np.concatenate([[True], ranked[1:] != ranked[:-1]]) if len(hashes) else np.empty(0, bool)
+    first = np.empty(len(hashes), dtype=np.int64)
+    first[order] = order[np.flatnonzero(starts)[np.cumsum(starts) - 1]]
+    return first
 
 
 def _contaminated(hits: dict[int, set[int]], val: np.ndarray, drop: np.ndarray, sets: list[str],

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..cli import error_line
 from ..chat import ChatRenderer, Nanochat, Renderer
 from ..corpus import ReadOptions, documents, is_jsonl, is_parquet, is_records, is_single_document
 from ..dedup.ngrams import NgramIndex
@@ -136,21 +137,29 @@ def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
     # The evaluation sets' contents decide which documents are dropped: a rerun with other sets redoes the units.
     fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None})
     reading = signatures.Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
-                                 {f: i for i, (_, found) in enumerate(groups) for f in found})
+                                 {f: i for i, f in enumerate(plan.files)})
     shares = [share_of(plan.files, plan.sizes, unit, plan.units) for unit in range(plan.units)]
-    sets = [redact(s) if is_url(s) else s for s in options.decontaminate]
+    group = {f: i for i, (_, found) in enumerate(groups) for f in found}
     run = guard.Guard(options, plan.out, fingerprint, [(share, units.reads(plan, share)) for share in shares], reading,
-                      plan.workers, index, sets, len(groups))
+                      plan.workers, index, [_shown(s) for s in options.decontaminate], [_shown(str(f)) for f in plan.files],
+                      [group[f] for f in plan.files], len(groups))
     return dataclasses.replace(plan, guard=run, fingerprint=fingerprint)
+
+
+def _shown(path: str) -> str:
+    return redact(path) if is_url(path) else path
 
 
 def evaluation_index(options: guard.GuardOptions, errors: str, storage_options: dict[str, Any] | None) -> NgramIndex:
     """The n-grams of ``--decontaminate``'s files: a text file's lines, a record's text field."""
     sets = []
     for given in options.decontaminate:
-        found = [f for _, files in resolve_groups([given], storage_options) for f in files]
         read = ReadOptions(errors, "\n", options.decontaminate_key, options.decontaminate_key)
-        texts = ["".join(runs) for runs in documents(found, read)]
+        try:
+            found = [f for _, files in resolve_groups([given], storage_options) for f in files]
+            texts = ["".join(runs) for runs in documents(found, read)]
+        except (ValueError, OSError) as exc:  # what names an input names an evaluation set here
+            raise ValueError(f"--decontaminate {given}: {error_line(exc)}") from None
         texts = [t for t in texts if t.strip()]
         if not texts:
             raise ValueError(f"--decontaminate {given} holds no text; pass an evaluation set with examples in it")

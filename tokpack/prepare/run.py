@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import threading
@@ -25,7 +26,8 @@ from ..version import __version__
 from ..cli import USER_ERRORS
 from ..corpus import is_parquet, parquet_row_groups
 from ..distributed import launched_world, process_group
-from ..format import FORMAT_VERSION, SPLITS, UNIT_RECORD, Meta, SplitInfo, UnitRecord, every_file
+from ..format import (FORMAT_VERSION, GUARD_REPORT, SPLITS, UNIT_RECORD, FileEntry, Meta, SplitInfo, UnitRecord,
+                      every_file)
 from ..storage import is_url, redact
 from . import holdout, tasks, units
 from .cluster import Ranks, share_of
@@ -37,7 +39,7 @@ from .input_hash import input_sha256
 from .plan import input_folders, make_plan, processes_plan
 from .process import children_peak_rss_mb, peak_rss_mb
 from .remote import Publisher, Spool
-from .writers import remove_temporaries
+from .writers import HashingWriter, remove_temporaries
 
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
 
@@ -235,6 +237,7 @@ def _publish_units(plan: Plan, folder: Publisher) -> dict[str, Any]:
         for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
             os.replace(tmp, final)
             indexes.append(Path(final).name)
+        indexes += [info["guard"]["file"] for info in meta["splits"].values() if "guard" in info]
         leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
         leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
         folder.publish(plan.out, meta, indexes, leftovers)
@@ -312,11 +315,28 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
     }
     if plan.guard is not None:
         meta["guard"] = plan.guard.record()
+        for split in SPLITS:
+            meta["splits"][split]["guard"] = _write_report(plan.out / GUARD_REPORT.format(split=split),
+                                                           plan.guard.report(split))
     if plan.chat is not None:
         meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
         if plan.mixture is not None:  # a mixture is one unit's: conversations are written flat
             meta["chat"]["mixture"] = parts[0]["chat"]["mixture"]  # type: ignore[typeddict-item]
     return meta
+
+
+def _write_report(path: Path, rows: list[dict[str, Any]]) -> FileEntry:
+    """A split's guard report, one JSON object a line, put in place before meta.json names it."""
+    writer = HashingWriter(path)
+    try:
+        for row in rows:
+            writer.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        entry = writer.close()
+    except BaseException:
+        writer.discard()
+        raise
+    os.replace(writer.tmp, path)
+    return entry  # type: ignore[return-value]
 
 
 def _nothing_trained(counts: dict[str, int], max_tokens: int) -> str:

@@ -40,7 +40,7 @@ from .holdout import Holdout, Rule, conversation_hash, document_hash, document_k
 from .input_hash import input_sha256
 from .writers import write_json_atomic
 
-DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("input", "<i4"), ("read", "u1"), ("val", "u1")])
+DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("file", "<i4"), ("read", "u1"), ("val", "u1")])
 HIT = np.dtype([("doc", "<i8"), ("set", "<u2")])
 _BATCH_CHARS = 1 << 20
 
@@ -52,7 +52,7 @@ class Reading(NamedTuple):
     seed: int
     holdout: Holdout
     chat: bool  # records are conversations: a document each, numbered by record
-    given: dict[Any, int]  # each input file's place among the inputs as given
+    files: dict[Any, int]  # each input file's place among the run's files
 
 
 class Signed(NamedTuple):
@@ -67,14 +67,14 @@ class Signed(NamedTuple):
 
 
 def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, str, bytes | None, int]]:
-    """(number, text, split hash, input) of each document of one read, numbered as the unit
+    """(number, text, split hash, file) of each document of one read, numbered as the unit
     numbers them: text, its non-empty documents; conversations, every record (a record that is
     not a conversation gives no document, and its number is skipped, as the unit skips it). A
     text's split hash is None here: the signing threads take it, beside its signature."""
     key = document_key(reading.seed)
     number = 0
     for entry in entries:
-        given = reading.given[entry[0]]
+        file = reading.files[entry[0]]
         if reading.chat:
             for where, value in records([entry]):
                 try:
@@ -84,13 +84,13 @@ def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, 
                 except ValueError:
                     number += 1
                     continue
-                yield number, "\n".join(map(_words_of, found)), conversation_hash(key, found), given
+                yield number, "\n".join(map(_words_of, found)), conversation_hash(key, found), file
                 number += 1
             continue
         for runs in documents([entry], reading.read):
             text = "".join(runs)
             if text:
-                yield number, text, None, given
+                yield number, text, None, file
                 number += 1
 
 
@@ -162,7 +162,7 @@ def _sign(batch: list[tuple[int, str, bytes | None, int]], read: int, only: str 
     docs["read"] = read
     docs["number"] = [number for number, _, _, _ in batch]
     docs["hash"] = [int.from_bytes(h, "big") for h in hashes]
-    docs["input"] = [given for _, _, _, given in batch]
+    docs["file"] = [file for _, _, _, file in batch]
     docs["val"] = [only == "val" if reading.holdout.kind == Rule.INPUTS else reading.holdout.is_val(h) for h in hashes]
     texts = [text for _, text, _, _ in batch]
     found = words(texts)  # once, for the signatures and the evaluation n-grams
@@ -222,8 +222,10 @@ class _Part:
         remove_own(self.tmp)
 
 
-def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | None) -> Signed | None:
-    """The signatures of ``unit`` if its record is this run's and its files are as recorded, else None."""
+def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | None, files: set[int],
+              sets: int) -> Signed | None:
+    """The signatures of ``unit`` if its record is this run's, its files are as recorded and what
+    they hold names only its own input ``files`` and evaluation sets (``sets`` of them), else None."""
     try:
         record = load_json((out / SIGN.format(unit, "json")).read_bytes(), f"{out}'s signatures of unit {unit}",
                            "they are signed again")
@@ -237,7 +239,7 @@ def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | Non
         return None
     docs = arrays["docs"].view(DOC) if len(arrays["docs"]) % DOC.itemsize == 0 else None
     hits = arrays["hits"].view(HIT) if len(arrays["hits"]) % HIT.itemsize == 0 else None
-    if docs is None or hits is None or not _valid(docs, hits, record["slots"]):
+    if docs is None or hits is None or not _valid(docs, hits, record["slots"], files, sets):
         return None
     n = len(docs)
     k, b = (shingling.hashes, shingling.bands) if shingling is not None else (0, 0)
@@ -262,15 +264,17 @@ def _checked(path: Path, entry: Any) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
 
 
-def _valid(docs: np.ndarray, hits: np.ndarray, slots: list[int]) -> bool:
-    """Whether a record's documents are numbered within their reads and its hits name its documents."""
+def _valid(docs: np.ndarray, hits: np.ndarray, slots: list[int], files: set[int], sets: int) -> bool:
+    """Whether a record's documents are numbered within their reads and come from its files, and
+    its hits name its documents and the run's evaluation sets."""
     if not len(docs):
         return not len(hits)
     numbers, reads = docs["number"], docs["read"].astype(np.int64)
     if not (reads < len(slots)).all():
         return False
     return bool((numbers >= 0).all() and (numbers < np.array(slots)[reads]).all() and (docs["val"] <= 1).all()
-                and (docs["input"] >= 0).all() and ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all())
+                and np.isin(docs["file"], list(files)).all() and (hits["set"] < sets).all()
+                and ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all())
 
 
 def clear(out: Path) -> None:

@@ -1,0 +1,337 @@
+"""The split guard, dedup and decontamination of a prepare run, read back from what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec, write_spec
+from tokpack.bench.chat import chat_documents
+from tokpack.format import SIGN, read_meta
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare.__main__ import main
+from tokpack.prepare.guard import GuardOptions
+from tokpack.tokenizer import load_encoding
+
+_SENTENCES = None
+
+
+def _sentences() -> list[str]:
+    global _SENTENCES
+    if _SENTENCES is None:
+        from pydoc_data.topics import topics
+
+        _SENTENCES = sorted({s.strip() for t in topics.values() for s in re.split(r"(?<=[.!?])\s+", t)
+                             if len(s.split()) >= 8})
+    return _SENTENCES
+
+
+def corpus(count: int, seed: int = 0) -> tuple[list[str], list[tuple[int, int]]]:
+    """Documents of sentences, some followed by a near copy (a word in 30 to 100 changed) or an
+    exact one; and the (original, copy) pairs planted."""
+    rng = random.Random(seed)
+    docs, planted = [], []
+    while len(docs) < count:
+        docs.append(" ".join(rng.sample(_sentences(), rng.randint(4, 12))))
+        if rng.random() < 0.3:
+            words = docs[-1].split(" ")
+            for _ in range(len(words) // rng.randint(30, 100) + 1):
+                words[rng.randrange(len(words))] = "changed"
+            docs.append(" ".join(words) if rng.random() < 0.7 else docs[-1])
+            planted.append((len(docs) - 2, len(docs) - 1))
+    return docs, planted
+
+
+def grams(text: str, n: int = 5) -> set:
+    w = re.findall(rb"[a-z0-9\x80-\xff]+", text.encode().lower())
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)} or {tuple(w)}
+
+
+def jaccard(a: str, b: str) -> float:
+    x, y = grams(a), grams(b)
+    return len(x & y) / len(x | y)
+
+
+def texts(folder: Path, split: str, encoding: str = "gpt2") -> list[str]:
+    """A flat folder's documents of ``split``, decoded, each without its end-of-text token."""
+    meta = read_meta(folder)
+    tokens = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
+    starts = np.fromfile(folder / f"{split}.idx", dtype="<u8").astype(np.int64).tolist() + [len(tokens)]
+    enc = load_encoding(encoding)
+    return [enc.decode(tokens[a:b - 1].tolist()) for a, b in zip(starts, starts[1:])]
+
+
+def run(tmp_path: Path, docs: list[str], name: str, *files: str, **guard) -> Path:
+    source = write_jsonl(tmp_path / f"{name}.jsonl", [{"text": d} for d in docs])
+    out = tmp_path / f"out-{name}"
+    prepare(PrepareConfig(inputs=(str(source), *files), out_dir=str(out), quiet=True, guard=GuardOptions(**guard)))
+    return out
+
+
+def straddling(val: list[str], train: list[str], at_least: float) -> int:
+    return sum(1 for v in val for t in train if jaccard(v, t) >= at_least)
+
+
+def test_near_split_leaves_val_no_near_copy_of_a_train_document(tmp_path):
+    docs, planted = corpus(400)
+    plain = run(tmp_path, docs, "plain")
+    guarded = run(tmp_path, docs, "guarded", near_split=True)
+    before = [texts(plain, s) for s in ("val", "train")]
+    after = [texts(guarded, s) for s in ("val", "train")]
+    assert straddling(*before, 0.85) > 0  # the hazard is there without the guard
+    assert straddling(*after, 0.85) == 0
+    assert sorted(before[0] + before[1]) == sorted(after[0] + after[1])  # moved, never dropped
+    record = read_meta(guarded)["guard"]["near"]
+    moved_in, moved_out = set(after[0]) - set(before[0]), set(before[0]) - set(after[0])
+    assert (record["moved_to_val"], record["moved_to_train"]) == (len(moved_in), len(moved_out)) != (0, 0)
+    # A document with no near copy stays where its own hash put it.
+    near = {docs[i] for pair in planted for i in pair}
+    assert [d for d in before[0] if d not in near] == [d for d in after[0] if d not in near]
+
+
+def test_dedup_exact_writes_each_text_once_and_counts_the_copies_by_input(tmp_path):
+    docs, _ = corpus(200, seed=1)
+    other = write_jsonl(tmp_path / "other.jsonl", [{"text": d} for d in docs[:40] + ["a new one, " * 5]])
+    out = run(tmp_path, docs, "a", str(other), dedup="exact")
+    written = texts(out, "train") + texts(out, "val")
+    assert len(written) == len(set(written)) == len(set(docs) | {"a new one, " * 5})
+    copies_in_a = len(docs) - len(set(docs))
+    assert read_meta(out)["guard"]["dedup"]["removed"] == [copies_in_a, 40]
+    # The first in stored order is kept: the train split keeps the corpus's order of first copies.
+    train = texts(out, "train")
+    assert train == sorted(train, key=docs.index)
+
+
+def test_dedup_near_drops_the_later_near_copies(tmp_path):
+    docs, planted = corpus(300, seed=2)
+    out = run(tmp_path, docs, "near", dedup="near")
+    written = texts(out, "train") + texts(out, "val")
+    found = [b for a, b in planted if jaccard(docs[a], docs[b]) >= 0.85]
+    assert len(found) > 20
+    assert not any(docs[b] in written and docs[a] != docs[b] for a, b in planted if b in found)
+    assert all(docs[a] in written for a, _ in planted)  # the first of each cluster stays
+    assert sum(read_meta(out)["guard"]["dedup"]["removed"]) == len(docs) - len(written)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_guarded_folder_is_the_same_for_any_processes_tasks_and_order(tmp_path):
+    docs, _ = corpus(300, seed=3)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.03"]
+    assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    for task in (2, 0, 1):
+        assert main([*common, "--out-dir", str(tmp_path / "tasks"), "--tasks", "3", "--task", str(task)]) == 0
+    assert main([*common, "--out-dir", str(tmp_path / "procs"), "--processes", "2"]) == 0
+    one = _files(tmp_path / "one")
+    assert len([n for n in one if n.startswith("train_")]) > 3
+    assert _files(tmp_path / "tasks") == one == _files(tmp_path / "procs")  # no signature left behind either
+    flat = [str(source), "--quiet", "--near-split", "--dedup", "near", "--unit-mb", "0.03"]
+    assert main([*flat, "--out-dir", str(tmp_path / "flat")]) == 0
+    assert main([*flat, "--out-dir", str(tmp_path / "flat2"), "--processes", "2"]) == 0
+    assert _files(tmp_path / "flat") == _files(tmp_path / "flat2")
+
+
+def test_the_split_and_the_drops_are_the_same_whatever_the_tokenizer(tmp_path):
+    docs, _ = corpus(200, seed=4)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    spec = write_spec(tmp_path / "tok")
+    folders = {}
+    for name, encoding in (("gpt2", "gpt2"), ("spec", str(spec))):
+        folders[name] = tmp_path / name
+        prepare(PrepareConfig(inputs=(str(source),), out_dir=str(folders[name]), encoding=encoding, quiet=True,
+                              guard=GuardOptions(near_split=True, dedup="near")))
+    for split in ("train", "val"):
+        assert texts(folders["gpt2"], split) == texts(folders["spec"], split, str(spec))
+    assert read_meta(folders["gpt2"])["guard"] == read_meta(folders["spec"])["guard"]
+
+
+QUESTION = "Which of these describes how the interpreter resolves a name inside a nested function body at run time"
+
+
+def test_decontaminate_drops_train_documents_holding_an_evaluation_ngram(tmp_path):
+    docs, _ = corpus(150, seed=5)
+    holders = [f"Intro. {QUESTION.upper()}, as asked. {d}" for d in docs[:12]]
+    short = ["The quick brown fox"]  # shorter than 13 words: matched whole
+    evaluation = write_jsonl(tmp_path / "eval.jsonl", [{"question": QUESTION}, {"question": "unrelated words here"}])
+    lines = tmp_path / "short.txt"
+    lines.write_text(short[0] + "\n\n")
+    corpus_docs = docs[12:] + holders + ["we saw the quick, brown fox jump", "the quick fox, brown"]
+    plain = run(tmp_path, corpus_docs, "plain")
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in corpus_docs])
+    out = tmp_path / "clean"
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), quiet=True, guard=GuardOptions(
+        decontaminate=(str(evaluation), str(lines)), decontaminate_key="question")))
+    train, val = texts(out, "train"), texts(out, "val")
+    plain_train, plain_val = texts(plain, "train"), texts(plain, "val")
+    assert val == plain_val  # val is never cut
+    dropped = [d for d in plain_train if d not in train]
+    expected = [d for d in plain_train if d in holders or d == "we saw the quick, brown fox jump"]
+    assert dropped == expected and len(expected) > 5
+    record = read_meta(out)["guard"]["decontaminate"]
+    assert [f["removed"] for f in record["files"]] == [len(expected) - 1, 1]
+    assert record["removed"] == len(expected)
+    report = tmp_path / "report"
+    prepare(PrepareConfig(inputs=(str(source),), out_dir=str(report), quiet=True, guard=GuardOptions(
+        decontaminate=(str(evaluation), str(lines)), decontaminate_key="question", report_only=True)))
+    assert texts(report, "train") == plain_train
+    assert read_meta(report)["guard"]["decontaminate"]["found"] == len(expected)
+
+
+def test_other_evaluation_sets_redo_the_units(tmp_path):
+    docs, _ = corpus(120, seed=6)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs + [QUESTION]])
+    evaluation = tmp_path / "eval.txt"
+    common = [str(source), "--quiet", "--shard-tokens", "5000", "--out-dir", str(tmp_path / "o"), "--force"]
+    evaluation.write_text("nothing of the corpus is in here at all, not one run of words\n")
+    assert main([*common, "--decontaminate", str(evaluation)]) == 0
+    kept = read_meta(tmp_path / "o")["splits"]["train"]["documents"]
+    evaluation.write_text(QUESTION.lower() + "\n")
+    assert main([*common, "--decontaminate", str(evaluation)]) == 0
+    meta = read_meta(tmp_path / "o")
+    assert meta["guard"]["decontaminate"]["removed"] == 1 == kept - meta["splits"]["train"]["documents"]
+
+
+def test_conversations_are_guarded_by_their_messages(tmp_path):
+    spec = write_nanochat_spec(tmp_path / "tok")
+    chats = make_chats(120, seed=3)
+    records = chats + chats[:30]
+    source = write_jsonl(tmp_path / "chats.jsonl", records)
+    common = [str(source), "--chat", "nanochat", "--encoding", str(spec), "--quiet"]
+    assert main([*common, "--out-dir", str(tmp_path / "all")]) == 0
+    assert main([*common, "--out-dir", str(tmp_path / "once"), "--dedup", "exact"]) == 0
+    everything = chat_documents(tmp_path / "all", "train") + chat_documents(tmp_path / "all", "val")
+    once = chat_documents(tmp_path / "once", "train") + chat_documents(tmp_path / "once", "val")
+    assert len(everything) == 150 and len(once) == len({json.dumps(c) for c in chats}) == 120
+    assert sorted(map(str, once)) == sorted({str(d) for d in everything})
+    meta = read_meta(tmp_path / "once")
+    assert meta["guard"]["dedup"]["removed"] == [30] and meta["chat"]["conversations"] == 120
+
+
+def test_forged_or_broken_signatures_are_signed_again(tmp_path):
+    docs, _ = corpus(200, seed=7)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.02"]
+    assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    out = tmp_path / "tasks"
+    assert main([*common, "--out-dir", str(out), "--tasks", "3", "--task", "0"]) == 0  # signs every unit
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    prints = out / SIGN.format(1, "prints")
+    prints.write_bytes(bytes(len(prints.read_bytes())))  # same size, other bytes
+    record = json.loads((out / SIGN.format(2, "json")).read_text())
+    (out / SIGN.format(2, "json")).write_text(json.dumps({**record, "slots": [10**9]}))
+    (out / SIGN.format(3, "docs")).unlink()
+    os.symlink(outside, out / SIGN.format(3, "docs"))
+    for task in (1, 2):
+        assert main([*common, "--out-dir", str(out), "--tasks", "3", "--task", str(task)]) == 0
+    assert _files(out) == _files(tmp_path / "one")
+    assert outside.read_bytes() == b"not yours"
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--threshold", "0"], "--threshold 0.0 must lie in (0, 1]"),
+    (["--threshold", "1.5"], "--threshold 1.5 must lie in (0, 1]"),
+    (["--ngram", "0"], "--ngram 0 must lie in 1..64"),
+    (["--dedup", "near", "--hashes", "100", "--bands", "32"], "--hashes 100 --bands 32"),
+    (["--report-only"], "--report-only reports what --decontaminate finds"),
+    (["--near-split", "--val-tokens", "100"], "--near-split moves near-duplicates"),
+    (["--decontaminate", "MISSING.jsonl"], "MISSING.jsonl does not exist"),
+    (["--decontaminate", "EMPTY.txt"], "holds no text"),
+    (["--decontaminate", "EVAL.jsonl", "--decontaminate-key", "question"], "question"),
+])
+def test_bad_guard_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says):
+    docs, _ = corpus(30, seed=8)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    (tmp_path / "EMPTY.txt").write_text("\n  \n")
+    write_jsonl(tmp_path / "EVAL.jsonl", [{"text": "a b c"}])
+    flags = [str(tmp_path / f) if f in ("MISSING.jsonl", "EMPTY.txt", "EVAL.jsonl") else f for f in flags]
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--quiet", *flags)
+    assert code == 2 and err.startswith("tokpack: ") and says in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_document_is_refused_by_the_guard(tmp_path, capsys):
+    one = tmp_path / "one.txt"
+    one.write_text("a single long document " * 200)
+    code, err = cli_run(main, capsys, one, "--out-dir", tmp_path / "out", "--dedup", "exact")
+    assert code == 2 and "is one document; pass --doc-sep" in err
+
+
+def test_the_guard_table_of_a_config_file(tmp_path, capsys):
+    docs, _ = corpus(60, seed=9)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs + docs[:5]])
+    config = tmp_path / "c.toml"
+    config.write_text('[guard]\ndedup = "exact"\n')
+    assert main([str(source), "--config", str(config), "--out-dir", str(tmp_path / "o"), "--quiet"]) == 0
+    assert read_meta(tmp_path / "o")["guard"]["dedup"]["removed"] == [len(docs) + 5 - len(set(docs))]
+    config.write_text('[guard]\ndedupe = "exact"\n')
+    code, err = cli_run(main, capsys, source, "--config", config, "--out-dir", tmp_path / "p")
+    assert code == 2 and "unknown key 'guard.dedupe'" in err
+    config.write_text('[guard]\nthreshold = "high"\n')
+    code, err = cli_run(main, capsys, source, "--config", config, "--out-dir", tmp_path / "p")
+    assert code == 2 and "guard.threshold = 'high'" in err
+
+
+def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them(tmp_path, capsys):
+    from tokpack.inspect import main as inspect_main
+    from tokpack.verify import VerifyError, verify_folder
+
+    docs, planted = corpus(200, seed=10)
+    out = run(tmp_path, docs, "r", near_split=True, dedup="exact")
+    meta = read_meta(out)
+    rows = {s: [json.loads(line) for line in (out / f"{s}.guard.jsonl").read_text().splitlines()] for s in ("train", "val")}
+    removed = [r for s in rows for r in rows[s] if r["removed"]]
+    assert len(removed) == sum(meta["guard"]["dedup"]["removed"]) > 0 and all(r["removed"] == "copy" for r in removed)
+    moved = [r for r in rows["val"] if r["own_split"] == "train" and not r["removed"]]
+    assert len(moved) == meta["guard"]["near"]["moved_to_val"] > 0
+    # A row's index is where the document was written: its text is there.
+    val = texts(out, "val")
+    assert all(val[r["index"]] == docs[r["document"]] for r in rows["val"] if r["index"] is not None)
+    code, err = cli_run(inspect_main, capsys, out, "--guard", f"val:{moved[0]['index']}")
+    shown = capsys.readouterr().out if code == 0 else err
+    assert code == 0
+    cluster = [r for s in rows for r in rows[s] if r["cluster"] == moved[0]["cluster"]]
+    assert len(cluster) >= 2 and all(f"document {r['document']} of" in shown for r in cluster)
+    verify_folder(out)
+    # A report that does not agree with meta.json's counts, or is not a report, is refused.
+    report = out / "val.guard.jsonl"
+    good = report.read_text()
+    for forged in (good.replace('"own_split": "train"', '"own_split": "val"', 1), good + "not json\n"):
+        report.write_text(forged)
+        entry = meta["splits"]["val"]["guard"]
+        import hashlib
+
+        meta["splits"]["val"]["guard"] = {**entry, "bytes": len(forged.encode()),
+                                          "sha256": hashlib.sha256(forged.encode()).hexdigest()}
+        (out / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(VerifyError, match="guard report"):
+            verify_folder(out)
+    meta["splits"]["val"]["guard"]["file"] = "../elsewhere.jsonl"
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(VerifyError, match="not the name of a file tokpack writes"):
+        verify_folder(out)
+
+
+def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
+    from tokpack.evaluation import main as evaluate_main
+
+    docs, _ = corpus(120, seed=11)
+    for name, guard in (("plain", {}), ("guarded", {"near_split": True, "decontaminate": (str(tmp_path / "q.txt"),)})):
+        (tmp_path / "q.txt").write_text(QUESTION + "\n")
+        out = run(tmp_path, docs, name, **guard)
+        assert evaluate_main([str(out), "--model", "unigram", "--block-size", "32", "--quiet"]) == 0
+        shown = capsys.readouterr().out
+        if guard:
+            assert "val: no near-copy of a train document (Jaccard of word 5-grams >= 0.8" in shown
+            assert f"train decontaminated (13-grams) of {tmp_path / 'q.txt'}" in shown
+        else:
+            assert "val: not guarded against near-copies" in shown and "train not decontaminated" in shown
