@@ -201,5 +201,11 @@ def test_a_guarded_run_of_remote_inputs_is_the_local_inputs_run(bucket, tmp_path
     assert main([f"s3://{BUCKET}/inputs/", "--out-dir", str(tmp_path / "remote"), *guard]) == 0
     assert main([str(source), "--out-dir", str(tmp_path / "local"), *guard]) == 0
     remote, local = ({p.name: p.read_bytes() for p in (tmp_path / f).iterdir()} for f in ("remote", "local"))
+    # The reports name each file as it was given; the same files, by either name, the same rows.
+    named = {"remote": f"s3://{BUCKET}/inputs/".encode(), "local": f"{source}/".encode()}
+    for side, files in (("remote", remote), ("local", local)):
+        for split in ("train", "val"):
+            assert named[side] in files[f"{split}.guard.jsonl"]
+            files[f"{split}.guard.jsonl"] = files[f"{split}.guard.jsonl"].replace(named[side], b"")
     assert {k: v for k, v in remote.items() if k != "meta.json"} == {k: v for k, v in local.items() if k != "meta.json"}
     assert json.loads(remote["meta.json"])["guard"] == json.loads(local["meta.json"])["guard"]

@@ -106,6 +106,9 @@ def _add_others(sub: Any) -> None:
     bp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
     bp.add_argument("--compression-vocab", type=int, default=4096,
                     help="vocabulary trained on the Python docs for the compression table (default: 4096)")
+
+
+def _add_corpus(sub: Any) -> None:
     mp = sub.add_parser("remote", help="prepare from moto's S3 server against the same files on disk")
     mp.add_argument("--mb", type=float, default=32.0, help="corpus size in MB (default: 32)")
     mp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
@@ -140,7 +143,7 @@ def _add_others(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("bench", __doc__)
     sub = p.add_subparsers(dest="what", required=True)
-    for add in (_add_prepare, _add_loader, _add_others):
+    for add in (_add_prepare, _add_loader, _add_others, _add_corpus):
         add(sub)
     args = p.parse_args(argv)
 
