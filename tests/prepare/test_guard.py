@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ from tokpack.format import SIGN, read_meta
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.prepare.__main__ import main
 from tokpack.prepare.guard import GuardOptions
+from tokpack.prepare.signatures import DOC, HIT
 from tokpack.tokenizer import load_encoding
 
 _SENTENCES = None
@@ -231,10 +233,37 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
     (out / SIGN.format(2, "json")).write_text(json.dumps({**record, "slots": [10**9]}))
     (out / SIGN.format(3, "docs")).unlink()
     os.symlink(outside, out / SIGN.format(3, "docs"))
+    # Files whose record is forged to match them, naming what their unit does not hold.
+    from tokpack.dedup.minhash import Shingling
+    from tokpack.prepare.signatures import load_unit
+
+    def loads(unit: int, files: set[int]) -> bool:
+        record = json.loads((out / SIGN.format(unit, "json")).read_text())
+        return load_unit(out, unit, record["fingerprint"], Shingling(), files, 0) is not None
+
+    slots = json.loads((out / SIGN.format(0, "json")).read_text())["slots"]
+    for unit, name, change in ((0, "docs", lambda docs: docs["number"].__setitem__(-1, slots[docs["read"][-1]])),
+                               (4, "docs", lambda docs: docs["file"].__setitem__(0, 99)),  # not the unit's file
+                               (5, "hits", lambda hits: np.array([(0, 0)], dtype=hits.dtype))):  # no such set
+        files = set(np.fromfile(out / SIGN.format(unit, "docs"), dtype=DOC)["file"].tolist())
+        assert loads(unit, files)
+        _forge(out, unit, name, change)
+        assert not loads(unit, files)
     for task in (1, 2):
         assert main([*common, "--out-dir", str(out), "--tasks", "3", "--task", str(task)]) == 0
     assert _files(out) == _files(tmp_path / "one")
     assert outside.read_bytes() == b"not yours"
+
+
+def _forge(out: Path, unit: int, name: str, change) -> None:
+    """Change a unit's signature file (``change`` edits docs in place, returns hits) and its record to match."""
+    path = out / SIGN.format(unit, name)
+    array = np.fromfile(path, dtype=DOC if name == "docs" else HIT).copy()
+    changed = change(array)
+    path.write_bytes((array if changed is None else changed).tobytes())
+    record = json.loads((out / SIGN.format(unit, "json")).read_text())
+    record["files"][name] = {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (out / SIGN.format(unit, "json")).write_text(json.dumps(record))
 
 
 @pytest.mark.parametrize("flags,says", [
@@ -281,11 +310,14 @@ def test_the_guard_table_of_a_config_file(tmp_path, capsys):
     assert code == 2 and "guard.threshold = 'high'" in err
 
 
-def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them(tmp_path, capsys):
+def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them(tmp_path, capsys, monkeypatch):
     from tokpack.inspect import main as inspect_main
+    from tokpack.prepare import guard, match
     from tokpack.verify import VerifyError, verify_folder
 
-    docs, planted = corpus(200, seed=10)
+    monkeypatch.setattr(guard, "_BLOCK", 7)  # documents counted in blocks, and matched in many spill files
+    monkeypatch.setattr(match, "_SPILL_BYTES", 4096)
+    docs, planted = corpus(200, seed=12)
     out = run(tmp_path, docs, "r", near_split=True, dedup="exact")
     meta = read_meta(out)
     rows = {s: [json.loads(line) for line in (out / f"{s}.guard.jsonl").read_text().splitlines()] for s in ("train", "val")}
@@ -294,8 +326,12 @@ def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them
     moved = [r for r in rows["val"] if r["own_split"] == "train" and not r["removed"]]
     assert len(moved) == meta["guard"]["near"]["moved_to_val"] > 0
     # A row's index is where the document was written: its text is there.
-    val = texts(out, "val")
-    assert all(val[r["index"]] == docs[r["document"]] for r in rows["val"] if r["index"] is not None)
+    for split in ("train", "val"):
+        written = texts(out, split)
+        shown = [r for r in rows[split] if r["index"] is not None]
+        came = min(r["document"] for r in shown if r["own_split"] != split)  # rows after it count it
+        assert any(r["document"] > came for r in shown)
+        assert all(written[r["index"]] == docs[r["document"]] for r in shown)
     capsys.readouterr()
     assert inspect_main([str(out), "--guard", f"val:{moved[0]['index']}"]) == 0
     shown = capsys.readouterr().out
@@ -308,8 +344,6 @@ def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them
     for forged in (good.replace('"own_split": "train"', '"own_split": "val"', 1), good + "not json\n"):
         report.write_text(forged)
         entry = meta["splits"]["val"]["guard"]
-        import hashlib
-
         meta["splits"]["val"]["guard"] = {**entry, "bytes": len(forged.encode()),
                                           "sha256": hashlib.sha256(forged.encode()).hexdigest()}
         (out / "meta.json").write_text(json.dumps(meta))
@@ -335,3 +369,31 @@ def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
             assert f"train decontaminated (13-grams) of {tmp_path / 'q.txt'}" in shown
         else:
             assert "val: not guarded against near-copies" in shown and "train not decontaminated" in shown
+
+
+@pytest.mark.parametrize("spill_bytes, max_spills", [(4096, 512), (64, 3)])
+def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, monkeypatch, spill_bytes, max_spills):
+    from tokpack.dedup.clusters import clusters
+    from tokpack.dedup.minhash import Shingling, sign
+    from tokpack.prepare import match
+
+    docs, planted = corpus(300, seed=12)
+    signed = sign(docs, Shingling())
+    text = np.array([int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8).digest()) for d in docs], dtype=np.uint64)
+    cuts = [0, 90, 91, 300]  # three units, one of a single document, pairs straddling them
+    bands = [signed.bands[a:b] for a, b in zip(cuts, cuts[1:])]
+    hashes = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    whole = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
+    monkeypatch.setattr(match, "_SPILL_BYTES", spill_bytes)
+    monkeypatch.setattr(match, "_MAX_SPILLS", max_spills)
+    spread = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
+    assert all(np.array_equal(a, b) for a, b in zip(whole, spread)) and not list(tmp_path.iterdir())
+    copies = {(docs.index(d), b) for b, d in enumerate(docs) if docs.index(d) < b}
+    assert {divmod(int(k), len(docs)) for k in spread[1]} == copies and copies
+    nodes, first = match.firsts(spread[0], len(docs))
+    labels = np.arange(len(docs))
+    labels[nodes] = first
+    assert np.array_equal(labels, clusters(signed.fingerprints, signed.bands, 0.8)) and len(nodes) >= len(planted)
+    # Without near-duplicates the text hashes alone are matched: the copies.
+    only = match.matched(tmp_path, [b[:, :0] for b in bands], hashes, None, 0.8)
+    assert np.array_equal(only[0], spread[1]) and np.array_equal(only[1], spread[1])

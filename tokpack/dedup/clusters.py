@@ -30,16 +30,24 @@ def candidates(band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     equal hashes, every text with the bucket's first and with the one before it."""
     order = np.argsort(band, kind="stable")  # within a bucket, texts stay in their order
     ranked = band[order]
-    same = ranked[1:] == ranked[:-1]
+    keys = pairs_of(order, ranked[1:] == ranked[:-1], len(band))
+    return keys // len(band), keys % len(band)
+
+
+def pairs_of(ordered: np.ndarray, same: np.ndarray, count: int) -> np.ndarray:
+    """The candidate pairs of texts in bucket order, as keys ``earlier * count + later``.
+
+    Args:
+        ordered: text indices, bucket by bucket, each bucket's in ascending order.
+        same: whether ``ordered[i + 1]`` is in the bucket of ``ordered[i]``.
+        count: more than the largest index.
+    """
     if not same.any():
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    starts = np.flatnonzero(np.concatenate([[True], ~same]))
-    head = order[starts[np.cumsum(np.concatenate([[True], ~same])) - 1]]
-    later = order[1:][same]
-    before = order[:-1][same]
-    firsts = head[1:][same]
-    pairs = np.unique(np.concatenate([before, firsts]) * len(band) + np.concatenate([later, later]))
-    return pairs // len(band), pairs % len(band)
+        return np.empty(0, np.int64)
+    start = np.concatenate([[True], ~same])
+    head = ordered[np.flatnonzero(start)[np.cumsum(start) - 1]]
+    later = ordered[1:][same]
+    return np.unique(np.concatenate([ordered[:-1][same], head[1:][same]]) * count + np.concatenate([later, later]))
 
 
 def similar(fingerprints: np.ndarray, left: np.ndarray, right: np.ndarray, threshold: float) -> np.ndarray:

@@ -62,6 +62,7 @@ UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
 SIGN = ".tokpack-sign-{:05d}.{}"  # a unit's signatures of a guarded run (--near-split, --dedup, --decontaminate)
 SIGN_GLOB = ".tokpack-sign-[0-9][0-9][0-9][0-9][0-9].*"
 SIGN_NAME = re.compile(r"\.tokpack-sign-\d{5}\.(?:json|docs|prints|bands|hits)")
+MATCH = ".tokpack-match-{:05d}"  # a guarded run's spill file while matching, only ever at its temporary name
 # A remote folder being published: the probe that proves the credentials may write.
 PROBE = ".tokpack-probe-{}"  # + a random hex token
 PROBE_NAME = re.compile(r"\.tokpack-probe-[0-9a-f]{32}")

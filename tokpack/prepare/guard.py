@@ -28,14 +28,14 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dedup.clusters import clusters
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
 from ..options import option
+from .match import firsts, matched
 from .signatures import Reading, Signed, load_unit, sign_unit
 
 
@@ -191,30 +191,62 @@ class Guard:
         if any(s is None for s in signed):
             raise ValueError(f"the signatures of {self.out} changed while the run read them; run the same command again")
         units = [s for s in signed if s is not None]
-        slots = [n for s in units for n in s.slots]
-        starts = np.concatenate([[0], np.cumsum(slots, dtype=np.int64)])
-        reads_before = np.cumsum([0] + [len(s.slots) for s in units])
-        docs = np.concatenate([s.docs for s in units])
-        number = starts[reads_before[np.repeat(np.arange(len(units)), [len(s.docs) for s in units])]
-                        + docs["read"]] + docs["number"]
-        offsets = np.cumsum([0] + [len(s.docs) for s in units])
+        docs = _Rows([s.docs for s in units])
+        prints = _Rows([s.prints for s in units]) if self.options.near else None
+        near, copies = matched(self.out, [s.bands for s in units], [s.docs["hash"] for s in units], prints,
+                               self.options.threshold)
         hits: dict[int, set[int]] = {}
-        for u, s in enumerate(units):
-            for h in s.hits.tolist():
-                hits.setdefault(h[0] + int(offsets[u]), set()).add(h[1])
-        prints = _Rows([s.prints for s in units], offsets) if self.options.near and len(docs) else None
-        if prints is not None:
-            first = clusters(prints, _Columns([s.bands for s in units]), self.options.threshold)
-        else:
-            first = _first_copies(docs["hash"])
-        verdicts, why, val, record = decide(self.options, docs, first, hits, self.sets,
+        for unit, s in enumerate(units):
+            for doc, found in s.hits.tolist():
+                hits.setdefault(doc + int(docs.offsets[unit]), set()).add(found)
+        found = _found(docs.count, near, copies, hits)
+        info = docs[found.members]
+        starts = np.concatenate([[0], np.cumsum([n for s in units for n in s.slots], dtype=np.int64)])
+        reads_before = np.cumsum([0] + [len(s.slots) for s in units])
+        unit_of = np.searchsorted(docs.offsets, found.members, side="right") - 1
+        number = starts[reads_before[unit_of] + info["read"]] + info["number"]
+        verdicts, why, val, record = decide(self.options, info, found, self.sets,
                                             np.array(self.groups, dtype=np.int64), self.inputs)
         moved = np.flatnonzero(verdicts)
         return _Decided(starts, number[moved], verdicts[moved].astype(np.uint8), record,
-                        [s.input_sha256 for s in units], docs, first, why, val, hits, prints, not self.reading.chat)
+                        [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
+                        not self.reading.chat)
 
 
 _WHY = (None, "copy", "near-copy", "evaluation")  # a removed document's reason, by code
+
+
+class _Found(NamedTuple):
+    """The documents the match names (``members``, ascending, by their index in the run): those
+    in a cluster of near-duplicates (or copies) and those holding evaluation n-grams."""
+
+    members: np.ndarray
+    first: np.ndarray  # each member's first document of its cluster: its own where it has none
+    copy: np.ndarray  # a member whose text is a later copy of an earlier one
+    clustered: np.ndarray
+    hits: dict[int, set[int]]  # by a member's place in ``members``: the evaluation sets it holds n-grams of
+
+
+def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: dict[int, set[int]]) -> _Found:
+    nodes, first = firsts(near, count)  # the near pairs hold the copies too
+    copied, original = firsts(copies, count)
+    members = np.union1d(nodes, np.fromiter(hits, np.int64, len(hits)))
+    at = np.searchsorted(members, nodes)
+    firsts_of, clustered, copy = members.copy(), np.zeros(len(members), bool), np.zeros(len(members), bool)
+    firsts_of[at], clustered[at] = first, True
+    copy[np.searchsorted(members, copied)] = original != copied
+    return _Found(members, firsts_of, copy, clustered,
+                  {int(np.searchsorted(members, doc)): sets for doc, sets in hits.items()})
+
+
+class _Outcome(NamedTuple):
+    """What the decision says of each member: its document record (``signatures.DOC``), the code
+    of why it is removed (0: it is not; see ``_WHY``), and whether it ends in val."""
+
+    found: _Found
+    info: np.ndarray
+    why: np.ndarray
+    val: np.ndarray
 
 
 class _Decided:
@@ -222,85 +254,96 @@ class _Decided:
     record for meta.json, the units' input hashes, and what the reports are made of."""
 
     def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
-                 inputs: list[str], docs: np.ndarray, first: np.ndarray, why: np.ndarray, val: np.ndarray,
-                 hits: dict[int, set[int]], prints: _Rows | None, indexed: bool):
+                 inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool):
         self.starts, self.numbers, self.verdicts, self.record, self.inputs = starts, numbers, verdicts, record, inputs
-        self.docs, self.first, self.why, self.val, self.hits, self.prints = docs, first, why, val, hits, prints
+        self.outcome, self.docs, self.prints = outcome, docs, prints
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
 
     def rows(self, split: str, files: list[str], sets: list[str]) -> list[dict[str, Any]]:
-        n = len(self.docs)
-        ours = self.val == (split == "val")
-        clustered = (self.first != np.arange(n)) | np.isin(np.arange(n), self.first[self.first != np.arange(n)])
-        listed = np.flatnonzero(ours & (clustered | np.isin(np.arange(n), list(self.hits))))
-        kept = ours & (self.why == 0)
-        index = np.cumsum(kept) - 1
+        found, info, why, val = self.outcome
+        ours = val == (split == "val")
+        listed = np.flatnonzero(ours & (found.clustered | np.isin(np.arange(len(val)), list(found.hits))))
+        index = self._indexes(split) if self.indexed else None
         similar = np.ones(len(listed))
         if self.prints is not None and len(listed):
-            similar = (self.prints[listed] == self.prints[self.first[listed]]).mean(axis=1)
-        own = self.docs["val"][listed].astype(bool)
-        return [{"document": d, "file": files[self.docs["file"][d]], "own_split": "val" if o else "train",
-                 "index": int(index[d]) if self.indexed and kept[d] else None,
-                 "cluster": int(self.first[d]) if clustered[d] else None,
-                 "similarity": round(float(sim), 4) if clustered[d] else None,
-                 "removed": _WHY[self.why[d]], **({"evaluation": [sets[i] for i in sorted(self.hits[d])]}
-                                                  if d in self.hits else {})}
-                for d, o, sim in zip(listed.tolist(), own.tolist(), similar.tolist())]
+            similar = (self.prints[found.members[listed]] == self.prints[found.first[listed]]).mean(axis=1)
+        return [{"document": int(found.members[d]), "file": files[info["file"][d]],
+                 "own_split": "val" if info["val"][d] else "train",
+                 "index": int(index[d]) if index is not None and not why[d] else None,
+                 "cluster": int(found.first[d]) if found.clustered[d] else None,
+                 "similarity": round(float(sim), 4) if found.clustered[d] else None,
+                 "removed": _WHY[why[d]], **({"evaluation": [sets[i] for i in sorted(found.hits[d])]}
+                                             if d in found.hits else {})}
+                for d, sim in zip(listed.tolist(), similar.tolist())]
+
+    def _indexes(self, split: str) -> np.ndarray:
+        """Each member's index among the documents written to ``split`` (where it is written
+        there): the documents of ``split`` before it, less the members before it that left or
+        were dropped, plus those before it that came."""
+        found, info, why, val = self.outcome
+        own = info["val"].astype(bool) == (split == "val")
+        kept = (val == (split == "val")) & (why == 0)
+        left, came = np.cumsum(own & ~kept) - (own & ~kept), np.cumsum(~own & kept) - (~own & kept)
+        return self.docs.before(found.members, "val", split == "val") - left + came
 
 
 class _Rows:
-    """The fingerprints of every unit as one array of rows, for the candidate pairs' lookups."""
+    """The arrays of every unit as one array of rows, read where they lie (memory maps) by index."""
 
-    def __init__(self, parts: list[np.ndarray], offsets: np.ndarray):
-        self.parts, self.offsets = parts, offsets
-        self.shape = (int(offsets[-1]), parts[0].shape[1])
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+        self.count = int(self.offsets[-1])
+        self.shape = (self.count, *(parts[0].shape[1:] if parts else ()))
 
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
-        out = np.empty((len(rows), self.shape[1]), dtype=np.uint16)
+        out = np.empty((len(rows), *self.parts[0].shape[1:]) if self.parts else (len(rows),),
+                       dtype=self.parts[0].dtype if self.parts else np.uint8)
         unit = np.searchsorted(self.offsets, rows, side="right") - 1
         for u in np.unique(unit):
             at = unit == u
             out[at] = self.parts[u][rows[at] - self.offsets[u]]
         return out
 
+    def before(self, rows: np.ndarray, field: str, value: Any) -> np.ndarray:
+        """For each of ``rows`` (ascending), how many rows before it hold ``value`` in ``field``:
+        read a block at a time."""
+        out = np.empty(len(rows), dtype=np.int64)
+        base = 0
+        for u, part in enumerate(self.parts):
+            for lo in range(0, len(part), _BLOCK):
+                hi = min(lo + _BLOCK, len(part))
+                held = np.concatenate([[0], np.cumsum(part[field][lo:hi] == value)])
+                a, b = np.searchsorted(rows, [self.offsets[u] + lo, self.offsets[u] + hi])
+                out[a:b] = base + held[rows[a:b] - self.offsets[u] - lo]
+                base += int(held[-1])
+        return out
 
-class _Columns:
-    """The band hashes of every unit, a band at a time."""
 
-    def __init__(self, parts: list[np.ndarray]):
-        self.parts = parts
-        self.shape = (sum(len(p) for p in parts), parts[0].shape[1])
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, at: tuple[slice, int]) -> np.ndarray:
-        return np.concatenate([part[at] for part in self.parts])
+_BLOCK = 1 << 20  # documents counted at a time
 
 
-def decide(options: GuardOptions, docs: np.ndarray, first: np.ndarray, hits: dict[int, set[int]], sets: list[str],
-           groups: np.ndarray, inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """Each document's verdict (0: its own split), the code of why it is removed (0: it is not;
-    see ``_WHY``), whether it ends in val, and meta.json's record: from the documents
-    (``signatures.DOC``), each one's first near copy (or, without near-duplicates, first copy)
-    ``first``, and the evaluation sets each one holds n-grams of. ``groups``: each input file's
-    input as given."""
-    n = len(docs)
-    own_val = docs["val"].astype(bool)
-    val = own_val[first] if options.near_split else own_val
-    why = np.zeros(n, dtype=np.int64)
+def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[str], groups: np.ndarray,
+           inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Each member's verdict (0: its own split), the code of why it is removed (0: it is not;
+    see ``_WHY``), whether it ends in val, and meta.json's record: from the members' records
+    ``info`` (``signatures.DOC``) and what the match ``found``. ``groups``: each input file's
+    input as given. Every other document stays where its hash put it."""
+    own_val = info["val"].astype(bool)
+    val = own_val[np.searchsorted(found.members, found.first)] if options.near_split else own_val
+    why = np.zeros(len(own_val), dtype=np.int64)
     record = _settings(options)
+    later = found.first != found.members
     if options.near:
-        record["near"]["clusters"] = int(len(np.unique(first[first != np.arange(n)])))
+        record["near"]["clusters"] = int(len(np.unique(found.first[later])))
     if options.dedup != Dedup.NONE:
-        copies = _first_copies(docs["hash"]) != np.arange(n)
-        why[first != np.arange(n) if options.dedup == Dedup.NEAR else copies] = 2 if options.dedup == Dedup.NEAR else 1
-        why[copies & (why > 0)] = 1  # the same text is a copy, whatever else it is
-        record["dedup"]["removed"] = np.bincount(groups[docs["file"][why > 0]], minlength=inputs).tolist()
+        why[later if options.dedup == Dedup.NEAR else found.copy] = 2 if options.dedup == Dedup.NEAR else 1
+        why[found.copy & (why > 0)] = 1  # the same text is a copy, whatever else it is
+        record["dedup"]["removed"] = np.bincount(groups[info["file"][why > 0]], minlength=inputs).tolist()
     if options.decontaminate:
-        record["decontaminate"].update(_contaminated(hits, val, why > 0, sets, options.report_only))
+        record["decontaminate"].update(_contaminated(found.hits, val, why > 0, sets, options.report_only))
         if not options.report_only:
-            for doc in hits:
+            for doc in found.hits:
                 if not val[doc] and not why[doc]:
                     why[doc] = 3
     drop = why > 0
@@ -309,16 +352,6 @@ def decide(options: GuardOptions, docs: np.ndarray, first: np.ndarray, hits: dic
                               moved_to_train=int(np.count_nonzero(~val & own_val & ~drop)))
     verdicts = np.where(drop, Verdict.DROP, np.where(val == own_val, 0, np.where(val, Verdict.VAL, Verdict.TRAIN)))
     return verdicts, why, val, record
-
-
-def _first_copies(hashes: np.ndarray) -> np.ndarray:
-    """Each document's first document of the same text (by its 64-bit hash): its own where it is the first."""
-    order = np.argsort(hashes, kind="stable")
-    ranked = hashes[order]
-    starts = np.concatenate([[True], ranked[1:] != ranked[:-1]]) if len(hashes) else np.empty(0, bool)
-    first = np.empty(len(hashes), dtype=np.int64)
-    first[order] = order[np.flatnonzero(starts)[np.cumsum(starts) - 1]]
-    return first
 
 
 def _contaminated(hits: dict[int, set[int]], val: np.ndarray, drop: np.ndarray, sets: list[str],

@@ -43,6 +43,7 @@ from .writers import write_json_atomic
 DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("file", "<i4"), ("read", "u1"), ("val", "u1")])
 HIT = np.dtype([("doc", "<i8"), ("set", "<u2")])
 _BATCH_CHARS = 1 << 20
+_BLOCK = 1 << 20  # documents checked at a time
 
 
 class Reading(NamedTuple):
@@ -267,14 +268,16 @@ def _checked(path: Path, entry: Any) -> np.ndarray:
 def _valid(docs: np.ndarray, hits: np.ndarray, slots: list[int], files: set[int], sets: int) -> bool:
     """Whether a record's documents are numbered within their reads and come from its files, and
     its hits name its documents and the run's evaluation sets."""
-    if not len(docs):
-        return not len(hits)
-    numbers, reads = docs["number"], docs["read"].astype(np.int64)
-    if not (reads < len(slots)).all():
+    if not (hits["set"] < sets).all() or not ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all():
         return False
-    return bool((numbers >= 0).all() and (numbers < np.array(slots)[reads]).all() and (docs["val"] <= 1).all()
-                and np.isin(docs["file"], list(files)).all() and (hits["set"] < sets).all()
-                and ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all())
+    limits = np.array(slots + [0], dtype=np.int64)
+    for at in range(0, len(docs), _BLOCK):  # a block at a time: a unit may be a whole corpus
+        block = docs[at:at + _BLOCK]
+        reads = np.minimum(block["read"].astype(np.int64), len(slots))  # past the reads: a limit of 0
+        if not ((block["number"] >= 0).all() and (block["number"] < limits[reads]).all()
+                and (block["val"] <= 1).all() and np.isin(block["file"], list(files)).all()):
+            return False
+    return True
 
 
 def clear(out: Path) -> None:
