@@ -371,8 +371,8 @@ def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
             assert "val: not guarded against near-copies" in shown and "train not decontaminated" in shown
 
 
-@pytest.mark.parametrize("spill_bytes, max_spills", [(4096, 512), (64, 3)])
-def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, monkeypatch, spill_bytes, max_spills):
+@pytest.mark.parametrize("spill_bytes, fanout", [(4096, 64), (1024, 2)])
+def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, monkeypatch, spill_bytes, fanout):
     from tokpack.dedup.clusters import clusters
     from tokpack.dedup.minhash import Shingling, sign
     from tokpack.prepare import match
@@ -385,8 +385,12 @@ def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, mo
     hashes = [text[a:b] for a, b in zip(cuts, cuts[1:])]
     whole = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
     monkeypatch.setattr(match, "_SPILL_BYTES", spill_bytes)
-    monkeypatch.setattr(match, "_MAX_SPILLS", max_spills)
+    monkeypatch.setattr(match, "_FANOUT", fanout)
+    routed = []
+    route = match._route
+    monkeypatch.setattr(match, "_route", lambda *a: routed.append(len(files := route(*a))) or files)
     spread = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
+    assert len(routed) > 1 and 1 < max(routed) <= fanout  # files too large were routed again
     assert all(np.array_equal(a, b) for a, b in zip(whole, spread)) and not list(tmp_path.iterdir())
     copies = {(docs.index(d), b) for b, d in enumerate(docs) if docs.index(d) < b}
     assert {divmod(int(k), len(docs)) for k in spread[1]} == copies and copies

@@ -43,6 +43,7 @@ from ..dedup.minhash import Shingling, sign
 from ..dedup.ngrams import NgramIndex
 from ..format import INDEX_DTYPE
 from ..prepare import PrepareConfig, prepare
+from ..prepare.process import fix_mmap_threshold
 from ..tokenizer import load_encoding
 from .peers import missing, quiet
 from .timing import interleaved, ratio, ratio_range
@@ -231,7 +232,9 @@ def decontamination(texts: list[str], rounds: int) -> dict[str, Any]:
 
 
 def prepare_cost(corpus: Path, tmp: Path, rounds: int) -> dict[str, Any]:
-    """A whole jsonl prepare with the guard against one without, in interleaved rounds."""
+    """A whole jsonl prepare with the guard against one without, in interleaved rounds, in this
+    process set as the command sets its own (glibc's mmap threshold fixed; see ``process``)."""
+    fix_mmap_threshold()
     def run(**options: Any) -> Callable[[], None]:
         def go() -> None:
             prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp / "cost"), quiet=True, force=True,

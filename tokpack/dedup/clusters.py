@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 # Candidate pairs are compared in blocks of this many, to bound the fingerprints held at once.
-_BLOCK = 1 << 14
+_BLOCK = 1 << 11
 
 
 def candidates(band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

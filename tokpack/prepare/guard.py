@@ -36,6 +36,7 @@ from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
 from ..options import option
 from .match import firsts, matched
+from .process import roomy_heap
 from .signatures import Reading, Signed, load_unit, sign_unit
 
 
@@ -142,11 +143,12 @@ class Guard:
             if self._decided is not None:
                 return
             count = len(self.units)
-            for u in [*range(unit, count), *range(unit)]:
-                if self._load(u) is None:
-                    share, reads = self.units[u]
-                    sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
-                              self.fingerprint)
+            with roomy_heap():
+                for u in [*range(unit, count), *range(unit)]:
+                    if self._load(u) is None:
+                        share, reads = self.units[u]
+                        sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
+                                  self.fingerprint)
             self._decided = self._decide()
 
     def split(self, read: int, doc: int, own: str) -> str | None:
@@ -193,7 +195,7 @@ class Guard:
         units = [s for s in signed if s is not None]
         docs = _Rows([s.docs for s in units])
         prints = _Rows([s.prints for s in units]) if self.options.near else None
-        near, copies = matched(self.out, [s.bands for s in units], [s.docs["hash"] for s in units], prints,
+        near, copies = matched(self.out, [s.bands for s in units], [s.docs.column("hash") for s in units], prints,
                                self.options.threshold)
         hits: dict[int, set[int]] = {}
         for unit, s in enumerate(units):
@@ -265,8 +267,9 @@ class _Decided:
         listed = np.flatnonzero(ours & (found.clustered | np.isin(np.arange(len(val)), list(found.hits))))
         index = self._indexes(split) if self.indexed else None
         similar = np.ones(len(listed))
-        if self.prints is not None and len(listed):
-            similar = (self.prints[found.members[listed]] == self.prints[found.first[listed]]).mean(axis=1)
+        for at in range(0, len(listed) if self.prints is not None else 0, _ROWS_AT_ONCE):
+            some = listed[at:at + _ROWS_AT_ONCE]
+            similar[at:at + len(some)] = (self.prints[found.members[some]] == self.prints[found.first[some]]).mean(axis=1)
         return [{"document": int(found.members[d]), "file": files[info["file"][d]],
                  "own_split": "val" if info["val"][d] else "train",
                  "index": int(index[d]) if index is not None and not why[d] else None,
@@ -313,14 +316,15 @@ class _Rows:
         for u, part in enumerate(self.parts):
             for lo in range(0, len(part), _BLOCK):
                 hi = min(lo + _BLOCK, len(part))
-                held = np.concatenate([[0], np.cumsum(part[field][lo:hi] == value)])
+                held = np.concatenate([[0], np.cumsum(part[lo:hi][field] == value)])
                 a, b = np.searchsorted(rows, [self.offsets[u] + lo, self.offsets[u] + hi])
                 out[a:b] = base + held[rows[a:b] - self.offsets[u] - lo]
                 base += int(held[-1])
         return out
 
 
-_BLOCK = 1 << 20  # documents counted at a time
+_BLOCK = 1 << 18  # documents counted at a time
+_ROWS_AT_ONCE = 1 << 11  # fingerprints compared at a time
 
 
 def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[str], groups: np.ndarray,

@@ -16,6 +16,8 @@ Cost: O(documents x bands) written and read once, 18 bytes an entry on disk whil
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,20 +28,20 @@ from ..format import MATCH
 from ..storage.local import open_new, remove_own, tmp_path
 
 ENTRY = np.dtype([("hash", "<u8"), ("doc", "<i8"), ("band", "<u2")])
-_SPILL_BYTES = 64 << 20
-_MAX_SPILLS = 512  # files open at once while routing; past it a file grows beyond _SPILL_BYTES
-_ROWS = 1 << 14  # documents routed at a time
+_SPILL_BYTES = 8 << 20  # a spill file matched at once; a larger one is routed again, by finer ranges
+_FANOUT = 64  # spill files a routing writes at once
+_ROWS = 1 << 12  # documents, or entries of a spill file, routed at a time
 
 
 class Rows(Protocol):
-    """Rows of an array too large to hold, fetched by their index."""
+    """Rows of an array too large to hold, fetched by their index (a slice, or an array of them)."""
 
     shape: tuple[int, ...]
 
-    def __getitem__(self, rows: np.ndarray) -> np.ndarray: ...
+    def __getitem__(self, rows: Any) -> np.ndarray: ...
 
 
-def matched(folder: Path, bands: list[np.ndarray], hashes: list[np.ndarray], prints: Rows | None,
+def matched(folder: Path, bands: list[Rows], hashes: list[Rows], prints: Rows | None,
             threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """The joined pairs, as keys ``earlier * documents + later``: near-duplicates (copies among
     them), and copies (the same text hash) alone.
@@ -54,13 +56,18 @@ def matched(folder: Path, bands: list[np.ndarray], hashes: list[np.ndarray], pri
     offsets = np.cumsum([0] + [len(h) for h in hashes])
     count = int(offsets[-1])
     width = (bands[0].shape[1] if bands else 0) + 1  # the text hash is the last band
-    groups = min(_MAX_SPILLS, max(1, math.ceil(count * width * ENTRY.itemsize / _SPILL_BYTES)))
-    paths = [tmp_path(folder / MATCH.format(g)) for g in range(groups)]
     near = copies = np.empty(0, np.int64)
+    written: list[Path] = []
     try:
-        _route(paths, bands, hashes, offsets, width)
-        for path in paths:
-            entries = np.fromfile(path, dtype=ENTRY)
+        pending = _route(folder, _documents(bands, hashes, offsets, width), 0, width << 32,
+                         count * width * ENTRY.itemsize / _SPILL_BYTES, written)
+        while pending:
+            path, lo, hi = pending.pop()
+            if path.stat().st_size > _SPILL_BYTES and hi - lo > 1:
+                pending += _route(folder, _read(path), lo, hi, path.stat().st_size / _SPILL_BYTES, written)
+                remove_own(path)
+                continue
+            entries = np.concatenate([np.empty(0, ENTRY), *_read(path)])
             remove_own(path)
             entries = entries[np.lexsort((entries["doc"], entries["hash"], entries["band"]))]
             same = (entries["hash"][1:] == entries["hash"][:-1]) & (entries["band"][1:] == entries["band"][:-1])
@@ -70,34 +77,53 @@ def matched(folder: Path, bands: list[np.ndarray], hashes: list[np.ndarray], pri
                 keys = pairs_of(entries["doc"], same & ~text, count)
                 near = np.union1d(near, keys[similar(prints, keys // count, keys % count, threshold)])
     finally:
-        for path in paths:
+        for path in written:
             remove_own(path)
     return (near if prints is not None else copies), copies
 
 
-def _route(paths: list[Path], bands: list[np.ndarray], hashes: list[np.ndarray], offsets: np.ndarray,
-           width: int) -> None:
-    """Every document's entries into the spill file of its band and hash range, in document order."""
+def _documents(bands: list[Rows], hashes: list[Rows], offsets: np.ndarray, width: int) -> Iterator[np.ndarray]:
+    """Every document's entries, a block of documents at a time, in document order."""
+    for unit, (band, text) in enumerate(zip(bands, hashes)):
+        for lo in range(0, len(text), _ROWS):
+            hi = min(lo + _ROWS, len(text))
+            entries = np.empty((hi - lo) * width, dtype=ENTRY)
+            entries["hash"] = np.concatenate([band[lo:hi], text[lo:hi][:, None]], axis=1).ravel()
+            entries["doc"] = np.repeat(np.arange(offsets[unit] + lo, offsets[unit] + hi), width)
+            entries["band"] = np.tile(np.arange(width, dtype=np.uint16), hi - lo)
+            yield entries
+
+
+def _read(path: Path) -> Iterator[np.ndarray]:
+    """A spill file's entries, a block at a time."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        while len(entries := np.fromfile(f, dtype=ENTRY, count=_ROWS)):
+            yield entries
+
+
+def _route(folder: Path, blocks: Iterator[np.ndarray], lo: int, hi: int, parts: float,
+           written: list[Path]) -> list[tuple[Path, int, int]]:
+    """Entries whose cell (band, then the hash's top 32 bits) lies in [lo, hi) into spill files
+    of even shares of that range, in the order given: each file with its range."""
+    k = int(min(_FANOUT, max(1, math.ceil(parts)), hi - lo))
+    cuts = [lo + (hi - lo) * g // k for g in range(k + 1)]
+    paths = [tmp_path(folder / MATCH.format(len(written) + g)) for g in range(k)]
     files: list[Any] = []
     try:
-        files = [open_new(path) for path in paths]
-        span = np.uint64(width) << np.uint64(32)
-        for unit, (band, text) in enumerate(zip(bands, hashes)):
-            for lo in range(0, len(text), _ROWS):
-                hi = min(lo + _ROWS, len(text))
-                entries = np.empty((hi - lo) * width, dtype=ENTRY)
-                entries["hash"] = np.concatenate([band[lo:hi], text[lo:hi, None]], axis=1).ravel()
-                entries["doc"] = np.repeat(np.arange(offsets[unit] + lo, offsets[unit] + hi), width)
-                entries["band"] = np.tile(np.arange(width, dtype=np.uint16), hi - lo)
-                cell = (entries["band"].astype(np.uint64) << np.uint64(32)) | (entries["hash"] >> np.uint64(32))
-                group = (cell * np.uint64(len(files)) // span).astype(np.int64)
-                order = np.argsort(group, kind="stable")
-                bounds = np.searchsorted(group[order], np.arange(len(files) + 1))
-                for g in np.flatnonzero(np.diff(bounds)):
-                    files[g].write(entries[order[bounds[g]:bounds[g + 1]]].tobytes())
+        for path in paths:
+            files.append(open_new(path))
+            written.append(path)
+        for entries in blocks:
+            cell = (entries["band"].astype(np.uint64) << np.uint64(32)) | (entries["hash"] >> np.uint64(32))
+            group = np.searchsorted(np.array(cuts[1:-1], dtype=np.uint64), cell, side="right")
+            order = np.argsort(group, kind="stable")
+            bounds = np.searchsorted(group[order], np.arange(k + 1))
+            for g in np.flatnonzero(np.diff(bounds)):
+                files[g].write(entries[order[bounds[g]:bounds[g + 1]]].tobytes())
     finally:
         for f in files:
             f.close()
+    return [(path, cuts[g], cuts[g + 1]) for g, path in enumerate(paths)]
 
 
 def firsts(keys: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -42,8 +42,8 @@ from .writers import write_json_atomic
 
 DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("file", "<i4"), ("read", "u1"), ("val", "u1")])
 HIT = np.dtype([("doc", "<i8"), ("set", "<u2")])
-_BATCH_CHARS = 1 << 20
-_BLOCK = 1 << 20  # documents checked at a time
+_BATCH_CHARS = 1 << 19
+_BLOCK = 1 << 18  # documents checked at a time
 
 
 class Reading(NamedTuple):
@@ -57,11 +57,11 @@ class Reading(NamedTuple):
 
 
 class Signed(NamedTuple):
-    """A unit's signatures as its files hold them (the arrays may be memory maps)."""
+    """A unit's signatures as its files hold them, read where they lie."""
 
-    docs: np.ndarray  # DOC, a document
-    prints: np.ndarray  # uint16 (documents, hashes)
-    bands: np.ndarray  # uint64 (documents, bands)
+    docs: Stored  # DOC, a document
+    prints: Stored  # uint16 (documents, hashes)
+    bands: Stored  # uint64 (documents, bands)
     hits: np.ndarray  # HIT
     slots: list[int]  # how many numbers each read of the unit gives out
     input_sha256: str
@@ -234,24 +234,69 @@ def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | Non
                 and isinstance(record.get("input_sha256"), str) and isinstance(record.get("slots"), list)
                 and all(type(s) is int and s >= 0 for s in record["slots"]) and isinstance(record.get("files"), dict)):
             return None
-        arrays = {name: _checked(out / SIGN.format(unit, name), record["files"].get(name))
-                  for name in ("docs", "prints", "bands", "hits")}
+        sizes = {name: _checked(out / SIGN.format(unit, name), record["files"].get(name))
+                 for name in ("docs", "prints", "bands", "hits")}
+        k, b = (shingling.hashes, shingling.bands) if shingling is not None else (0, 0)
+        n, extra = divmod(sizes["docs"], DOC.itemsize)
+        if extra or sizes["prints"] != n * k * 2 or sizes["bands"] != n * b * 8 or sizes["hits"] % HIT.itemsize:
+            return None
+        docs = Stored(out / SIGN.format(unit, "docs"), DOC, (n,))
+        hits = Stored(out / SIGN.format(unit, "hits"), HIT, (sizes["hits"] // HIT.itemsize,))[:]
+        if not _valid(docs, hits, record["slots"], files, sets):
+            return None
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    docs = arrays["docs"].view(DOC) if len(arrays["docs"]) % DOC.itemsize == 0 else None
-    hits = arrays["hits"].view(HIT) if len(arrays["hits"]) % HIT.itemsize == 0 else None
-    if docs is None or hits is None or not _valid(docs, hits, record["slots"], files, sets):
-        return None
-    n = len(docs)
-    k, b = (shingling.hashes, shingling.bands) if shingling is not None else (0, 0)
-    if len(arrays["prints"]) != n * k * 2 or len(arrays["bands"]) != n * b * 8:
-        return None
-    return Signed(docs, arrays["prints"].view(np.uint16).reshape(n, k), arrays["bands"].view(np.uint64).reshape(n, b),
-                  hits, record["slots"], record["input_sha256"])
+    return Signed(docs, Stored(out / SIGN.format(unit, "prints"), np.dtype(np.uint16), (n, k)),
+                  Stored(out / SIGN.format(unit, "bands"), np.dtype(np.uint64), (n, b)), hits, record["slots"],
+                  record["input_sha256"])
 
 
-def _checked(path: Path, entry: Any) -> np.ndarray:
-    """A signature file's bytes (a read-only map), if its size and sha256 are as recorded."""
+class Stored:
+    """An array in a file of a unit's signatures, read a block of rows, or a set of them, at a
+    time: a copy, through no mapping, so the file's pages never stay in this process's memory (a
+    unit may hold a whole corpus's signatures).
+
+    Args:
+        path: the file, opened without following a link.
+        dtype: its rows' type; ``shape``: its rows and, where a row is an array, their length.
+        field: a field of the rows given instead of the rows.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...], field: str | None = None):
+        self.path, self.dtype, self.shape, self.field = path, dtype, shape, field
+        self.row = int(np.prod(shape[1:], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def column(self, field: str) -> Stored:
+        return Stored(self.path, self.dtype, self.shape, field)
+
+    def __getitem__(self, rows: slice | np.ndarray) -> np.ndarray:
+        if isinstance(rows, slice):
+            lo, hi, _ = rows.indices(len(self))
+            rows = np.arange(lo, max(lo, hi))
+            contiguous = True
+        else:
+            contiguous = False
+        if not len(rows) or not self.row:
+            out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+            return out[self.field] if self.field else out
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if contiguous:
+                f.seek(int(rows[0]) * self.row * self.dtype.itemsize)
+                out = np.fromfile(f, self.dtype, count=len(rows) * self.row).reshape(-1, *self.shape[1:])
+            else:  # read row by row: a mapping would fault in 64 KB around every row
+                wanted, back = np.unique(rows, return_inverse=True)
+                size = self.row * self.dtype.itemsize
+                data = b"".join(os.pread(f.fileno(), size, row * size) for row in wanted.tolist())
+                out = np.frombuffer(data, self.dtype).reshape(-1, *self.shape[1:])[back]
+        return out[self.field] if self.field else out
+
+
+def _checked(path: Path, entry: Any) -> int:
+    """A signature file's size, if its size and sha256 are as recorded."""
     if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
         raise ValueError(f"{path.name} is not recorded")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link is no file of ours
@@ -262,10 +307,10 @@ def _checked(path: Path, entry: Any) -> np.ndarray:
         digest = hashlib.file_digest(f, "sha256")
     if digest.hexdigest() != entry["sha256"]:
         raise ValueError(f"{path.name} is not as recorded")
-    return np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+    return size
 
 
-def _valid(docs: np.ndarray, hits: np.ndarray, slots: list[int], files: set[int], sets: int) -> bool:
+def _valid(docs: Stored, hits: np.ndarray, slots: list[int], files: set[int], sets: int) -> bool:
     """Whether a record's documents are numbered within their reads and come from its files, and
     its hits name its documents and the run's evaluation sets."""
     if not (hits["set"] < sets).all() or not ((hits["doc"] >= 0) & (hits["doc"] < len(docs))).all():
