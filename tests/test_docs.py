@@ -42,7 +42,7 @@ def run(tmp_path: Path, prepared: Path, code: str) -> subprocess.CompletedProces
 
 
 RUN_BY_TESTS = {"nanogpt", "torchdata", "packed", "tour-prepare", "tour-packed", "tour-evaluate", "prepare-api",
-                "documents", "train-tokenizer", "tour-chat"}
+                "documents", "train-tokenizer", "tour-chat", "tour-guard"}
 
 
 def test_every_python_block_is_run_or_says_why_not_and_every_example_is_run():
@@ -61,6 +61,20 @@ def test_the_tour_commands_run_as_typed(tmp_path):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 0, (argv, done.stderr[-2000:])
     assert (tmp_path / "data" / "web" / "meta.json").is_file() and list((tmp_path / "data" / "shards").glob("*.bin"))
+
+
+def test_the_tour_guard_commands_run_as_typed(tmp_path):
+    docs = make_docs(60, words=120)
+    write_docs(tmp_path / "corpus", docs + docs[:6])
+    write_jsonl(tmp_path / "questions.jsonl", [{"question": " ".join(d.split()[10:40])} for d in docs[:4]])
+    shown = ""
+    for argv in _commands("tour-guard"):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+        shown = done.stdout
+    guard = json.loads((tmp_path / "data" / "guarded" / "meta.json").read_text())["guard"]
+    assert guard["dedup"]["removed"] == [6] and guard["decontaminate"]["removed"] >= 1
+    assert "val: no near-copy of a train document" in shown
 
 
 def test_the_tour_chat_commands_run_as_typed(tmp_path):

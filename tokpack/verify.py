@@ -25,8 +25,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files, parse_shard_header, split_files,
-                     token_offset)
+from .format import (GUARD_REMOVED, INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files,
+                     parse_shard_header, split_files, token_offset)
 from .format.megatron import parse_starts
 from .storage import Missing, is_url
 from .storage.folder import Folder, as_folder, published
@@ -185,9 +185,6 @@ def _check_masks(folder: Folder, name: str, info: SplitInfo) -> None:
                           f"{info['supervised']}")
 
 
-_REMOVED = (None, "copy", "near-copy", "evaluation")
-
-
 def _check_guard(folder: Folder, meta: Meta) -> None:
     """Each split's guard report against meta.json: its sha256, one object a line with the
     report's fields, written documents' indexes inside the split, and as many moved and removed
@@ -227,7 +224,7 @@ def _count_row(line: bytes, where: str, split: str, documents: int, counted: dic
     try:
         row = json.loads(line)
         removed, index, own = row["removed"], row["index"], row["own_split"]
-        if removed not in _REMOVED or own not in ("train", "val") or not (
+        if removed not in GUARD_REMOVED or own not in ("train", "val") or not (
                 index is None or (type(index) is int and 0 <= index < documents)):
             raise ValueError
     except (ValueError, KeyError, TypeError):

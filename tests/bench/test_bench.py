@@ -128,3 +128,14 @@ def test_bench_chat_refuses_a_processes_option_that_measures_nothing(argv, capsy
         main(["chat", "--mb", "0.01", *argv])
     err = capsys.readouterr().err.strip()
     assert refused.value.code == 2 and err.startswith("tokpack: --processes") and len(err.splitlines()) == 1
+
+
+def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
+    figures = _figures(capsys, ["dedup", "--mb", "0.2", "--rounds", "1", "--real-docs", "60"])
+    for corpus in ("planted", "installed packages"):
+        quality = figures["quality"][corpus]
+        assert quality["documents"] > 10 and 0 <= quality["found"] <= 1 and 0 <= quality["merged"] <= 1
+    assert figures["quality"]["planted"]["pairs_above"] > 0  # planted near-copies are there to be found
+    assert figures["split"]["--near-split"]["val_with_a_near_copy_in_train"] == 0
+    assert figures["signatures"]["tokpack"]["mb_per_s"] > 0 and figures["decontamination"]["hits"] > 0
+    assert set(figures["prepare"]) == {"--near-split", "--dedup near"} and figures["peak_rss_mb"] > 0

@@ -288,11 +288,17 @@ def test_bad_guard_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags,
     assert not (tmp_path / "out").exists()
 
 
-def test_one_document_is_refused_by_the_guard(tmp_path, capsys):
+def test_one_document_keeps_its_tail_split_and_is_not_decontaminated(tmp_path, capsys):
     one = tmp_path / "one.txt"
-    one.write_text("a single long document " * 200)
-    code, err = cli_run(main, capsys, one, "--out-dir", tmp_path / "out", "--dedup", "exact")
-    assert code == 2 and "is one document; pass --doc-sep" in err
+    one.write_text("a single long document, said twice. " * 100 + "a single long document, said twice. " * 100)
+    assert main([str(one), "--out-dir", str(tmp_path / "plain"), "--quiet"]) == 0
+    assert main([str(one), "--out-dir", str(tmp_path / "guarded"), "--quiet", "--near-split", "--dedup", "near"]) == 0
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "guarded" / name).read_bytes()
+    assert "guard" not in read_meta(tmp_path / "guarded")
+    (tmp_path / "q.txt").write_text("a single long document\n")
+    code, err = cli_run(main, capsys, one, "--out-dir", tmp_path / "out", "--decontaminate", tmp_path / "q.txt")
+    assert code == 2 and "is one document; pass --doc-sep" in err and not (tmp_path / "out").exists()
 
 
 def test_the_guard_table_of_a_config_file(tmp_path, capsys):

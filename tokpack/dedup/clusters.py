@@ -11,8 +11,9 @@ pairs are compared and the estimate decides which are joined. Within a band's bu
 compared with the bucket's first text and with the text before it, so a bucket of m texts costs
 2m comparisons, never m**2 / 2. Clusters are the connected components of the joined pairs.
 
-Memory: one band's hashes and order at a time (16 bytes a text), the cluster labels (8 bytes a
-text) and the joined pairs; the fingerprints may be a memory map on disk.
+Memory, in this in-memory form: one band's hashes and order at a time (16 bytes a text), the
+cluster labels (8 bytes a text) and the joined pairs. A prepare run matches through spill files
+instead (``tokpack.prepare.match``), with ``pairs_of``, ``similar`` and ``components``.
 
 See docs/dedup.md.
 """

@@ -1,22 +1,22 @@
-"""The split guard, dedup and decontamination of a prepare run: decided once, in the plan, before
-anything is tokenized (a unit's shards are final once written).
+"""The split guard, dedup and decontamination of a prepare run: decided before any unit is
+tokenized, since a unit's shards are final once written.
 
     python -m tokpack.prepare corpus.jsonl --near-split                    # near-copies on one side
     python -m tokpack.prepare corpus.jsonl --dedup near                    # and written once
     python -m tokpack.prepare corpus.jsonl --decontaminate mmlu.jsonl      # no 13-gram of it in train
 
-The plan reads the corpus once more, in the units' order, and signs every document (no tokenizer:
-the same verdicts whatever the tokenizer, thread count or task count); the signatures wait on disk
-(768 bytes a document: a 16-bit fingerprint a bin, a 64-bit hash a band), are matched band by band,
-and leave a verdict for each document that is moved to the other split or dropped. A unit looks up
-its documents' verdicts by their number in the unit, as it writes them.
+Every unit's documents are read once more (no tokenizer: the same verdicts whatever the
+tokenizer, thread count or task count) and signed into files of the unit (``signatures``), by
+whichever task gets there first; every task then matches them all (``match``: spill files on
+disk, never an array of all documents in memory) and keeps a verdict for each document that is
+moved to the other split or dropped. A unit looks up its documents' verdicts by their number in
+its reads, as it writes them.
 
 A cluster of near-duplicates goes to the split of its first document (in stored order), so val
 never holds a near-copy of a train document; ``--dedup`` keeps that first one and drops the rest
 (``exact``: only copies of the same text); ``--decontaminate`` drops a train document that shares a
-word n-gram with an evaluation file. The cost: O(corpus) read and signed, O(documents x bands) to
-match, 16 bytes a document in memory while matching, and the verdicts (9 bytes a document moved
-or dropped).
+word n-gram with an evaluation file. The cost: O(corpus) read and signed, O(documents x bands)
+routed to disk and matched, and in memory O(documents in clusters or holding evaluation n-grams).
 
 See docs/dedup.md.
 """
@@ -34,6 +34,7 @@ import numpy as np
 
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
+from ..format import GUARD_REMOVED
 from ..options import option
 from .match import firsts, matched
 from .process import roomy_heap
@@ -215,9 +216,6 @@ class Guard:
                         not self.reading.chat)
 
 
-_WHY = (None, "copy", "near-copy", "evaluation")  # a removed document's reason, by code
-
-
 class _Found(NamedTuple):
     """The documents the match names (``members``, ascending, by their index in the run): those
     in a cluster of near-duplicates (or copies) and those holding evaluation n-grams."""
@@ -243,7 +241,7 @@ def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: dict[int, set
 
 class _Outcome(NamedTuple):
     """What the decision says of each member: its document record (``signatures.DOC``), the code
-    of why it is removed (0: it is not; see ``_WHY``), and whether it ends in val."""
+    of why it is removed (0: it is not; see ``format.GUARD_REMOVED``), and whether it ends in val."""
 
     found: _Found
     info: np.ndarray
@@ -275,7 +273,7 @@ class _Decided:
                  "index": int(index[d]) if index is not None and not why[d] else None,
                  "cluster": int(found.first[d]) if found.clustered[d] else None,
                  "similarity": round(float(sim), 4) if found.clustered[d] else None,
-                 "removed": _WHY[why[d]], **({"evaluation": [sets[i] for i in sorted(found.hits[d])]}
+                 "removed": GUARD_REMOVED[why[d]], **({"evaluation": [sets[i] for i in sorted(found.hits[d])]}
                                              if d in found.hits else {})}
                 for d, sim in zip(listed.tolist(), similar.tolist())]
 
@@ -329,10 +327,10 @@ _ROWS_AT_ONCE = 1 << 11  # fingerprints compared at a time
 
 def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[str], groups: np.ndarray,
            inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """Each member's verdict (0: its own split), the code of why it is removed (0: it is not;
-    see ``_WHY``), whether it ends in val, and meta.json's record: from the members' records
-    ``info`` (``signatures.DOC``) and what the match ``found``. ``groups``: each input file's
-    input as given. Every other document stays where its hash put it."""
+    """Each member's verdict (0: its own split), the code of why it is removed (0: it is not; see
+    ``format.GUARD_REMOVED``), whether it ends in val, and meta.json's record: from the members'
+    records ``info`` (``signatures.DOC``) and what the match ``found``. ``groups``: each input
+    file's input as given. Every other document stays where its hash put it."""
     own_val = info["val"].astype(bool)
     val = own_val[np.searchsorted(found.members, found.first)] if options.near_split else own_val
     why = np.zeros(len(own_val), dtype=np.int64)

@@ -97,8 +97,8 @@ def document_hash(key: bytes) -> Any:
 
 
 def conversation_hash(key: bytes, found: list[dict[str, Any]]) -> bytes:
-    """The split hash of a conversation: over each message's "role\\0content\\0" in one update, whatever renders it
-    (a message of tool calls alone has no content)."""
+    """The split hash of a conversation: over each message's "role\\0content\\0" in one update,
+    whatever renders it (a message of tool calls alone has no content)."""
     digest = document_hash(key)
     hash_small(digest, "".join([f"{m['role']}\0{_text(m.get('content', ''))}\0" for m in found]).encode(
         "utf-8", "surrogatepass"))

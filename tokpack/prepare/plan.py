@@ -130,9 +130,11 @@ def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
     """The plan with its guard: the evaluation sets' n-grams read now; the units' documents are
     signed and matched once the folder is ready, by the tasks that run them."""
     options = plan.config.guard
-    if plan.single:
-        raise ValueError(f"--near-split, --dedup and --decontaminate compare documents, and {plan.files[0]} is one "
-                         "document; pass --doc-sep to cut it into documents, or drop them")
+    if plan.single and options.decontaminate:
+        raise ValueError(f"--decontaminate removes train documents, and {plan.files[0]} is one document; pass "
+                         "--doc-sep to cut it into documents, or drop --decontaminate")
+    if plan.single:  # one document has no copy: its tail split stands as it is
+        return plan
     index = evaluation_index(options, plan.config.errors, plan.config.storage_options) if options.decontaminate else None
     # The evaluation sets' contents decide which documents are dropped: a rerun with other sets redoes the units.
     fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None})

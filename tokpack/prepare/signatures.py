@@ -11,8 +11,8 @@ of the unit that any task of the run may write and every task reads.
 A unit's signatures are a function of its input and the run's options, so whichever task writes
 them writes the same bytes; a record of another run, or whose files do not hash as recorded, is
 signed again. Each file goes to a temporary name first and the record last, so a killed task
-leaves no record whose files are not whole. 784 bytes a document at the defaults (8 + 8 + 4 + 1 +
-2 x 256 + 8 x 32 ... rounded to its fields), whatever the tokenizer.
+leaves no record whose files are not whole. 22 + 2 x hashes + 8 x bands bytes a document (790 at
+the defaults), whatever the tokenizer.
 
 See docs/dedup.md.
 """
