@@ -181,6 +181,15 @@ def test_decontaminate_drops_train_documents_holding_an_evaluation_ngram(tmp_pat
     record = read_meta(out)["guard"]["decontaminate"]
     assert [f["removed"] for f in record["files"]] == [len(expected) - 1, 1]
     assert record["removed"] == len(expected)
+    rows = [json.loads(line) for line in (out / "train.guard.jsonl").read_text().splitlines()]
+    named = {corpus_docs[r["document"]]: r["evaluation"] for r in rows if r["removed"] == "evaluation"}
+    assert named == {d: [str(lines)] if "fox" in d else [str(evaluation)] for d in expected}
+    # Units signed apart (two processes, small units) number their hits as one unit does.
+    flags = ["--decontaminate", str(evaluation), str(lines), "--decontaminate-key", "question", "--quiet"]
+    assert main([str(source), "--out-dir", str(tmp_path / "units"), "--processes", "2", "--unit-mb", "0.03", *flags]) == 0
+    apart, whole = _files(tmp_path / "units"), _files(out)
+    assert json.loads(apart.pop("meta.json"))["guard"] == json.loads(whole.pop("meta.json"))["guard"]
+    assert apart == whole  # --unit-mb is an option of the record: meta.json differs there
     report = tmp_path / "report"
     prepare(PrepareConfig(inputs=(str(source),), out_dir=str(report), quiet=True, guard=GuardOptions(
         decontaminate=(str(evaluation), str(lines)), decontaminate_key="question", report_only=True)))

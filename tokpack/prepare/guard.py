@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +38,7 @@ from ..format import GUARD_REMOVED
 from ..options import option
 from .match import firsts, matched
 from .process import roomy_heap
-from .signatures import Reading, Signed, load_unit, sign_unit
+from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
 
 
@@ -177,7 +177,7 @@ class Guard:
         assert self._decided is not None
         return self._decided.record
 
-    def report(self, split: str) -> list[dict[str, Any]]:
+    def report(self, split: str) -> Iterator[dict[str, Any]]:
         """The report of ``split``: each document the guard moved into it or removed from it, or
         found near copies (or copies) of, or evaluation n-grams in, in stored order."""
         self.ready(0)
@@ -198,10 +198,8 @@ class Guard:
         prints = _Rows([s.prints for s in units]) if self.options.near else None
         near, copies = matched(self.out, [s.bands for s in units], [s.docs.column("hash") for s in units], prints,
                                self.options.threshold)
-        hits: dict[int, set[int]] = {}
-        for unit, s in enumerate(units):
-            for doc, found in s.hits.tolist():
-                hits.setdefault(doc + int(docs.offsets[unit]), set()).add(found)
+        hits = np.concatenate([np.empty(0, HIT), *(s.hits for s in units)])
+        hits["doc"] += np.repeat(docs.offsets[:-1], [len(s.hits) for s in units])  # each unit's to the run's
         found = _found(docs.count, near, copies, hits)
         info = docs[found.members]
         starts = np.concatenate([[0], np.cumsum([n for s in units for n in s.slots], dtype=np.int64)])
@@ -224,19 +222,24 @@ class _Found(NamedTuple):
     first: np.ndarray  # each member's first document of its cluster: its own where it has none
     copy: np.ndarray  # a member whose text is a later copy of an earlier one
     clustered: np.ndarray
-    hits: dict[int, set[int]]  # by a member's place in ``members``: the evaluation sets it holds n-grams of
+    hits: np.ndarray  # HIT: (a member's place in ``members``, an evaluation set it holds n-grams of), in order
+    held: np.ndarray  # a member that holds evaluation n-grams
 
 
-def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: dict[int, set[int]]) -> _Found:
+def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: np.ndarray) -> _Found:
     nodes, first = firsts(near, count)  # the near pairs hold the copies too
     copied, original = firsts(copies, count)
-    members = np.union1d(nodes, np.fromiter(hits, np.int64, len(hits)))
+    members = np.union1d(nodes, hits["doc"])
     at = np.searchsorted(members, nodes)
     firsts_of, clustered, copy = members.copy(), np.zeros(len(members), bool), np.zeros(len(members), bool)
     firsts_of[at], clustered[at] = first, True
     copy[np.searchsorted(members, copied)] = original != copied
-    return _Found(members, firsts_of, copy, clustered,
-                  {int(np.searchsorted(members, doc)): sets for doc, sets in hits.items()})
+    hits = hits.copy()
+    hits["doc"] = np.searchsorted(members, hits["doc"])
+    hits = hits[np.lexsort((hits["set"], hits["doc"]))]
+    held = np.zeros(len(members), bool)
+    held[hits["doc"]] = True
+    return _Found(members, firsts_of, copy, clustered, hits, held)
 
 
 class _Outcome(NamedTuple):
@@ -259,23 +262,25 @@ class _Decided:
         self.outcome, self.docs, self.prints = outcome, docs, prints
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
 
-    def rows(self, split: str, files: list[str], sets: list[str]) -> list[dict[str, Any]]:
+    def rows(self, split: str, files: list[str], sets: list[str]) -> Iterator[dict[str, Any]]:
         found, info, why, val = self.outcome
-        ours = val == (split == "val")
-        listed = np.flatnonzero(ours & (found.clustered | np.isin(np.arange(len(val)), list(found.hits))))
+        listed = np.flatnonzero((val == (split == "val")) & (found.clustered | found.held))
         index = self._indexes(split) if self.indexed else None
-        similar = np.ones(len(listed))
-        for at in range(0, len(listed) if self.prints is not None else 0, _ROWS_AT_ONCE):
+        bounds = np.searchsorted(found.hits["doc"], np.arange(len(val) + 1))  # each member's hits
+        for at in range(0, len(listed), _ROWS_AT_ONCE):  # a block at a time: rows are Python objects
             some = listed[at:at + _ROWS_AT_ONCE]
-            similar[at:at + len(some)] = (self.prints[found.members[some]] == self.prints[found.first[some]]).mean(axis=1)
-        return [{"document": int(found.members[d]), "file": files[info["file"][d]],
-                 "own_split": "val" if info["val"][d] else "train",
-                 "index": int(index[d]) if index is not None and not why[d] else None,
-                 "cluster": int(found.first[d]) if found.clustered[d] else None,
-                 "similarity": round(float(sim), 4) if found.clustered[d] else None,
-                 "removed": GUARD_REMOVED[why[d]], **({"evaluation": [sets[i] for i in sorted(found.hits[d])]}
-                                             if d in found.hits else {})}
-                for d, sim in zip(listed.tolist(), similar.tolist())]
+            similar = np.ones(len(some))
+            if self.prints is not None:
+                similar = (self.prints[found.members[some]] == self.prints[found.first[some]]).mean(axis=1)
+            for d, sim in zip(some.tolist(), similar.tolist()):
+                yield {"document": int(found.members[d]), "file": files[info["file"][d]],
+                       "own_split": "val" if info["val"][d] else "train",
+                       "index": int(index[d]) if index is not None and not why[d] else None,
+                       "cluster": int(found.first[d]) if found.clustered[d] else None,
+                       "similarity": round(float(sim), 4) if found.clustered[d] else None,
+                       "removed": GUARD_REMOVED[why[d]],
+                       **({"evaluation": [sets[i] for i in found.hits["set"][bounds[d]:bounds[d + 1]]]}
+                          if found.held[d] else {})}
 
     def _indexes(self, split: str) -> np.ndarray:
         """Each member's index among the documents written to ``split`` (where it is written
@@ -343,11 +348,9 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
         why[found.copy & (why > 0)] = 1  # the same text is a copy, whatever else it is
         record["dedup"]["removed"] = np.bincount(groups[info["file"][why > 0]], minlength=inputs).tolist()
     if options.decontaminate:
-        record["decontaminate"].update(_contaminated(found.hits, val, why > 0, sets, options.report_only))
+        record["decontaminate"].update(_contaminated(found, val, why > 0, sets, options.report_only))
         if not options.report_only:
-            for doc in found.hits:
-                if not val[doc] and not why[doc]:
-                    why[doc] = 3
+            why[found.held & ~val & (why == 0)] = 3
     drop = why > 0
     if options.near_split:  # the documents written into the other split
         record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val & ~drop)),
@@ -356,17 +359,15 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
     return verdicts, why, val, record
 
 
-def _contaminated(hits: dict[int, set[int]], val: np.ndarray, drop: np.ndarray, sets: list[str],
+def _contaminated(found: _Found, val: np.ndarray, drop: np.ndarray, sets: list[str],
                   report_only: bool) -> dict[str, Any]:
     """meta.json's count, for each evaluation file, of the train documents that hold its n-grams
     (and are not dropped as duplicates already)."""
-    found: Counter[int] = Counter()
-    for doc, numbers in hits.items():
-        if not val[doc] and not drop[doc]:
-            found.update(numbers)
+    counted = found.held & ~val & ~drop
+    per_set = np.bincount(found.hits["set"][counted[found.hits["doc"]]], minlength=len(sets))
     word = "found" if report_only else "removed"
-    return {"files": [{"path": path, word: found[i]} for i, path in enumerate(sets)],
-            word: sum(1 for doc in hits if not val[doc] and not drop[doc])}
+    return {"files": [{"path": path, word: int(n)} for path, n in zip(sets, per_set)],
+            word: int(np.count_nonzero(counted))}
 
 
 def _settings(options: GuardOptions) -> dict[str, Any]:

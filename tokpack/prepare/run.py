@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -325,7 +326,7 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
     return meta
 
 
-def _write_report(path: Path, rows: list[dict[str, Any]]) -> FileEntry:
+def _write_report(path: Path, rows: Iterable[dict[str, Any]]) -> FileEntry:
     """A split's guard report, one JSON object a line, put in place before meta.json names it."""
     writer = HashingWriter(path)
     try:
