@@ -7,12 +7,15 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec, write_spec
+from helpers import cli_run, kill, make_chats, paused_at, prepare_cmd, write_jsonl, write_nanochat_spec, write_spec
 from tokpack.bench.chat import chat_documents
 from tokpack.format import SIGN, read_meta
 from tokpack.prepare import PrepareConfig, prepare
@@ -416,3 +419,55 @@ def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, mo
     # Without near-duplicates the text hashes alone are matched: the copies.
     only = match.matched(tmp_path, [b[:, :0] for b in bands], hashes, None, 0.8)
     assert np.array_equal(only[0], spread[1]) and np.array_equal(only[1], spread[1])
+
+
+def _guarded_corpus(tmp_path: Path) -> Path:
+    docs, _ = corpus(700, seed=13)
+    return write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+
+
+GUARDED = ["--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.05", "--workers", "1"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stage", ["signing", "writing"])
+def test_a_guarded_run_killed_resumes_to_the_same_folder_keeping_its_signatures(tmp_path, stage):
+    source = _guarded_corpus(tmp_path)
+    assert main([str(source), "--out-dir", str(tmp_path / "one"), "--quiet", *GUARDED]) == 0
+    out = tmp_path / "out"
+    records = {"signing": ".tokpack-sign-*.json", "writing": ".tokpack-unit-*.json"}[stage]
+    kill(paused_at(prepare_cmd(source, out, *GUARDED), lambda: len(list(out.glob(records))) >= 2))
+    assert not (out / "meta.json").exists()
+    signed = {p.name: p.stat().st_mtime_ns for p in out.glob(".tokpack-sign-*.json")}
+    written = len(list(out.glob(".tokpack-unit-*.json")))
+    assert signed
+    again = paused_at(prepare_cmd(source, out, *GUARDED), lambda: len(list(out.glob(".tokpack-unit-*.json"))) > written)
+    # Paused once it writes a unit: the signatures it found whole were kept, not signed again.
+    assert {n: t for n, t in signed.items() if (out / n).exists() and (out / n).stat().st_mtime_ns == t} == signed
+    os.kill(again.pid, signal.SIGCONT)
+    assert again.wait(timeout=300) == 0, again.stderr.read()[-2000:]
+    assert _files(out) == _files(tmp_path / "one")
+
+
+@pytest.mark.e2e
+def test_a_guarded_run_under_torchrun_is_one_processs_folder(tmp_path):
+    source = _guarded_corpus(tmp_path)
+    assert main([str(source), "--out-dir", str(tmp_path / "one"), "--quiet", *GUARDED]) == 0
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "tokpack.prepare", str(source), "--out-dir", str(tmp_path / "ranks"), "--quiet",
+                           *GUARDED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _files(tmp_path / "ranks") == _files(tmp_path / "one")
+
+
+def test_a_mixtures_epochs_are_repeats_not_duplicates(tmp_path):
+    spec = write_nanochat_spec(tmp_path / "tok")
+    chats = make_chats(60, seed=4)
+    first, second = write_jsonl(tmp_path / "a.jsonl", chats + chats[:5]), write_jsonl(tmp_path / "b.jsonl", chats[30:40])
+    common = [str(first), str(second), "--chat", "nanochat", "--encoding", str(spec), "--quiet",
+              "--mixture", f"{second}=3"]
+    assert main([*common, "--out-dir", str(tmp_path / "mixed"), "--dedup", "exact"]) == 0
+    meta = read_meta(tmp_path / "mixed")
+    # a.jsonl's 5 copies and b.jsonl's 10 (copies of a's) are removed once; b's epochs are not copies.
+    assert meta["guard"]["dedup"]["removed"] == [5, 10]
+    assert meta["chat"]["conversations"] == 60

@@ -86,6 +86,18 @@ def test_conversations_on_ray_are_one_processs_folder(cluster, tmp_path, capsys)
     assert _files(tmp_path / "ray") == _files(tmp_path / "one")
 
 
+@pytest.mark.e2e
+def test_a_guarded_run_on_ray_is_one_processs_folder(cluster, tmp_path, capsys):
+    docs = make_docs(300, seed=8, words=150)
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs + docs[:40]])
+    guarded = ("--near-split", "--dedup", "near", "--unit-mb", "0.02", "--quiet")
+    assert main([str(source), "--out-dir", str(tmp_path / "one"), *guarded]) == 0
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "ray", *guarded, "--processes", "2", "--ray",
+                        cluster)
+    assert code == 0, err
+    assert _files(tmp_path / "ray") == _files(tmp_path / "one") and "train.guard.jsonl" in _files(tmp_path / "one")
+
+
 def _running_tasks():
     """The pids of Ray workers running a prepare task now (Ray names them after the function)."""
     found = []
