@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .minhash import Words, grams, words
+from .minhash import Words, batches, grams, words
 
 _BATCH_CHARS = 1 << 22
 
@@ -47,7 +47,7 @@ class NgramIndex:
         """
         found_hashes, found_sets, shorter = [], [], set()
         for number, texts in sets:
-            for batch in _batches(texts):
+            for batch in batches(texts, _BATCH_CHARS, len):
                 found = words(batch)
                 lengths = {int(c) for c in found.count if 0 < c < ngram}
                 shorter.update(lengths)
@@ -104,16 +104,3 @@ def _runs(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
     hashes, owner = grams(found, n)
     runs = len(hashes) - np.count_nonzero((found.count > 0) & (found.count < n))
     return hashes[:runs], owner[:runs]
-
-
-def _batches(texts: Iterable[str]) -> Iterable[list[str]]:
-    batch: list[str] = []
-    held = 0
-    for text in texts:
-        batch.append(text)
-        held += len(text)
-        if held >= _BATCH_CHARS:
-            yield batch
-            batch, held = [], 0
-    if batch:
-        yield batch

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..chat import messages, tools
 from ..corpus import ReadOptions, documents, parse_record, records
-from ..dedup.minhash import Shingling, sign, words
+from ..dedup.minhash import Shingling, batches, sign, words
 from ..dedup.ngrams import NgramIndex
 from ..format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
 from ..storage.local import open_new, remove_own, tmp_path
@@ -137,7 +137,7 @@ def _sign_reads(reads: list[tuple[str | None, list[Entry]]], reading: Reading, s
     done = 0
     for at, (only, entries) in enumerate(reads):
         count = 0
-        for batch in _batches(documents_of(reading, entries)):
+        for batch in batches(documents_of(reading, entries), _BATCH_CHARS, lambda found: len(found[1])):
             count = batch[-1][0] + 1
             pending.append(pool.submit(_sign, batch, at, only, reading, shingling, index))
             while len(pending) > 2 * workers:
@@ -182,19 +182,6 @@ def _write(signed: tuple[np.ndarray, Any, list[frozenset[int]]], parts: dict[str
     if found:
         parts["hits"].write(np.array(found, dtype=HIT))
     return done + len(docs)
-
-
-def _batches(found: Iterator[tuple[int, str, bytes | None, int]]) -> Iterator[list[tuple[int, str, bytes | None, int]]]:
-    batch: list[tuple[int, str, bytes | None, int]] = []
-    held = 0
-    for item in found:
-        batch.append(item)
-        held += len(item[1])
-        if held >= _BATCH_CHARS:
-            yield batch
-            batch, held = [], 0
-    if batch:
-        yield batch
 
 
 class _Part:
