@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numpy as np
 
@@ -191,20 +191,3 @@ def _densified(bins: np.ndarray) -> np.ndarray:
     taken = np.take_along_axis(bins, nearest % k, axis=1)
     return mix(taken + ((nearest - np.arange(k)).astype(U64) << U64(32)) + _SALT)
 
-
-T = TypeVar("T")
-
-
-def batches(items: Iterable[T], chars: int, size: Callable[[T], int]) -> Iterator[list[T]]:
-    """``items`` in order, in lists of about ``chars`` characters of text (by ``size``): signed or
-    indexed a list at a time, so numpy's work is large and memory bounded."""
-    batch: list[T] = []
-    held = 0
-    for item in items:
-        batch.append(item)
-        held += size(item)
-        if held >= chars:
-            yield batch
-            batch, held = [], 0
-    if batch:
-        yield batch

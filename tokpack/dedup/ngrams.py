@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .minhash import Words, batches, grams, words
+from ..batching import batches
+from .minhash import Words, grams, words
 
 _BATCH_CHARS = 1 << 22
 

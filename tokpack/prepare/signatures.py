@@ -19,11 +19,12 @@ See docs/dedup.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,10 +32,11 @@ import numpy as np
 
 from ..chat import messages, tools
 from ..corpus import ReadOptions, documents, parse_record, records
-from ..dedup.minhash import Shingling, batches, sign, words
+from ..dedup.minhash import Shingling, sign, words
 from ..dedup.ngrams import NgramIndex
 from ..format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
 from ..storage.local import open_new, remove_own, tmp_path
+from ..tokenizer import encoded_batches
 from .cluster import Entry
 from .holdout import Holdout, Rule, conversation_hash, document_hash, document_key, hash_small
 from .input_hash import input_sha256
@@ -109,13 +111,13 @@ def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | 
     """Sign the documents of ``unit`` (its input ``share``, read as ``reads``) into its files in
     ``out``, the record last; the share's sha256 is taken beside, as the unit's record takes it."""
     stop = threading.Event()
-    with ThreadPoolExecutor(1) as hashing, ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(1) as hashing:
         digest = hashing.submit(input_sha256, share, stop)
         parts: dict[str, Any] = {}
         try:
             for name in ("docs", "prints", "bands", "hits"):
                 parts[name] = _Part(out / SIGN.format(unit, name))
-            slots = _sign_reads(reads, reading, shingling, index, pool, workers, parts)
+            slots = _sign_reads(reads, reading, shingling, index, workers, parts)
             files = {name: part.close() for name, part in parts.items()}
             record = {"fingerprint": fingerprint, "unit": unit, "input_sha256": digest.result(), "slots": slots,
                       "files": files}
@@ -130,21 +132,19 @@ def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | 
 
 
 def _sign_reads(reads: list[tuple[str | None, list[Entry]]], reading: Reading, shingling: Shingling | None,
-                index: NgramIndex | None, pool: ThreadPoolExecutor, workers: int, parts: dict[str, Any]) -> list[int]:
-    """Each read's documents signed in ``pool``, in batches, written in order; how many numbers each read gave out."""
+                index: NgramIndex | None, workers: int, parts: dict[str, Any]) -> list[int]:
+    """Each read's documents signed in ``workers`` threads, in batches, written in order; how many
+    numbers each read gave out."""
     slots = []
-    pending: list[Future[Any]] = []
     done = 0
     for at, (only, entries) in enumerate(reads):
         count = 0
-        for batch in batches(documents_of(reading, entries), _BATCH_CHARS, lambda found: len(found[1])):
+        signing = functools.partial(_sign, read=at, only=only, reading=reading, shingling=shingling, index=index)
+        for batch, signed in encoded_batches(documents_of(reading, entries), signing, workers, _BATCH_CHARS,
+                                             2 * workers, size=lambda found: len(found[1])):
             count = batch[-1][0] + 1
-            pending.append(pool.submit(_sign, batch, at, only, reading, shingling, index))
-            while len(pending) > 2 * workers:
-                done = _write(pending.pop(0).result(), parts, done)
+            done = _write(signed, parts, done)
         slots.append(count)
-    for future in pending:
-        done = _write(future.result(), parts, done)
     return slots
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import regex
 import tiktoken
 
+from ..batching import batches
 from ..format import load_json
 from .bpe import TiktokenEncoder
 from .encoder import Encoder
@@ -255,19 +256,11 @@ def encoded_batches(stream: Iterator[P], encode: Callable[[list[P]], R], workers
     # batches in flight keeps memory flat however large the corpus is.
     pending: list[tuple[list[P], Future[R]]] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="tokpack-encode") as pool:
-        batch: list[P] = []
-        chars = 0
-        for item in stream:
-            batch.append(item)
-            chars += size(item)
-            if chars >= batch_chars:
-                pending.append((batch, pool.submit(encode, batch)))
-                batch, chars = [], 0
-                if len(pending) > in_flight:
-                    done, future = pending.pop(0)
-                    yield done, future.result()
-        if batch:
+        for batch in batches(stream, batch_chars, size):
             pending.append((batch, pool.submit(encode, batch)))
+            if len(pending) > in_flight:
+                done, future = pending.pop(0)
+                yield done, future.result()
         for done, future in pending:
             yield done, future.result()
 
