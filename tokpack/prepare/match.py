@@ -2,12 +2,12 @@
 unit's signatures, with memory bounded by disk rather than by the number of documents.
 
 Each document's band hashes, and its text's hash as one more band (copies), are routed to spill
-files by band and hash range (the hashes are uniform, so each file holds an even share, about
-64 MB); then one file at a time is sorted, and in each bucket of equal hashes every document is
-compared with the bucket's first and with the one before it (``clusters.candidates``), a band's
-pair joined where enough of its fingerprints agree, a text hash's pair joined as a copy. In memory
-at once: one spill file's entries and the joined pairs (a few per duplicated document), never an
-array a document.
+files by band and hash range (the hashes are uniform, so each file holds an even share; a file
+over 8 MB is routed again, by finer ranges); then one file at a time is sorted, and in each
+bucket of equal hashes every document is compared with the bucket's first and with the one
+before it (``clusters.pairs_of``), a band's pair joined where enough of its fingerprints agree, a
+text hash's pair joined as a copy. In memory at once: one spill file's entries and the joined
+pairs (a few per duplicated document), never an array a document.
 
 Cost: O(documents x bands) written and read once, 18 bytes an entry on disk while matching
 (594 bytes a document at 32 bands), removed when done; O(pairs) to join them into clusters.

@@ -262,23 +262,21 @@ class Stored:
     def __getitem__(self, rows: slice | np.ndarray) -> np.ndarray:
         if isinstance(rows, slice):
             lo, hi, _ = rows.indices(len(self))
-            rows = np.arange(lo, max(lo, hi))
-            contiguous = True
+            count = max(hi - lo, 0)
         else:
-            contiguous = False
-        if not len(rows) or not self.row:
-            out = np.empty((len(rows), *self.shape[1:]), self.dtype)
-            return out[self.field] if self.field else out
-        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if contiguous:
-                f.seek(int(rows[0]) * self.row * self.dtype.itemsize)
-                out = np.fromfile(f, self.dtype, count=len(rows) * self.row).reshape(-1, *self.shape[1:])
-            else:  # read row by row: a mapping would fault in 64 KB around every row
-                wanted, back = np.unique(rows, return_inverse=True)
-                size = self.row * self.dtype.itemsize
-                data = b"".join(os.pread(f.fileno(), size, row * size) for row in wanted.tolist())
-                out = np.frombuffer(data, self.dtype).reshape(-1, *self.shape[1:])[back]
+            count = len(rows)
+        size = self.row * self.dtype.itemsize
+        out = np.empty((count, *self.shape[1:]), self.dtype)
+        if count and size:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if isinstance(rows, slice):
+                    f.seek(lo * size)
+                    out = np.fromfile(f, self.dtype, count=count * self.row).reshape(out.shape)
+                else:  # row by row: a mapping would fault in 64 KB around every row
+                    wanted, back = np.unique(rows, return_inverse=True)
+                    data = b"".join(os.pread(f.fileno(), size, row * size) for row in wanted.tolist())
+                    out = np.frombuffer(data, self.dtype).reshape(-1, *self.shape[1:])[back]
         return out[self.field] if self.field else out
 
 
