@@ -125,16 +125,26 @@ def _pgid(pid):
 
 
 def _started_with_a_unit_done(cmd, out):
-    """``cmd`` started in a process group of its own, returned once a unit is recorded, with
-    units still to do; a run that ends first is started again, three times at most."""
+    """``cmd`` started in a process group of its own, returned once a unit is recorded and its
+    files renamed (a unit writes its record first), with units still to do; a run that ends first
+    is started again, three times at most."""
     for _ in range(3):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        while proc.poll() is None and not (out.is_dir() and any(out.glob(UNIT_RECORD_GLOB))):
+        while proc.poll() is None and not (out.is_dir() and any(map(_renamed, out.glob(UNIT_RECORD_GLOB)))):
             time.sleep(0.002)
         if proc.poll() is None and len(list(out.glob(UNIT_RECORD_GLOB))) < 8:
             return proc
         proc.communicate()
     pytest.fail(f"{' '.join(cmd)} never stood with a unit done and others to do")
+
+
+def _renamed(record) -> bool:
+    """Whether a unit record's shards stand at their names."""
+    try:
+        parts = json.loads(record.read_text())["splits"].values()
+    except (OSError, ValueError):
+        return False
+    return all((record.parent / shard["file"]).is_file() for part in parts for shard in part["info"]["shards"])
 
 
 @pytest.mark.e2e
@@ -170,7 +180,7 @@ def test_a_unit_damaged_while_the_run_goes_on_is_one_line_and_redone(corpus, tmp
     cmd = prepare_cmd(corpus, out, *options, "--processes", "2")
     proc = _started_with_a_unit_done(cmd, out)
     os.killpg(proc.pid, signal.SIGSTOP)  # the whole run held while a finished unit's file is cut short
-    record = json.loads(next(out.glob(UNIT_RECORD_GLOB)).read_text())
+    record = json.loads(next(filter(_renamed, out.glob(UNIT_RECORD_GLOB))).read_text())
     shard = out / record["splits"]["train"]["info"]["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-2])
     os.killpg(proc.pid, signal.SIGCONT)
