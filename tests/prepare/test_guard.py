@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import cli_run, kill, make_chats, paused_at, prepare_cmd, write_jsonl, write_nanochat_spec, write_spec
+from helpers import (cli_run, kill, make_chats, make_docs, paused_at, prepare_cmd, write_jsonl, write_nanochat_spec,
+                     write_spec)
 from tokpack.bench.chat import chat_documents
 from tokpack.format import SIGN, read_meta
 from tokpack.prepare import PrepareConfig, prepare
@@ -477,3 +478,16 @@ def test_a_mixtures_epochs_are_repeats_not_duplicates(tmp_path):
     # a.jsonl's 5 copies and b.jsonl's 10 (copies of a's) are removed once; b's epochs are not copies.
     assert meta["guard"]["dedup"]["removed"] == [5, 10]
     assert meta["chat"]["conversations"] == 60
+
+
+def test_the_splits_own_val_may_be_named_as_an_evaluation_set(tmp_path):
+    docs = make_docs(80, seed=22, words=60)
+    leaked = "As quoted: " + docs[70]
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in docs[:60] + [leaked]])
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in docs[60:]])
+    out = tmp_path / "out"
+    assert main([str(train), str(val), "--val-inputs", str(val), "--decontaminate", str(val), "--out-dir", str(out),
+                 "--quiet"]) == 0
+    meta = read_meta(out)
+    assert meta["guard"]["decontaminate"]["removed"] == 1 and meta["splits"]["val"]["documents"] == 20
+    assert meta["splits"]["train"]["documents"] == 60  # the leaked one removed, val whole
