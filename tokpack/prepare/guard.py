@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -144,13 +144,20 @@ class Guard:
             if self._decided is not None:
                 return
             count = len(self.units)
+            signed: dict[int, Signed] = {}
             with roomy_heap():
                 for u in [*range(unit, count), *range(unit)]:
-                    if self._load(u) is None:
+                    found = self._load(u)
+                    if found is None:
                         share, reads = self.units[u]
                         sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
                                   self.fingerprint)
-            self._decided = self._decide()
+                        found = self._load(u)
+                    if found is None:
+                        raise ValueError(f"the signatures of {self.out} changed while the run read them; run the "
+                                         "same command again")
+                    signed[u] = found
+            self._decided = self._decide([signed[u] for u in range(count)])
 
     def split(self, read: int, doc: int, own: str) -> str | None:
         """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
@@ -189,11 +196,7 @@ class Guard:
         return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e[0]] for e in share},
                          len(self.sets))
 
-    def _decide(self) -> _Decided:
-        signed = [self._load(u) for u in range(len(self.units))]
-        if any(s is None for s in signed):
-            raise ValueError(f"the signatures of {self.out} changed while the run read them; run the same command again")
-        units = [s for s in signed if s is not None]
+    def _decide(self, units: list[Signed]) -> _Decided:
         docs = _Rows([s.docs for s in units])
         prints = _Rows([s.prints for s in units]) if self.options.near else None
         near, copies = matched(self.out, [s.bands for s in units], [s.docs.column("hash") for s in units], prints,
@@ -294,17 +297,16 @@ class _Decided:
 
 
 class _Rows:
-    """The arrays of every unit as one array of rows, read where they lie (memory maps) by index."""
+    """The arrays of every unit (``signatures.Stored``) as one array of rows, read by index."""
 
     def __init__(self, parts: list[np.ndarray]):
         self.parts = parts
         self.offsets = np.cumsum([0] + [len(p) for p in parts])
         self.count = int(self.offsets[-1])
-        self.shape = (self.count, *(parts[0].shape[1:] if parts else ()))
+        self.shape = (self.count, *parts[0].shape[1:])  # a run has a unit at least
 
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
-        out = np.empty((len(rows), *self.parts[0].shape[1:]) if self.parts else (len(rows),),
-                       dtype=self.parts[0].dtype if self.parts else np.uint8)
+        out = np.empty((len(rows), *self.shape[1:]), dtype=self.parts[0].dtype)
         unit = np.searchsorted(self.offsets, rows, side="right") - 1
         for u in np.unique(unit):
             at = unit == u

@@ -63,8 +63,9 @@ def matched(folder: Path, bands: list[Rows], hashes: list[Rows], prints: Rows | 
                          count * width * ENTRY.itemsize / _SPILL_BYTES, written)
         while pending:
             path, lo, hi = pending.pop()
-            if path.stat().st_size > _SPILL_BYTES and hi - lo > 1:
-                pending += _route(folder, _read(path), lo, hi, path.stat().st_size / _SPILL_BYTES, written)
+            size = path.stat().st_size
+            if size > _SPILL_BYTES and hi - lo > 1:
+                pending += _route(folder, _read(path), lo, hi, size / _SPILL_BYTES, written)
                 remove_own(path)
                 continue
             entries = np.concatenate([np.empty(0, ENTRY), *_read(path)])
