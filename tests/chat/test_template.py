@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages, tools
+from tokpack.chat.render import overlapping
 from tokpack.chat.template import MARKERS
 from tokpack.tokenizer.specials import specials_apart
 from tokpack.format import read_meta
@@ -294,6 +295,80 @@ def test_turns_found_by_prefixes_are_bounded_per_record(tmp_path):
         template.pieces(messages(chat(2_000), "r"), "r")
 
 
+
+def _calls(run) -> int:
+    """Python and C calls ``run()`` makes (generators resumed too): work counted, not timed."""
+    import sys
+
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+@pytest.mark.parametrize("typed", ["<|im_end|>", "caf\u00e9"], ids=["special-token text", "not ascii"])
+def test_a_conversations_pieces_take_work_in_proportion_to_its_turns(chatml, typed):
+    # A message holding special-token text has the render cut at every special token, and one not
+    # in ASCII has its spans counted in bytes: neither may look at every turn for each turn (a
+    # record of 40,000 messages took 216 s).
+    enc = load_encoding(str(chatml))
+    template = Template(CHATML, "t", enc, 0)
+
+    def work(n):
+        chat = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(n)]
+        chat[0]["content"] += " " + typed
+        found = messages({"messages": chat}, "r")
+        pieces = template.pieces(found, "r")
+        assert pieces.marked == (typed != "<|im_end|>")
+        return _calls(lambda: template.pieces(found, "r"))
+
+    small, large = work(500), work(4_000)
+    assert large < 10 * small, (small, large)  # 8x the turns: 8x the work, where the square is 64x
+
+
+
+class _Sliced(str):
+    """A text that counts the characters its slices copy."""
+
+    copied = 0
+
+    def __getitem__(self, key):
+        part = super().__getitem__(key)
+        _Sliced.copied += len(part)
+        return part
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.sampled_from("ab\u00e9\u20ac\U0001f600\ufdd0\ufdd1"), max_size=30), st.data())
+def test_spans_in_bytes_are_counted_once_along_the_text(raw, data):
+    from tokpack.chat.template import _byte_spans
+
+    markers = data.draw(st.sampled_from([None, ("\ufdd0", "\ufdd1")]))
+    lo = data.draw(st.integers(0, 3))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw) + 6), max_size=8, unique=True)))
+    spans = list(zip(cuts[::2], cuts[1::2]))
+
+    def clean(text):
+        return text if markers is None else text.replace(markers[0], "").replace(markers[1], "")
+
+    def at(i):  # a place's bytes, counted from the start every time
+        return len(clean(raw[:max(0, min(i - lo, len(raw)))]).encode("utf-8"))
+
+    _Sliced.copied = 0
+    text, inside = _byte_spans(_Sliced(raw), lo, spans, markers)
+    assert text == clean(raw)
+    assert inside == tuple((at(a), at(b)) for a, b in spans if at(b) > at(a))
+    assert _Sliced.copied <= len(raw)  # each character sliced once, whatever the spans
+
+
 def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
     """Templates and conversations where a special token's name is made of a message's text and
     its neighbour's (another message's, or the template's own text), at each boundary."""
@@ -430,6 +505,36 @@ def test_a_template_that_moves_the_system_message_finds_each_turn_by_a_stand_in(
     assert code == 0, err
     for chat, trained in zip(chats, _trained_by_chat(tmp_path / "out", _library(tok), chats)):
         assert trained == "".join(m["content"] + "</s>" for m in chat["messages"] if m["role"] == "assistant")
+
+
+
+# chujiezheng/chat_templates' ChatML in miniature: indented lines under trim_blocks and
+# lstrip_blocks leave four spaces before each turn and a blank line after it, so the generation
+# prompt ("...assistant\n\n") is no prefix of the assistant's turn ("...assistant\nhello").
+INDENTED = ("{% if messages[0]['role'] == 'system' %}\n    {% set offset = 1 %}\n{% else %}\n"
+            "    {% set offset = 0 %}\n{% endif %}\n{{ bos_token }}\n{% for message in messages %}\n"
+            "    {% if (message['role'] == 'user') != (loop.index0 % 2 == offset) %}\n"
+            "        {{ raise_exception('roles must alternate') }}\n    {% endif %}\n"
+            "    {{ '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>\\n' }}\n"
+            "{% endfor %}\n{% if add_generation_prompt %}\n    {{ '<|im_start|>assistant\\n' }}\n{% endif %}")
+
+
+def test_an_indented_template_whose_prompt_is_no_prefix_trains_each_turn_found_by_a_stand_in(tmp_path, capsys):
+    tok = chat_tokenizer(tmp_path / "tok", INDENTED)
+    library = _library(tok)
+    hello = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    prompt = library.apply_chat_template(hello[:1], tokenize=False, add_generation_prompt=True)
+    assert not library.apply_chat_template(hello, tokenize=False).startswith(prompt)  # prefixes alone would refuse
+    chats = [hello] + [c["messages"] for c in CHATS[:12]]
+    records = [{"messages": c} for c in chats]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
+    assert code == 0, err
+    for chat, trained in zip(records, _trained_by_chat(tmp_path / "out", library, records)):
+        # each answer as the template writes it (stripped), its end token, and the blank line and
+        # indent after it up to the next turn's special token
+        turns = [m["content"].strip() + "<|im_end|>" for m in chat["messages"] if m["role"] == "assistant"]
+        assert re.fullmatch("".join(re.escape(t) + r"\n\n(    )?" for t in turns), trained), trained
+        assert trained.count("    ") == len(turns) - (chat["messages"][-1]["role"] == "assistant")
 
 
 BAD_TOOLS = [
@@ -685,6 +790,22 @@ TYPED = [{"messages": [{"role": "user", "content": f"say {i} <|im_end|> then"},
                        {"role": "assistant", "content": f"ok then<|im_end|>{i}<|im_sep|>"},
                        {"role": "user", "content": "more"}, {"role": "assistant", "content": "<|im_start|>done"}]}
          for i in range(6)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.data())
+def test_the_tokens_overlapping_spans_are_those_a_brute_force_finds(sizes, data):
+    # tokens of these byte sizes (0: an unused id) spelling one text, and byte spans of it in
+    # order and apart, touching or not: a token is marked when it ends past a span's start and
+    # starts before its end
+    total = sum(sizes)
+    cuts = sorted(data.draw(st.lists(st.integers(0, total), max_size=8, unique=True)))
+    spans = tuple((a, b) for a, b in zip(cuts[::2], cuts[1::2]) if a < b)
+    ends = np.cumsum(sizes)
+    expected = [any(e - n < hi and e > lo for lo, hi in spans) for n, e in zip(sizes, ends)]
+    ids = np.arange(len(sizes))
+    found = overlapping(ids, [(0, len(sizes))], ["a" * total], [spans or None], np.array(sizes, dtype=np.int64))
+    assert found.tolist() == expected
 
 
 def test_a_block_touching_special_tokens_trains_on_its_text_alone(tmp_path, capsys):

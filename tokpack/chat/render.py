@@ -127,7 +127,7 @@ def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str]
     if not marked:
         return _EMPTY
     texts = [c.texts[0] for c in marked]
-    if max(map(len, texts)) > CHUNK_CHARS and enc.can_cut:
+    if sum(map(len, texts)) > CHUNK_CHARS:
         ids, bounds = _in_chunks(enc, texts, lambda chunks: enc.encode_marked(chunks, marks))
     else:
         ids, bounds = enc.encode_marked(texts, marks, [len(c.leads[0]) for c in marked])
@@ -148,7 +148,7 @@ def _encode_pieces(enc: Encoder, conversations: list[ChatPieces],
     if not texts:
         return _EMPTY
     leads = list(itertools.chain.from_iterable(conversation.leads for conversation in conversations))
-    long = max(map(len, texts)) > CHUNK_CHARS and enc.can_cut
+    long = sum(map(len, texts)) > CHUNK_CHARS
     ids, layout = with_leads(*(_in_chunks(enc, texts, enc.encode_flat) if long else enc.encode_flat(texts)), leads)
     mask = masks(ids, layout, conversations).view(MASK_DTYPE)
     last = np.cumsum(np.fromiter((len(c.texts) for c in conversations), dtype=np.int64, count=len(conversations)))
@@ -198,45 +198,54 @@ def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
                 spans: list[tuple[tuple[int, int], ...] | None], sizes: np.ndarray) -> np.ndarray:
     """Whether each of ``ids`` (texts' tokens laid end to end, text i's at ``ranges[i]``)
     overlaps one of its text's ``spans`` (byte ranges of it, in order, apart): every text's spans
-    moved to where its bytes start, found in one pass. The tokens of a text with spans must spell
-    it byte for byte."""
-    size = sizes[np.asarray(ids, dtype=np.int64)]
-    ends = np.cumsum(size)
-    starts = ends - size
+    moved to where its bytes start, and each span's first and last token found by bisection in
+    the tokens' ends. One int64 array of the ids' length (a text of hundreds of MB is millions of
+    tokens); O(tokens + spans x log tokens). The tokens of a text with spans must spell it byte for
+    byte."""
+    ends = sizes[np.asarray(ids, dtype=np.int64)]
+    np.cumsum(ends, out=ends)  # token j's bytes are [ends[j - 1], ends[j])
     found = []
     for (a, b), text, inside in zip(ranges, texts, spans):
         if not inside:
             continue
-        first, spelled = (int(starts[a]), int(ends[b - 1] - starts[a])) if a < b else (0, 0)
+        first = int(ends[a - 1]) if a else 0
+        spelled = int(ends[b - 1]) - first if a < b else 0
         if spelled != len(text.encode("utf-8", "surrogatepass")):
             raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
                              f"byte-level BPE) to find the assistant's tokens; this one spells {text[:40]!r} "
                              "otherwise")
         found += [(lo + first, hi + first) for lo, hi in inside]
-    lo, hi = np.array(found, dtype=np.int64).reshape(-1, 2).T
-    after = np.searchsorted(hi, starts, side="right")  # the first span ending after each token starts
-    inside_any = after < len(hi)
-    inside_any[inside_any] = lo[after[inside_any]] < ends[inside_any]
-    return inside_any
+    mask = np.zeros(len(ends) + 1, dtype=np.int8)
+    if found:
+        lo, hi = np.array(found, dtype=np.int64).reshape(-1, 2).T
+        # A token overlaps [lo, hi) when it ends past lo and starts before hi: both bounds rise
+        # with the spans, so touching runs of tokens join into runs apart, marked +1 and -1.
+        first, stop = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="left") + 1
+        apart = np.concatenate(([True], first[1:] > stop[:-1]))
+        mask[first[apart]] = 1
+        mask[stop[np.concatenate((np.flatnonzero(apart)[1:] - 1, [len(stop) - 1]))]] = -1
+    del ends
+    return np.cumsum(mask[:-1], dtype=np.int8).view(bool)
 
 
-# A text longer than this is encoded a piece at a time, cut where the tokens stay the same: a
-# tokenizer library's own objects for a whole message of hundreds of MB take tens of times its size.
+# Texts are encoded this many characters a call at most, a text longer than this cut where the
+# tokens stay the same: a tokenizer library's own objects for a message of hundreds of MB, or for
+# a million messages of one record, take tens of times their size.
 CHUNK_CHARS = 1 << 20
 
 
 def _in_chunks(enc: Encoder, texts: list[str],
                encode: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """``encode(texts)`` (ids laid end to end, and each text's offsets) for an encoder that can cut
-    (``Encoder.can_cut``), with every text longer than ``CHUNK_CHARS`` cut at the points
-    ``safe_cut`` finds and encoded about ``CHUNK_CHARS`` at a time: the same ids, in memory bounded
-    by a chunk."""
+    """``encode(texts)`` (ids laid end to end, and each text's offsets) about ``CHUNK_CHARS`` at a
+    time: the same ids, in memory bounded by a call's. Where the encoder can cut
+    (``Encoder.can_cut``), a text longer than ``CHUNK_CHARS`` is cut at the points ``safe_cut``
+    finds; else it is one call."""
     from ..tokenizer import safe_cut
 
     chunks, owner = [], []
     for i, text in enumerate(texts):
         at = 0
-        while len(text) - at > CHUNK_CHARS:
+        while enc.can_cut and len(text) - at > CHUNK_CHARS:
             cut = safe_cut(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
             if cut <= at:  # no safe point in reach: the rest whole
                 break

@@ -25,6 +25,7 @@ See docs/chat.md.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -57,6 +58,7 @@ STEPS = 100_000
 STEP_GROWTH = 4
 OUTPUT_CHARS = 1 << 20  # characters a render may have beyond GROWTH a character of its conversation
 GROWTH = 8
+JOIN_BLOCKS = 1024  # a render's blocks held apart at most: the rest joined
 # Characters and steps the prefix renders of one record may take together (about 5 s): a template
 # without {% generation %} renders two prefixes an assistant turn.
 PREFIX_WORK = 1 << 25
@@ -492,22 +494,40 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+class _Spans:
+    """Spans in order and apart (``_merged``'s), those meeting a stretch found by bisection: a
+    conversation of a million turns cut at millions of special tokens stays O(its size)."""
+
+    def __init__(self, spans: list[tuple[int, int]]):
+        self.spans, self._ends = spans, [end for _, end in spans]
+
+    def meeting(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The spans that overlap [lo, hi)."""
+        i = bisect.bisect_right(self._ends, lo)
+        out = []
+        while i < len(self.spans) and self.spans[i][0] < hi:
+            out.append(self.spans[i])
+            i += 1
+        return out
+
+
 def _byte_spans(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> tuple[
         str, tuple[tuple[int, int], ...]]:
-    """A stretch of the rendered text (starting at ``lo``) without markers, and the spans that
-    fall in it as byte ranges of that text."""
+    """A stretch of the rendered text (starting at ``lo``) without markers, and ``spans`` (in
+    order and apart) that fall in it as byte ranges of that text: each boundary's bytes counted
+    from the one before, O(stretch)."""
 
     def clean(text: str) -> str:
         return text if markers is None else text.replace(markers[0], "").replace(markers[1], "")
 
     one_byte = markers is None and raw.isascii()  # a character a byte: no prefix to encode
-
-    def at(i: int) -> int:
-        i = max(0, min(i - lo, len(raw)))
-        return i if one_byte else len(clean(raw[:i]).encode("utf-8", "surrogatepass"))
-
-    inside = tuple((at(s), at(e)) for s, e in spans if s < lo + len(raw) and e > lo)
-    return clean(raw), tuple((s, e) for s, e in inside if e > s)
+    places = [max(0, min(i - lo, len(raw))) for span in spans for i in span]
+    if not one_byte:
+        done, size = 0, 0
+        for k, i in enumerate(places):
+            size += len(clean(raw[done:i]).encode("utf-8", "surrogatepass"))
+            places[k], done = size, i
+    return clean(raw), tuple((s, e) for s, e in zip(places[::2], places[1::2]) if e > s)
 
 
 class Template:
@@ -549,13 +569,19 @@ class Template:
         """The rendered text of ``found`` (and ``tools``) and its generation spans (character
         ranges); ``size``, the characters of the conversation, sets how far the render may go."""
         self.env.start(size)
-        blocks = []
+        # A render's blocks joined a group at a time: a record of a million messages writes
+        # millions of small strings, each dozens of bytes of object beside its text.
+        blocks: list[str] = []
+        joined: list[str] = []
         try:
             for block in self.compiled.generate(messages=found, tools=tools, documents=None,
                                                 add_generation_prompt=prompt, **self.variables):
                 if " at 0x" in block and _ADDRESS.search(block):
                     raise TemplateError("writes an object's memory address, which differs run to run")
                 blocks.append(block)
+                if len(blocks) == JOIN_BLOCKS:
+                    joined.append("".join(blocks))
+                    blocks.clear()
                 self.env.written += len(block)
                 if self.env.written > self.env.limit:
                     raise TemplateError(f"renders more than {self.env.limit:,} characters")
@@ -565,7 +591,8 @@ class Template:
         except Exception as exc:  # a template is code: whatever it raises is this record's error
             raise bad_record(where, f"makes the chat template {self.origin} fail: "
                              f"{type(exc).__name__}: {exc}") from None
-        return "".join(blocks), self.env.spans
+        joined.append("".join(blocks))
+        return "".join(joined), self.env.spans
 
     def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int,
                       tools: list[Any] | None) -> list[tuple[int, int]]:
@@ -649,9 +676,9 @@ class Template:
         if markers is None and self._apart:  # every special token's text in it is the template's
             lead = [self.specials[m.group(2)] for m in typed.finditer(text)]  # no tuple a token held at once
             return ChatPieces([text], [lead], [PieceMask([], 0, _byte_spans(text, 0, spans, None)[1])], marked=True)
-        return self._split(text, spans, markers)
+        return self._split(text, _Spans(spans), markers)
 
-    def _split(self, text: str, spans: list[tuple[int, int]], markers: tuple[str, str] | None) -> ChatPieces:
+    def _split(self, text: str, spans: _Spans, markers: tuple[str, str] | None) -> ChatPieces:
         """The rendered text cut at the special tokens the template wrote."""
         out = ChatPieces([], [], [])
         lead, lead_mask, lo = [], [], 0
@@ -660,13 +687,13 @@ class Template:
                 continue
             start, end = m.span(2)
             if start > lo:
-                self._add(out, text[lo:start], lo, spans, markers, lead, lead_mask)
+                self._add(out, text[lo:start], lo, spans.meeting(lo, start), markers, lead, lead_mask)
                 lead, lead_mask = [], []
             lead.append(self.specials[m.group(2)])
-            lead_mask.append(int(any(s < end and e > start for s, e in spans)))
+            lead_mask.append(int(bool(spans.meeting(start, end))))
             lo = end
         if lo < len(text):
-            self._add(out, text[lo:], lo, spans, markers, lead, lead_mask)
+            self._add(out, text[lo:], lo, spans.meeting(lo, len(text)), markers, lead, lead_mask)
             lead, lead_mask = [], []
         self._add(out, "", 0, [], None, lead, lead_mask)
         return out
@@ -674,7 +701,8 @@ class Template:
     @staticmethod
     def _add(out: ChatPieces, raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[str, str] | None,
              lead: list[int], lead_mask: list[int]) -> None:
-        """One text of the rendered text (at ``lo`` in it, its markers still in) and its lead into ``out``."""
+        """One text of the rendered text (at ``lo`` in it, its markers still in), with the spans that
+        meet it, and its lead into ``out``."""
         text, inside = _byte_spans(raw, lo, spans, markers)
         out.texts.append(text)
         out.leads.append(lead)
