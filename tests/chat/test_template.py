@@ -721,6 +721,47 @@ def test_where_the_template_comes_from(chatml, tmp_path, capsys):
     assert code == 2 and "applies to --chat template" in err, err
 
 
+def test_a_template_or_config_that_links_out_of_its_folder_is_refused(tmp_path, capsys):
+    # A template's text becomes training data: a link in a downloaded folder to a file of the
+    # user's would copy that file into the tokens.
+    source = _inputs(tmp_path, CHATS[:6])
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.jinja").write_text("{{ 'the user key' }}" + CHATML)
+    (secret / "config.json").write_text(json.dumps({"chat_template": CHATML, "bos_token": "the user key"}))
+    for name, target in (("chat_template.jinja", "key.jinja"), ("tokenizer_config.json", "config.json")):
+        tok = chat_tokenizer(tmp_path / name)
+        (tok / name).unlink(missing_ok=True)
+        (tok / name).symlink_to(secret / target)
+        code, err = _prepare(capsys, source, tok, tmp_path / f"{name}-out")
+        assert code == 2 and f"{tok / name} is a link to {secret / target}, outside its folder" in err, err
+        assert "\n" not in err.strip() and not (tmp_path / f"{name}-out").exists()
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "t.jinja").symlink_to(secret / "key.jinja")
+    code, err = _prepare(capsys, source, chat_tokenizer(tmp_path / "plain"), tmp_path / "t-out", "--chat-template",
+                         tmp_path / "templates" / "t.jinja")
+    assert code == 2 and "outside its folder" in err, err
+    # A link within its folder, and a Hugging Face cache's snapshot (every file a link into the
+    # repository's blobs), are read: the same tokens as the files themselves.
+    repo = tmp_path / "hub" / "models--org--chat"
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    real = chat_tokenizer(tmp_path / "real")
+    for file in sorted(real.iterdir()):
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (real / "chat_template.jinja").write_text(CHATML)
+    (real / "moved.jinja").symlink_to("chat_template.jinja")  # beside it
+    code, err = _prepare(capsys, source, real, tmp_path / "real-out", "--chat-template", real / "moved.jinja")
+    assert code == 0, err
+    code, err = _prepare(capsys, source, snapshot, tmp_path / "hub-out")
+    assert code == 0, err
+    assert sorted(_every(tmp_path / "hub-out")) == sorted(_every(tmp_path / "real-out"))
+    assert sorted(_every(tmp_path / "hub-out")) == sorted(_every_chatml(real, CHATS[:6]))
+
+
 def test_a_template_passed_as_a_file_gets_the_tokenizers_special_tokens(tmp_path, capsys):
     tok = chat_tokenizer(tmp_path / "tok", template=None)  # bos <|endoftext|>, eos <|im_end|>, no template
     template = "{{ bos_token }}" + CHATML + "{{ eos_token }}"

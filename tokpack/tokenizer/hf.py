@@ -29,6 +29,7 @@ from ..format import load_json
 from .bpe import gpt2_byte_decoder
 from .encoder import encode_marked_stretches, flat_lists
 from .fast import without_surrogates
+from .templates import read_template, refuse_links_out, template_source
 from .vocab import read_file
 
 
@@ -156,6 +157,7 @@ class HFEncoder:
         if not config.is_file():
             return {}
         fix = "fix it, or move it away from the tokenizer"
+        refuse_links_out(config, "tokenizer config")
         settings = load_json(read_file(config, "tokenizer config", fix), str(config), fix)
         if not isinstance(settings, dict):
             raise ValueError(f"{config} holds {type(settings).__name__}, not a JSON object; {fix}")
@@ -163,8 +165,6 @@ class HFEncoder:
 
     def chat_template(self) -> tuple[str, str] | None:
         """chat_template.jinja beside the tokenizer, else its config's ``chat_template``."""
-        from .templates import read_template, template_source
-
         file = self.file.parent / TEMPLATE_FILE
         if file.is_file():
             return read_template(file), str(file)

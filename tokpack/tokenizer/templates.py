@@ -28,9 +28,27 @@ def template_source(settings: Mapping[str, Any], where: str) -> str | None:
                      "pass the template with --chat-template FILE")
 
 
+def refuse_links_out(path: Path, what: str) -> None:
+    """Refuse ``path`` where it is a link to a file outside its folder. A template's text and a
+    config's special tokens become training data: a link in a downloaded folder to a file of the
+    user's (a key, a password file) would copy that file into the tokens. A Hugging Face cache's
+    snapshot files are links into the ``blobs`` folder of the same repository, and are read."""
+    if not path.is_symlink():
+        return
+    target, folder = path.resolve(), path.parent.resolve()
+    snapshots = folder.parent
+    inside = [folder]
+    if snapshots.name == "snapshots" and snapshots.parent.name.startswith(("models--", "datasets--")):
+        inside.append(snapshots.parent / "blobs")
+    if not any(target.is_relative_to(place) for place in inside):
+        raise ValueError(f"{what} {path} is a link to {target}, outside its folder; a folder's files are its own: "
+                         "copy the file in, or name the file itself")
+
+
 def read_template(path: Path) -> str:
     """The template in a file: a tokenizer_config.json's ``chat_template``, or a template's text."""
     fix = "pass a .jinja template or a tokenizer_config.json that holds one"
+    refuse_links_out(path, "chat template")
     raw = read_file(path, "chat template", fix, TEMPLATE_BYTES)
     if path.suffix != ".json":
         try:
