@@ -235,3 +235,37 @@ def test_a_tasks_warnings_reach_the_command_once_each_and_its_other_lines_do_not
             warnings.simplefilter("always")
             local._forward_warnings(log)
     assert [str(w.message) for w in seen] == ["document 3 holds over 1 characters", "another"]
+
+
+def test_one_progress_bar_follows_the_whole_run_on_a_terminal(corpus, tmp_path):
+    # On a terminal (a pty, as a user's shell gives), the run draws one bar for all its tasks, in
+    # input bytes, up to the whole input; the tasks draw none of their own.
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from tqdm import tqdm
+
+    main_end, task_end = pty.openpty()
+    fcntl.ioctl(task_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal of 120 columns
+    cmd = [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp_path / "out"), "--processes",
+           "2", "--unit-mb", "0.02", "--format", "llmc", "--shard-tokens", "5000"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=task_end, stderr=task_end, close_fds=True)
+    os.close(task_end)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main_end, 1 << 16)
+        except OSError:  # the terminal closed: every process that held it has ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main_end)
+    assert proc.wait(timeout=120) == 0, shown
+    drawn = [line for line in shown.decode(errors="replace").replace("\r", "\n").split("\n") if "%|" in line]
+    assert drawn and all(line.startswith("tokpack.prepare (2 processes):") for line in drawn), shown
+    size = tqdm.format_sizeof(corpus.stat().st_size)  # the whole input, as the bar writes bytes
+    assert "100%|" in drawn[-1] and f"| {size}/{size} [" in drawn[-1], drawn[-1]
+    assert "  0%|" in drawn[0]
