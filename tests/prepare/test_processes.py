@@ -90,7 +90,9 @@ def test_a_failing_task_is_its_one_line_and_leaves_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("given,reason", [
     (("--processes", "0"), "must be at least 1"),
     (("--processes", "2", "--tasks", "2", "--task", "0"), "does not take --tasks, --task"),
-    (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x"), "does not take --ray with a URL"),
+    (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x"), "the run must be sharded"),
+    (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x", "--format", "llmc", "--near-split"),
+     "and unguarded"),
 ])
 def test_bad_processes_options_are_one_line(corpus, tmp_path, capsys, given, reason):
     code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "o", *given)

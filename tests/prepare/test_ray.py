@@ -28,8 +28,9 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A head node of two CPUs on 127.0.0.1, its address; stopped at the end."""
+def cluster(tmp_path_factory, s3_server):
+    """A head node of two CPUs on 127.0.0.1, its address; stopped at the end. Its workers see the
+    S3 server as this process does (its endpoint and credentials in their environment)."""
     ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
     port = _free_port()
     # A cluster of the test's own, on the loopback address: no token to hand around.
@@ -96,6 +97,35 @@ def test_a_guarded_run_on_ray_is_one_processs_folder(cluster, tmp_path, capsys):
                         cluster)
     assert code == 0, err
     assert _files(tmp_path / "ray") == _files(tmp_path / "one") and "train.guard.jsonl" in _files(tmp_path / "one")
+
+
+@pytest.mark.e2e
+def test_a_ray_run_publishes_to_object_storage_what_one_process_writes(cluster, s3_server, tmp_path):
+    # Workers that share no disk with the run: each task uploads its units from its own spool,
+    # and the run merges their indexes and writes meta.json.
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in make_docs(400, seed=9, words=120)])
+    options = ("--format", "llmc", "--shard-tokens", "20000", "--unit-mb", "0.02", "--quiet")
+    assert main([str(source), "--out-dir", str(tmp_path / "one" / "data"), *options]) == 0
+    s3_server.create_bucket(Bucket="rayout")
+    # A worker killed once a unit is uploaded: Ray runs its task again, which keeps what it uploaded.
+    proc = subprocess.Popen(prepare_cmd(source, "s3://rayout/data", *options, "--processes", "2", "--ray", cluster),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    while proc.poll() is None and killed is None:
+        keys = [o["Key"] for o in s3_server.list_objects_v2(Bucket="rayout", Prefix="data/").get("Contents", [])]
+        if any(key.startswith("data/.tokpack-unit-") for key in keys):
+            killed = next(iter(_running_tasks()), None)
+            if killed is not None:
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert killed is not None, "the run ended before a worker could be killed"
+    listed = s3_server.list_objects_v2(Bucket="rayout", Prefix="data/").get("Contents", [])
+    published = {o["Key"].removeprefix("data/"): s3_server.get_object(Bucket="rayout", Key=o["Key"])["Body"].read()
+                 for o in listed}
+    assert published == _files(tmp_path / "one" / "data")  # no unit record, index part or lock left either
+    assert len([name for name in published if name.endswith(".bin")]) > 4
 
 
 def _running_tasks():

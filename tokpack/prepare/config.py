@@ -190,7 +190,8 @@ class PrepareConfig:
                              "drop one of them")
 
     def _check_processes(self, remote_out: bool) -> None:
-        """--processes runs the tasks of its run itself, into a local folder."""
+        """--processes runs the tasks of its run itself, into a local folder (the URL of a run on
+        one machine is published from its spool), or on Ray into a shared disk or a URL."""
         if self.processes < 1:
             raise ValueError(f"--processes {self.processes} must be at least 1")
         host, _, port = (self.ray or "").rpartition(":")
@@ -200,12 +201,15 @@ class PrepareConfig:
         if self.processes == 1 and self.ray is None:
             return
         given = [flag for flag, used in (("--tasks", self.tasks is not None), ("--task", self.task is not None),
-                                         ("--finalize", self.finalize), ("--mixture", bool(self.mixture)),
-                                         ("--ray with a URL --out-dir", remote_out and self.ray is not None)) if used]
+                                         ("--finalize", self.finalize), ("--mixture", bool(self.mixture))) if used]
         if given:
             raise ValueError(f"--processes {self.processes} runs every task of the run and finishes the folder itself; "
-                             f"it does not take {', '.join(given)}: drop one (a --mixture is written by one process; "
-                             "Ray's workers share no spool: prepare into a shared disk)")
+                             f"it does not take {', '.join(given)}: drop one (a --mixture is written by one process)")
+        if remote_out and self.ray is not None and (self.one_file_a_split() or self.guard.active):
+            raise ValueError("--ray with a URL --out-dir has each task upload its own units from its worker, so the "
+                             "run must be sharded (--format llmc or --shard-tokens N: a split written as one file is "
+                             "joined on one disk) and unguarded (the signatures of --near-split, --dedup and "
+                             "--decontaminate are matched on one disk); or prepare into a disk the workers share")
 
     def _check_chat(self) -> None:
         """Conversations each start with their own BOS, in the split their hash chooses."""

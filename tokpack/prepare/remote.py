@@ -5,14 +5,15 @@
 The contract: the bucket gets the files, names and bytes the same command writes into a local
 folder named as the URL's last part; the run is made in a local ``Spool`` (a flat run whole, a
 sharded run two units at a time, each uploaded with its record as it finishes, so a rerun keeps
-it); meta.json goes up last. Before any work a probe proves the credentials may write, the
-folder is locked (``.tokpack.lock``, created only if absent) and a folder holding a corpus or
+it; on Ray, each task so from its own worker's spool: ``tasks.publish_task``); meta.json goes up last.
+Before any work a probe proves the credentials may write, the folder is locked (``.tokpack.lock``, created only if absent) and a folder holding a corpus or
 others' files is refused without ``--force``. Everything goes through the folder's verbs
 (``tokpack.storage.folder``). See docs/prepare.md ("Publishing to object storage").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import os
@@ -26,10 +27,10 @@ from typing import Any
 
 from ..format import (DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME,
                       UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta)
-from ..storage import Missing
+from ..storage import Missing, is_url
 from ..storage.folder import Folder, as_folder
 from . import units
-from .config import Plan
+from .config import Plan, PrepareConfig
 from .writers import json_bytes
 
 _OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK_NAME)}|{UNIT_RECORD_NAME.pattern}|"
@@ -69,6 +70,7 @@ class Publisher:
     """
 
     def __init__(self, url: str, options: dict[str, Any] | None, force: bool):
+        self._url, self._options = url, options
         self.folder: Folder = as_folder(url, options)
         self.where, self.force = self.folder.where, force
         self.stale: set[str] = set()
@@ -106,6 +108,16 @@ class Publisher:
                                  "pass --force to take the folder over")
             self.folder.write(LOCK_NAME, self.token)
         self.locked = True
+
+    def refresh(self) -> None:
+        """The folder seen afresh: other machines' tasks have written to it since it was listed
+        (a store keeps its listings)."""
+        self.folder = as_folder(self._url, self._options)
+
+    def uploaded(self) -> int:
+        """How many units' records the folder holds now."""
+        self.refresh()
+        return sum(bool(UNIT_RECORD_NAME.fullmatch(name)) for name in self.folder.names())
 
     def _read(self, name: str) -> bytes | None:
         try:
@@ -217,3 +229,12 @@ class Spool:
             finally:
                 os.close(fd)
             shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def spooled(config: PrepareConfig, spool: Spool, folder: Publisher) -> PrepareConfig:
+    """``config`` as the run that writes the local ``spool`` takes it: into a folder of the URL's
+    last name there, with the store's options only where an input needs them."""
+    remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
+    return dataclasses.replace(config, out_dir=str(spool.path / folder.name), force=False, spool_dir=None,
+                               storage_options=config.storage_options if remote_inputs else None)
+

@@ -9,7 +9,6 @@ has the leader (rank 0, or the only process) merge and publish them, meta.json l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -27,8 +26,8 @@ from ..version import __version__
 from ..cli import USER_ERRORS
 from ..corpus import is_parquet, parquet_row_groups
 from ..distributed import launched_world, process_group
-from ..format import (FORMAT_VERSION, GUARD_REPORT, SPLITS, UNIT_RECORD, FileEntry, Meta, SplitInfo, UnitRecord,
-                      every_file)
+from ..format import (FORMAT_VERSION, GUARD_REPORT, SPLITS, UNIT_RECORD, FileEntry, Meta,
+                      SplitInfo, UnitRecord, every_file)
 from ..storage import is_url, redact
 from . import holdout, tasks, units
 from .cluster import Ranks, share_of
@@ -39,9 +38,10 @@ from .chats import CHAT_COUNTS
 from .input_hash import input_sha256
 from .plan import input_folders, make_plan, processes_plan
 from .process import children_peak_rss_mb, peak_rss_mb
-from .remote import Publisher, Spool
+from .remote import Publisher, Spool, spooled
 from .writers import HashingWriter, remove_temporaries
 
+LISTING_S = 2.0  # how often a run on Ray lists its remote folder for the units uploaded
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
 
 
@@ -180,19 +180,18 @@ def _processes_result(meta: Meta, plan: Plan, started: float) -> dict[str, Any]:
 def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
     """A run published to a remote folder (``tokpack.prepare.remote``): the same run as into a
     local folder of the URL's last name, in a local spool, then uploaded; a sharded run of one
-    process uploads each unit as it finishes, one of ``--processes`` its finished folder."""
+    process uploads each unit as it finishes, one of ``--processes`` its finished folder, and one
+    on Ray has each task upload its units from its own worker's spool."""
     assert config.out_dir is not None
     if config.format == "megatron":
         raise ValueError("--format megatron writes one .bin/.idx pair a split on one disk; publish flat or llmc "
                          "folders to a URL, or prepare locally and copy")
     folder = Publisher(config.out_dir, config.storage_options, config.force)
     with Spool(config.spool_dir) as spool:
-        # The run itself writes the local spool: the options of the remote folder are not its own.
-        remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
-        local = dataclasses.replace(config, out_dir=str(spool.path / folder.name), force=False, spool_dir=None,
-                                    storage_options=config.storage_options if remote_inputs else None)
-        processes = config.processes > 1  # its plan is made, and checked, once the folder is locked
-        plan = None if processes else make_plan(local, 1, started)
+        local = spooled(config, spool, folder)
+        # --processes here: its plan is made, and checked, once the folder is locked.
+        processes, on_ray = config.processes > 1 and config.ray is None, config.ray is not None
+        plan = None if processes else processes_plan(local, started) if on_ray else make_plan(local, 1, started)
         folder.begin()
         try:
             if processes:  # the whole folder in the spool, then uploaded
@@ -201,10 +200,11 @@ def _prepare_remote(config: PrepareConfig, started: float) -> dict[str, Any]:
                                                 for f in every_file(info)], [])
             else:
                 assert plan is not None
-                meta = _publish_units(plan, folder) if plan.sharded else _publish_flat(plan, folder)
+                meta = (_publish_tasks(config, plan, folder) if on_ray else
+                        _publish_units(plan, folder) if plan.sharded else _publish_flat(plan, folder))
         finally:
             folder.release()
-    result = _processes_result(meta, plan, started) if processes else _result(meta, plan, started, True)
+    result = _processes_result(meta, plan, started) if processes or on_ray else _result(meta, plan, started, True)
     result["stats"]["out_dir"] = redact(config.out_dir)
     return result
 
@@ -233,15 +233,47 @@ def _publish_units(plan: Plan, folder: Publisher) -> dict[str, Any]:
             parts.append(part)
         if uploading is not None:
             uploading.result()
-        meta = _meta(plan, parts)
-        indexes = []
-        for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
-            os.replace(tmp, final)
-            indexes.append(Path(final).name)
-        indexes += [info["guard"]["file"] for info in meta["splits"].values() if "guard" in info]
-        leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
-        leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
-        folder.publish(plan.out, meta, indexes, leftovers)
+        return _finish_units(plan, folder, parts)
+
+
+def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> dict[str, Any]:
+    """A sharded run's tasks on workers that share no disk, each uploading its units
+    (``remote.publish_task``); then the units' records and index parts fetched from the folder,
+    and the merged indexes and meta.json."""
+    bar = tqdm(total=plan.units, unit="unit", file=sys.stderr, disable=config.quiet or None,
+               desc=f"tokpack.prepare ({config.processes} tasks on Ray)")
+    seen = [0.0]
+
+    def tick() -> None:  # a listing of the folder every few seconds: the records uploaded
+        if time.monotonic() - seen[0] >= LISTING_S:
+            seen[0] = time.monotonic()
+            bar.update(folder.uploaded() - bar.n)
+
+    with bar:
+        choose(config).run(config, config.processes, lambda: None, tick)
+        folder.refresh()
+        with OutputFolder(plan.out):
+            parts = [folder.kept(plan, unit) for unit in range(plan.units)]
+            lost = [unit for unit, part in enumerate(parts) if part is None]
+            if lost:
+                raise TaskLost(f"units {lost[:8]} of {redact(folder.where)} were not uploaded as their tasks recorded "
+                               "them; run the same command again: it redoes them")
+            bar.update(plan.units - bar.n)
+            return _finish_units(plan, folder, parts)  # type: ignore[arg-type]
+
+
+def _finish_units(plan: Plan, folder: Publisher, parts: list[UnitRecord]) -> dict[str, Any]:
+    """meta.json of a sharded run's uploaded units, the indexes merged from their parts (in the
+    spool), and both published; the units' records and parts then go."""
+    meta = _meta(plan, parts)
+    indexes = []
+    for tmp, final in merged_indexes(plan.out, meta, parts):  # type: ignore[arg-type]
+        os.replace(tmp, final)
+        indexes.append(Path(final).name)
+    indexes += [info["guard"]["file"] for info in meta["splits"].values() if "guard" in info]
+    leftovers = [UNIT_RECORD.format(unit) for unit in range(len(parts))]
+    leftovers += [part["idx"]["file"] for record in parts for part in record["splits"].values()]
+    folder.publish(plan.out, meta, indexes, leftovers)
     return meta  # type: ignore[return-value]
 
 

@@ -28,10 +28,12 @@ from typing import Any
 
 from ..distributed import launched_world
 from ..format import META_NAME, Meta, UnitRecord, read_meta
+from ..storage import is_url
 from . import units
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
 from .plan import processes_plan
+from .remote import Publisher, Spool, spooled
 
 
 def place(config: PrepareConfig, environ: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -104,17 +106,47 @@ def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lam
     """Task ``task`` of a ``--processes`` run, as an executor runs it: its units, those recorded
     and intact kept. The process that runs the run holds the folder and finishes it. ``cleared``
     is asked once the task's plan is made: it writes nothing unless the run's process says the
-    folder is ready (False: the run was given up), so a task may start while the folder is readied."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the run's own process made the same plan and gave its warnings
-        plan = processes_plan(config, time.perf_counter())
+    folder is ready (False: the run was given up), so a task may start while the folder is readied.
+    A run published to a URL by workers that share no disk (Ray's) has each task upload its units
+    (``publish_task``)."""
+    if config.out_dir is not None and is_url(config.out_dir):
+        publish_task(config, task)
+        return
+    plan = quiet_plan(config)
     if cleared():
         _work(plan, task, config.processes)
 
 
+def quiet_plan(config: PrepareConfig) -> Plan:
+    """A task's plan, without the warnings the run's own process gave when it made the same one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return processes_plan(config, time.perf_counter())
+
+
+def publish_task(config: PrepareConfig, task: int) -> None:
+    """Task ``task`` of a sharded ``--processes`` run published to a URL by workers that share no
+    disk (``--ray``): its share of the units made in a spool of this machine, each uploaded with its
+    record as it finishes, its shards then dropped; a unit uploaded already (a retried task) is
+    kept. The run's own process holds the folder's lock and finishes it."""
+    assert config.out_dir is not None
+    folder = Publisher(config.out_dir, config.storage_options, config.force)
+    with Spool(config.spool_dir) as spool:
+        plan = quiet_plan(spooled(config, spool, folder))
+        with OutputFolder(plan.out):
+            for unit in units_of(plan, task, config.processes):
+                if folder.kept(plan, unit) is None:
+                    folder.upload(plan, units.run_unit(plan, unit))
+
+
+def units_of(plan: Plan, task: int, tasks: int) -> range:
+    """Task ``task``'s contiguous share of the run's units."""
+    return range(task * plan.units // tasks, (task + 1) * plan.units // tasks)
+
+
 def _work(plan: Plan, task: int, tasks: int) -> None:
-    """Task ``task``'s contiguous share of the run's units, each kept if recorded and intact."""
-    for unit in range(task * plan.units // tasks, (task + 1) * plan.units // tasks):
+    """Task ``task``'s units, each kept if recorded and intact."""
+    for unit in units_of(plan, task, tasks):
         if units.load(plan, unit) is None:
             units.run_unit(plan, unit)
 
