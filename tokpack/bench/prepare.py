@@ -310,6 +310,8 @@ def _command_runs(corpus: Path, tmp: Path, workers: int, torchrun: Sequence[int]
             runs[f"python -m tokpack.prepare --processes {count} --ray HEAD"] = _command(
                 ["-m", "tokpack.prepare", str(corpus), "--out-dir", str(tmp / f"ray{count}"), "--force", "--quiet",
                  "--processes", str(count), "--ray", ray])
+    if ray is not None and processes_counts:
+        runs[RAY_ALONE] = _command(["-c", _RAY_ALONE, ray])
     for processes in torchrun:
         threads = max(1, workers // processes)
         runs[f"torchrun, {processes} processes x {threads} threads"] = _command(
@@ -320,6 +322,10 @@ def _command_runs(corpus: Path, tmp: Path, workers: int, torchrun: Sequence[int]
 
 
 ONE_COMMAND = "python -m tokpack.prepare, 1 process x {workers} threads"
+RAY_ALONE = "Ray alone: import, connect, one empty task, shut down"
+# Ray's own start-up in a process of its own, as a --ray run pays it: what Ray costs whatever runs on it.
+_RAY_ALONE = ("import sys, ray; ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', log_to_driver=False, "
+              "configure_logging=False); ray.get(ray.remote(lambda: None).remote()); ray.shutdown()")
 
 
 @contextlib.contextmanager
@@ -358,7 +364,12 @@ def _scaling(times: dict[str, list[float]], workers: int, counts: Sequence[int])
                 f"{ratio_range(times, name, one)})")
         if on_ray in times:
             out[f"ray{count}_time_over_processes"] = round(1 / ratio(times, on_ray, name), 3)
-            line += f"; on Ray, {1 / ratio(times, on_ray, name):.2f}x the time of --processes {count}"
+            # less Ray's own start-up, taken in the same round
+            beyond = statistics.median((r - a) / t for r, a, t in zip(times[on_ray], times[RAY_ALONE], times[name]))
+            out[f"ray{count}_beyond_startup_over_processes"] = round(beyond, 3)
+            line += (f"; on Ray, {1 / ratio(times, on_ray, name):.2f}x the time of --processes {count}, "
+                     f"{beyond:.2f}x less Ray's own start-up ({statistics.median(times[RAY_ALONE]):.2f} s: "
+                     "import, connect, an empty task, shut down)")
         print(line)
     return out
 
