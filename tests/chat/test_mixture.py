@@ -5,6 +5,7 @@ by nanochat's SFT loader batch for batch, each input's share of the supervised t
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import numpy as np
@@ -66,6 +67,56 @@ def test_a_split_is_nanochats_task_mixture_and_its_sft_loader_reads_it(inputs, t
     share = identity_entry["train"]["supervised_share"]
     assert share == pytest.approx(2 * supervised[1] / (supervised[0] + 2 * supervised[1]), abs=1e-6)
     assert val_entry["val"]["supervised_share"] == 1 and val_entry["train"]["conversations"] == 0
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if not p.name.startswith(".")}
+
+
+def test_a_mixture_of_processes_is_one_processs_folder(inputs, tmp_path, capsys):
+    # Each process renders its units in input order, recording each run of conversations' input;
+    # the run's process copies them out in mixture order: one process's bytes, meta.json included.
+    identity_file = inputs[3]
+    mixture = ("--mixture", f"{identity_file}=3", "--seed", "5", "--unit-mb", "0.002")
+    code, err = _prepare(capsys, inputs, tmp_path / "one", *mixture)
+    assert code == 0, err
+    for n in (2, 3):
+        code, err = _prepare(capsys, inputs, tmp_path / f"p{n}", *mixture, "--processes", str(n))
+        assert code == 0, err
+        assert _files(tmp_path / f"p{n}") == _files(tmp_path / "one"), n
+        assert not [p.name for p in (tmp_path / f"p{n}").iterdir() if p.name.startswith(".")
+                    and p.name != ".tokpack.lock"]
+
+
+def test_a_unit_whose_record_misnames_its_conversations_inputs_is_redone(inputs, tmp_path):
+    from tokpack.format import UNIT_RECORD
+    from tokpack.prepare import PrepareConfig
+    from tokpack.prepare.plan import processes_plan
+    from tokpack.prepare.units import run_unit, this_run
+
+    root, spec, smol, identity, val = inputs[:5]
+    config = PrepareConfig(inputs=(str(smol), str(identity), str(val)), chat="nanochat", encoding=str(spec),
+                           val_inputs=(str(val),), mixture=(f"{identity}=2",), unit_mb=0.01, processes=2,
+                           out_dir=str(tmp_path / "out"), quiet=True)
+    plan = processes_plan(config, 0.0)
+    (tmp_path / "out").mkdir()
+    unit = plan.units - 1
+    run_unit(plan, unit)
+    raw = (tmp_path / "out" / UNIT_RECORD.format(unit)).read_bytes()
+    record = json.loads(raw)
+    sources = record["chat"]["sources"]
+    held = next(split for split, runs in sources.items() if runs)  # val's input is all val
+    other = "train" if held == "val" else "val"
+    assert sum(n for _, n in sources[held]) == record["splits"][held]["info"]["documents"] > 0
+    assert all(a[0] != b[0] for a, b in zip(sources[held], sources[held][1:]))  # a run an input: O(files)
+    assert this_run(plan, unit, raw, "r", proven=True) is not None
+    for forged in ({**sources, held: sources[held] + [[0, 1]]},  # one conversation too many
+                   {**sources, held: [[3, n] for _, n in sources[held]]},  # an input the run has not
+                   {held: sources[held]},  # a split left out
+                   {**sources, held: [[float(kind), n] for kind, n in sources[held]]},
+                   {**sources, other: [[0, 0]]}):  # an empty run
+        changed = json.dumps({**record, "chat": {**record["chat"], "sources": forged}}).encode()
+        assert this_run(plan, unit, changed, "r", proven=True) is None, forged
 
 
 def test_bad_mixtures_are_one_line_and_leave_nothing(inputs, tmp_path, capsys):

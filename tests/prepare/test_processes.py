@@ -97,8 +97,6 @@ def test_a_failing_task_is_its_one_line_and_leaves_nothing(tmp_path, capsys):
 def test_bad_processes_options_are_one_line(corpus, tmp_path, capsys, given, reason):
     code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "o", *given)
     assert code == 2 and reason in err and "\n" not in err, err
-    with pytest.raises(ValueError, match="--mixture is written by one process"):
-        PrepareConfig(inputs=(str(corpus),), chat="nanochat", mixture=(f"{corpus}=2",), processes=2)
 
 
 def _children(pid):

@@ -117,9 +117,14 @@ def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writer
     """A unit's conversations into ``writers``, in input order, or, in a mixture, rendered into
     temporary files first and copied out in mixture order (``counts["mixture"]`` its report).
     ``first_read``: the run's number of the unit's first read."""
-    if plan.mixture is None:
+    if plan.mixture is None or plan.sharded:
+        # A unit of a --processes mixture: its conversations in input order, the input of each run of
+        # them recorded, and the run's process mixes every unit's at the finish (mixture.mixed).
+        kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
         for i, (only, entries) in enumerate(passes):
-            tokenize_chats(plan, entries, writers, only, counts, first_read + i)
+            tokenize_chats(plan, entries, writers, only, counts, first_read + i, kinds)
+        if kinds is not None:
+            counts["sources"] = {split: runs(kind) for split, kind in kinds.items()}
         return
     staged = staging_writers(plan)
     try:
@@ -130,6 +135,18 @@ def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writer
     finally:
         for writer in staged.values():
             writer.discard()
+
+
+def runs(kinds: array.array) -> list[list[int]]:
+    """Each conversation's input, as [input, conversations] runs: a unit reads its inputs in order,
+    so a run a file, whatever the conversations."""
+    out: list[list[int]] = []
+    for kind in kinds:
+        if out and out[-1][0] == kind:
+            out[-1][1] += 1
+        else:
+            out.append([kind, 1])
+    return out
 
 
 CHAT_COUNTS = ("conversations", "skipped", "cropped", "unsupervised")

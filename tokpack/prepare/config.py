@@ -201,10 +201,10 @@ class PrepareConfig:
         if self.processes == 1 and self.ray is None:
             return
         given = [flag for flag, used in (("--tasks", self.tasks is not None), ("--task", self.task is not None),
-                                         ("--finalize", self.finalize), ("--mixture", bool(self.mixture))) if used]
+                                         ("--finalize", self.finalize)) if used]
         if given:
             raise ValueError(f"--processes {self.processes} runs every task of the run and finishes the folder itself; "
-                             f"it does not take {', '.join(given)}: drop one (a --mixture is written by one process)")
+                             f"it does not take {', '.join(given)}: drop one")
         if remote_out and self.ray is not None and (self.one_file_a_split() or self.guard.active):
             raise ValueError("--ray with a URL --out-dir has each task upload its own units from its worker, so the "
                              "run must be sharded (--format llmc or --shard-tokens N: a split written as one file is "

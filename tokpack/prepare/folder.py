@@ -12,6 +12,8 @@ See docs/prepare.md.
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import errno
 import fcntl
 import os
@@ -23,14 +25,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
-                      every_file, read_meta)
+from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME,
+                      SPLITS, every_file, read_meta)
 from ..format.megatron import write_index
 from ..storage.local import LocalFolder, remove_own
 from ..storage import InputFile
 from ..verify import VerifyError, verify_folder
 from . import signatures, units
-from .writers import HashingWriter, remove_temporaries, write_json_atomic
+from .config import Plan
+from .mixture import mix, staging_writers
+from .writers import HashingWriter, SplitWriter, remove_temporaries, write_json_atomic
 
 # Files other tools write into a data folder; never overwritten without --force.
 TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
@@ -276,6 +280,54 @@ def flattened(out: Path, parts: list[dict[str, Any]], digest: str, dtype: np.dty
     if "chat" in parts[0]:
         part["chat"] = {key: sum(p["chat"][key] for p in parts) for key in parts[0]["chat"]}
     return part
+
+
+def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any]:
+    """The one part a one-process mixture writes, from the recorded units of a ``--processes`` run
+    (each unit's conversations in input order, their inputs in its record's ``sources``): the
+    units' conversations staged in input order, then copied out in mixture order into the flat
+    files, at temporary names, with the renames to make; ``digest``, the whole input's sha256.
+    O(corpus) read and written twice, O(conversations) memory for the order."""
+    flat = dataclasses.replace(plan, sharded=False, units=1)  # the files one process writes
+    folder = LocalFolder(plan.out)  # the records named plain files of a unit's pattern; links are refused
+    staged, writers = staging_writers(flat), {}
+    try:
+        kinds = {split: array.array("I") for split in staged}
+        for part in parts:  # in input order, as one process stages them
+            for split, writer in staged.items():
+                for kind, count in part["chat"]["sources"][split]:  # checked with the record
+                    kinds[split].extend(array.array("I", [kind]) * count)
+                _stage(folder, part["splits"][split], writer, plan.dtype)
+        writers = units.open_writers(flat, 0)
+        report = mix(flat, staged, kinds, writers)
+        splits = {split: units.closed(flat, writer) for split, writer in writers.items()}
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    finally:
+        for writer in staged.values():
+            writer.discard()
+    chat = {key: sum(p["chat"][key] for p in parts) for key in parts[0]["chat"] if key != "sources"}
+    return {"input_sha256": digest, "splits": splits, "chat": {**chat, "mixture": report}}
+
+
+def _stage(folder: LocalFolder, part: dict[str, Any], writer: SplitWriter, dtype: np.dtype) -> None:
+    """A unit's conversations of one split (its shards, masks and index part, mapped) into ``writer``."""
+    starts = np.frombuffer(folder.read(part["idx"]["file"]), dtype="<u8").astype(np.int64)
+    tokens = _mapped(folder, part["info"]["shards"], dtype)
+    mask = _mapped(folder, part["info"]["mask_shards"], MASK_DTYPE)
+    writer.write_documents(tokens, mask, np.append(starts, len(tokens)))
+
+
+def _mapped(folder: LocalFolder, entries: list[dict[str, Any]], dtype: Any) -> np.ndarray:
+    """The files ``entries`` name, one after another: mapped where there is one (a unit's split
+    of a flat run is one file), never a link (the folder opens none)."""
+    arrays = []
+    for entry in entries:
+        with folder.open(entry["file"]) as f:
+            arrays.append(np.memmap(f, dtype=dtype, mode="r") if entry["bytes"] else np.zeros(0, dtype))
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays or [np.zeros(0, dtype)])
 
 
 def _joined(folder: LocalFolder, path: Path, entries: list[dict[str, Any]]) -> HashingWriter:

@@ -131,3 +131,4 @@ def mix(plan: Plan, staged: dict[str, SplitWriter], kinds: dict[str, array.array
                             "supervised_share": round(supervised / total, 6)}
     return report
 
+

@@ -104,10 +104,11 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
         raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
                          f"give at most {max(total, 1):,}")
     sharded = not config.one_file_a_split() or world > 1 or independent
-    if config.mixture and sharded:
-        raise ValueError("--mixture writes each split in one order, so one process writes it, flat; drop --tasks, "
-                         "--shard-tokens, --format llmc or torchrun")
-    # --processes' units are joined into one process's files at the finish: Megatron's pair too.
+    # --processes' units are joined into one process's files at the finish (a mixture's in mixture
+    # order), Megatron's pair too.
+    if config.mixture and sharded and not (config.processes > 1 and config.one_file_a_split()):
+        raise ValueError("--mixture writes each split in one order, into one file: drop --tasks, --shard-tokens, "
+                         "--format llmc or torchrun (--processes N writes it as one process does)")
     if config.format == "megatron" and sharded and config.processes == 1:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")

@@ -33,7 +33,7 @@ from . import holdout, tasks, units
 from .cluster import Ranks, share_of
 from .config import Plan, PrepareConfig
 from .executors import TaskLost, choose
-from .folder import OutputFolder, check_out_dir, flattened, merged_indexes, publish_parts, retire
+from .folder import OutputFolder, check_out_dir, flattened, merged_indexes, mixed, publish_parts, retire
 from .chats import CHAT_COUNTS
 from .input_hash import input_sha256
 from .plan import input_folders, make_plan, processes_plan
@@ -153,7 +153,11 @@ class _ProcessesRun:
             meta = _meta(plan, parts)  # type: ignore[arg-type]
             publish_parts(plan.out, meta, parts, merge=True)  # type: ignore[arg-type]
             return meta
-        part = flattened(plan.out, parts, self.whole.result(), plan.dtype, self.config.format == "megatron")  # type: ignore
+        if plan.mixture is not None:  # the units' conversations in mixture order, as one process writes them
+            part = mixed(plan, parts, self.whole.result())  # type: ignore[arg-type]
+        else:
+            part = flattened(plan.out, parts, self.whole.result(), plan.dtype,  # type: ignore[arg-type]
+                             self.config.format == "megatron")
         meta = _meta(plan, [part])  # type: ignore[list-item]
         publish_parts(plan.out, meta, [part], merge=False)
         units.drop_own(plan.out, plan.fingerprint)  # the units' files, joined now

@@ -106,6 +106,8 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, proven: bool 
         if (plan.chat is not None) != isinstance(counts, dict) or (counts is not None and not all(
                 type(counts.get(key)) is int and counts[key] >= 0 for key in CHAT_COUNTS)):
             return None
+        if plan.mixture is not None and plan.sharded and not _sources_fit(record, len(plan.mixture.names)):
+            return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not proven and recorded != input_sha256(share_of(plan.files, plan.sizes, unit, plan.units)):
@@ -113,6 +115,17 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, proven: bool 
                       stacklevel=3)
         return None
     return record  # type: ignore[return-value]
+
+
+def _sources_fit(record: dict[str, Any], inputs: int) -> bool:
+    """Whether a --processes mixture unit's record gives each conversation of each split its input:
+    [input, conversations] runs, as many as the split holds."""
+    sources = record["chat"].get("sources")
+    return isinstance(sources, dict) and sources.keys() == record["splits"].keys() and all(
+        isinstance(found, list) and all(isinstance(run, list) and len(run) == 2 and type(run[0]) is int
+                                        and type(run[1]) is int and 0 <= run[0] < inputs and run[1] > 0 for run in found)
+        and sum(run[1] for run in found) == record["splits"][split]["info"]["documents"]
+        for split, found in sources.items())
 
 
 def _check_files(plan: Plan, record: UnitRecord) -> None:
@@ -342,7 +355,7 @@ def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter],
     """Close the writers. A sharded run writes the unit's record (with its ``chat`` counts), then
     renames its files: a run killed between the two leaves a record whose files do not verify (the
     unit is redone) and no final name that no record claims."""
-    splits = {s: _closed(plan, writer) for s, writer in writers.items()}
+    splits = {s: closed(plan, writer) for s, writer in writers.items()}
     if not plan.sharded:
         return {"input_sha256": digest, "splits": splits, **({"chat": chat} if chat is not None else {})}
     saved = save(plan.out, unit, plan.fingerprint, digest, splits, chat)
@@ -352,7 +365,7 @@ def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter],
     return saved
 
 
-def _closed(plan: Plan, writer: SplitWriter) -> UnitPart:
+def closed(plan: Plan, writer: SplitWriter) -> UnitPart:
     """A split's part of the unit: its counts and files, its index, the renames left to make."""
     info = writer.close()
     idx = info.pop("idx")
