@@ -119,7 +119,7 @@ def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writer
     ``first_read``: the run's number of the unit's first read."""
     if plan.mixture is None or plan.sharded:
         # A unit of a --processes mixture: its conversations in input order, the input of each run of
-        # them recorded, and the run's process mixes every unit's at the finish (mixture.mixed).
+        # them recorded, and the run's process mixes every unit's at the finish (folder.mixed).
         kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
         for i, (only, entries) in enumerate(passes):
             tokenize_chats(plan, entries, writers, only, counts, first_read + i, kinds)

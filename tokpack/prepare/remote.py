@@ -5,9 +5,10 @@
 The contract: the bucket gets the files, names and bytes the same command writes into a local
 folder named as the URL's last part; the run is made in a local ``Spool`` (a flat run whole, a
 sharded run two units at a time, each uploaded with its record as it finishes, so a rerun keeps
-it; on Ray, each task so from its own worker's spool: ``tasks.publish_task``); meta.json goes up last.
-Before any work a probe proves the credentials may write, the folder is locked (``.tokpack.lock``, created only if absent) and a folder holding a corpus or
-others' files is refused without ``--force``. Everything goes through the folder's verbs
+it; on Ray, each task so from its own worker's spool: ``tasks.publish_task``); meta.json goes
+up last. Before any work a probe proves the credentials may write, the folder is locked
+(``.tokpack.lock``, created only if absent) and a folder holding a corpus or others' files is
+refused without ``--force``. Everything goes through the folder's verbs
 (``tokpack.storage.folder``). See docs/prepare.md ("Publishing to object storage").
 """
 
@@ -237,4 +238,3 @@ def spooled(config: PrepareConfig, spool: Spool, folder: Publisher) -> PrepareCo
     remote_inputs = any(map(is_url, (*config.inputs, *config.val_inputs)))
     return dataclasses.replace(config, out_dir=str(spool.path / folder.name), force=False, spool_dir=None,
                                storage_options=config.storage_options if remote_inputs else None)
-

@@ -26,8 +26,8 @@ from ..version import __version__
 from ..cli import USER_ERRORS
 from ..corpus import is_parquet, parquet_row_groups
 from ..distributed import launched_world, process_group
-from ..format import (FORMAT_VERSION, GUARD_REPORT, SPLITS, UNIT_RECORD, FileEntry, Meta,
-                      SplitInfo, UnitRecord, every_file)
+from ..format import (FORMAT_VERSION, GUARD_REPORT, SPLITS, UNIT_RECORD, FileEntry, Meta, SplitInfo, UnitRecord,
+                      every_file)
 from ..storage import is_url, redact
 from . import holdout, tasks, units
 from .cluster import Ranks, share_of
@@ -242,7 +242,7 @@ def _publish_units(plan: Plan, folder: Publisher) -> dict[str, Any]:
 
 def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> dict[str, Any]:
     """A sharded run's tasks on workers that share no disk, each uploading its units
-    (``remote.publish_task``); then the units' records and index parts fetched from the folder,
+    (``tasks.publish_task``); then the units' records and index parts fetched from the folder,
     and the merged indexes and meta.json."""
     bar = tqdm(total=plan.units, unit="unit", file=sys.stderr, disable=config.quiet or None,
                desc=f"tokpack.prepare ({config.processes} tasks on Ray)")

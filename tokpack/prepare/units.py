@@ -121,11 +121,14 @@ def _sources_fit(record: dict[str, Any], inputs: int) -> bool:
     """Whether a --processes mixture unit's record gives each conversation of each split its input:
     [input, conversations] runs, as many as the split holds."""
     sources = record["chat"].get("sources")
+
+    def run(found: Any) -> bool:
+        return isinstance(found, list) and len(found) == 2 and all(type(n) is int for n in found) \
+            and 0 <= found[0] < inputs and found[1] > 0
+
     return isinstance(sources, dict) and sources.keys() == record["splits"].keys() and all(
-        isinstance(found, list) and all(isinstance(run, list) and len(run) == 2 and type(run[0]) is int
-                                        and type(run[1]) is int and 0 <= run[0] < inputs and run[1] > 0 for run in found)
-        and sum(run[1] for run in found) == record["splits"][split]["info"]["documents"]
-        for split, found in sources.items())
+        isinstance(found, list) and all(map(run, found))
+        and sum(n for _, n in found) == record["splits"][split]["info"]["documents"] for split, found in sources.items())
 
 
 def _check_files(plan: Plan, record: UnitRecord) -> None:
