@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import (cli_run, kill, make_chats, make_docs, paused_at, prepare_cmd, write_jsonl, write_nanochat_spec,
                      write_spec)
@@ -491,3 +493,22 @@ def test_the_splits_own_val_may_be_named_as_an_evaluation_set(tmp_path):
     meta = read_meta(out)
     assert meta["guard"]["decontaminate"]["removed"] == 1 and meta["splits"]["val"]["documents"] == 20
     assert meta["splits"]["train"]["documents"] == 60  # the leaked one removed, val whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 60), unique=True, max_size=12), st.data())
+def test_a_documents_verdict_is_found_in_any_order_of_lookups(members, data):
+    # The verdicts of the members (sorted numbers) looked up by (read, document): in order, again,
+    # or going back, members and their neighbours, each answer is what a plain table gives.
+    from tokpack.prepare.guard import Verdict, _Decided
+
+    numbers = np.array(sorted(members), dtype=np.int64)
+    verdicts = np.array([1 + n % 3 for n in numbers.tolist()], dtype=np.uint8)
+    starts = [0, 20, 40]
+    decided = _Decided(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False)
+    table = dict(zip(numbers.tolist(), verdicts.tolist()))
+    near = sorted({max(0, n + d) for n in members for d in (-1, 0, 1)}) or [0]
+    for number in data.draw(st.lists(st.one_of(st.sampled_from(near), st.integers(0, 70)), max_size=40)):
+        read = max(i for i, start in enumerate(starts) if start <= number)
+        expected = table.get(number)
+        assert decided.verdict(read, number - starts[read]) == (None if expected is None else Verdict(expected))

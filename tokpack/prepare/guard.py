@@ -163,13 +163,8 @@ class Guard:
         """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
         None: dropped."""
         assert self._decided is not None, "ready() first"
-        decided = self._decided
-        number = int(decided.starts[read]) + doc
-        at = int(np.searchsorted(decided.numbers, number))
-        if at == len(decided.numbers) or decided.numbers[at] != number:
-            return own
-        verdict = Verdict(int(decided.verdicts[at]))
-        return None if verdict == Verdict.DROP else verdict.name.lower()
+        verdict = self._decided.verdict(read, doc)
+        return own if verdict is None else None if verdict == Verdict.DROP else verdict.name.lower()
 
     def check_input(self, unit: int, digest: str) -> None:
         """Refuse a unit whose input is not what its documents were signed from."""
@@ -264,6 +259,25 @@ class _Decided:
         self.starts, self.numbers, self.verdicts, self.record, self.inputs = starts, numbers, verdicts, record, inputs
         self.outcome, self.docs, self.prints = outcome, docs, prints
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
+        self._starts = starts.tolist()
+        self._gap = (0, -1)  # numbers known to hold no verdict: [lo, hi)
+
+    def verdict(self, read: int, doc: int) -> Verdict | None:
+        """The verdict of document ``doc`` of read ``read``, or None (it stays in its own split).
+        Documents come in order and few have a verdict: the gap between the verdicts around the
+        last document looked up answers most in two comparisons, where a search a document cost a
+        tenth of a prepare."""
+        number = self._starts[read] + doc
+        lo, hi = self._gap
+        if lo <= number < hi:
+            return None
+        numbers = self.numbers
+        at = int(np.searchsorted(numbers, number))
+        found = at < len(numbers) and int(numbers[at]) == number
+        after = at + 1 if found else at
+        self._gap = (number + 1 if found else int(numbers[at - 1]) + 1 if at else 0,
+                     int(numbers[after]) if after < len(numbers) else 1 << 62)
+        return Verdict(int(self.verdicts[at])) if found else None
 
     def rows(self, split: str, files: list[str], sets: list[str]) -> Iterator[dict[str, Any]]:
         found, info, why, val = self.outcome
