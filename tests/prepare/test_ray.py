@@ -60,11 +60,17 @@ def test_a_ray_run_is_one_processs_folder_even_with_a_worker_killed(cluster, tmp
     one, out = tmp_path / "one", tmp_path / "out"
     assert main([str(source), "--out-dir", str(one), "--quiet", *options]) == 0
     # A worker killed while its task runs: Ray runs the task again, and it keeps its finished units.
-    proc = subprocess.Popen(prepare_cmd(source, out, *options, "--processes", "2", "--ray", cluster),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _killing_a_worker(prepare_cmd(source, out, *options, "--processes", "2", "--ray", cluster),
+                      lambda: out.is_dir() and any(out.glob(UNIT_RECORD_GLOB)))
+    assert _files(out) == _files(one)
+
+
+def _killing_a_worker(cmd, unit_done):
+    """``cmd`` run to its end, a Ray worker running a task killed once ``unit_done()``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     while proc.poll() is None and killed is None:
-        if out.is_dir() and any(out.glob(UNIT_RECORD_GLOB)):
+        if unit_done():
             killed = next(iter(_running_tasks()), None)
             if killed is not None:
                 os.kill(killed, signal.SIGKILL)
@@ -72,7 +78,6 @@ def test_a_ray_run_is_one_processs_folder_even_with_a_worker_killed(cluster, tmp
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert killed is not None, "the run ended before a worker could be killed"
-    assert _files(out) == _files(one)
 
 
 @pytest.mark.e2e
@@ -108,19 +113,12 @@ def test_a_ray_run_publishes_to_object_storage_what_one_process_writes(cluster, 
     assert main([str(source), "--out-dir", str(tmp_path / "one" / "data"), *options]) == 0
     s3_server.create_bucket(Bucket="rayout")
     # A worker killed once a unit is uploaded: Ray runs its task again, which keeps what it uploaded.
-    proc = subprocess.Popen(prepare_cmd(source, "s3://rayout/data", *options, "--processes", "2", "--ray", cluster),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
-    while proc.poll() is None and killed is None:
-        keys = [o["Key"] for o in s3_server.list_objects_v2(Bucket="rayout", Prefix="data/").get("Contents", [])]
-        if any(key.startswith("data/.tokpack-unit-") for key in keys):
-            killed = next(iter(_running_tasks()), None)
-            if killed is not None:
-                os.kill(killed, signal.SIGKILL)
-        time.sleep(0.01)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert killed is not None, "the run ended before a worker could be killed"
+    def uploaded():
+        listed = s3_server.list_objects_v2(Bucket="rayout", Prefix="data/").get("Contents", [])
+        return any(o["Key"].startswith("data/.tokpack-unit-") for o in listed)
+
+    _killing_a_worker(prepare_cmd(source, "s3://rayout/data", *options, "--processes", "2", "--ray", cluster),
+                      uploaded)
     listed = s3_server.list_objects_v2(Bucket="rayout", Prefix="data/").get("Contents", [])
     published = {o["Key"].removeprefix("data/"): s3_server.get_object(Bucket="rayout", Key=o["Key"])["Body"].read()
                  for o in listed}
