@@ -18,7 +18,6 @@ import pytest
 
 from helpers import cli_run, make_chats, make_docs, prepare_cmd, write_jsonl, write_nanochat_spec
 from tokpack.format import UNIT_RECORD_GLOB
-from tokpack.prepare import PrepareConfig
 from tokpack.prepare.__main__ import main
 from tokpack.verify import verify_folder
 
