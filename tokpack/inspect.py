@@ -114,9 +114,10 @@ def describe_guard(meta: Meta) -> str:
     record = meta.get("guard", {})
     near = record.get("near", {})
     if near.get("split"):
+        how = (f"{near['removed_from_train']:,} train documents removed" if "removed_from_train" in near else
+               f"{near['moved_to_val'] + near['moved_to_train']:,} documents moved")
         held = (f"no near-copy of a train document (Jaccard of word {near['ngram']}-grams >= {near['threshold']}, "
-                f"MinHash {near['hashes']} in {near['bands']} bands; {near['moved_to_val'] + near['moved_to_train']:,} "
-                "documents moved)")
+                f"MinHash {near['hashes']} in {near['bands']} bands; {how})")
     else:
         held = "not guarded against near-copies of train documents (prepare --near-split)"
     decontaminated = record.get("decontaminate")

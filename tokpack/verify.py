@@ -189,7 +189,7 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
     """Each split's guard report against meta.json: its sha256, one object a line with the
     report's fields, written documents' indexes inside the split, and as many moved and removed
     documents as meta.json counts. Read as it streams, a line at a time."""
-    counted = {"copy": 0, "near-copy": 0, "evaluation": 0, "to val": 0, "to train": 0}
+    counted = {"copy": 0, "near-copy": 0, "evaluation": 0, "near-copy of val": 0, "to val": 0, "to train": 0}
     for name, info in meta["splits"].items():
         if "guard" not in info:
             continue
@@ -204,13 +204,15 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
         if held[0]:
             raise VerifyError(f"{folder.where}/{info['guard']['file']} ends inside a line")
     record = meta["guard"]  # type: ignore[typeddict-item]
-    expected = {"copy": None, "near-copy": None, "evaluation": None, "to val": None, "to train": None}
+    expected = {"copy": None, "near-copy": None, "evaluation": None, "near-copy of val": None, "to val": None,
+                "to train": None}
     if "dedup" in record:
         expected["copy" if record["dedup"]["mode"] == "exact" else "near-copy"] = sum(record["dedup"]["removed"])
     if "decontaminate" in record and not record["decontaminate"]["report_only"]:
         expected["evaluation"] = record["decontaminate"]["removed"]
     if record.get("near", {}).get("split"):
         expected["to val"], expected["to train"] = record["near"]["moved_to_val"], record["near"]["moved_to_train"]
+        expected["near-copy of val"] = record["near"].get("removed_from_train", 0)
     if "dedup" in record and record["dedup"]["mode"] == "near":  # a copy of the same text is a near copy too
         counted["near-copy"] += counted.pop("copy")
         expected.pop("copy")

@@ -26,6 +26,8 @@ from tokpack.prepare.__main__ import main
 from tokpack.prepare.guard import GuardOptions
 from tokpack.prepare.signatures import DOC, HIT
 from tokpack.tokenizer import load_encoding
+from tokpack.inspect import describe_guard
+from tokpack.verify import verify_folder
 
 _SENTENCES = None
 
@@ -107,6 +109,34 @@ def test_near_split_leaves_val_no_near_copy_of_a_train_document(tmp_path):
     # A document with no near copy stays where its own hash put it.
     near = {docs[i] for pair in planted for i in pair}
     assert [d for d in before[0] if d not in near] == [d for d in after[0] if d not in near]
+
+
+def test_near_split_with_val_inputs_removes_the_train_near_copies_of_val(tmp_path):
+    # The user's val stays whole; a train document that is a near-copy of one of its documents is
+    # removed (no document moves), and the reports say so, as verify checks.
+    docs, planted = corpus(300, seed=5)
+    pairs = [(a, b) for a, b in planted if jaccard(docs[a], docs[b]) >= 0.85]
+    val_docs = [docs[a] for a, _ in pairs[:12]]
+    train_docs = [d for i, d in enumerate(docs) if i not in {a for a, _ in pairs[:12]}]
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in val_docs])
+    source = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in train_docs])
+    out, plain = tmp_path / "fixed", tmp_path / "plain"
+    for folder, guard in ((out, GuardOptions(near_split=True)), (plain, GuardOptions())):
+        prepare(PrepareConfig(inputs=(str(source), str(val)), val_inputs=(str(val),), out_dir=str(folder),
+                              quiet=True, guard=guard))
+    for folder in (out, plain):  # val as given
+        assert texts(folder, "val") == val_docs
+    assert straddling(texts(plain, "val"), texts(plain, "train"), 0.85) >= 12  # the hazard is there
+    assert straddling(texts(out, "val"), texts(out, "train"), 0.85) == 0
+    gone = set(texts(plain, "train")) - set(texts(out, "train"))
+    assert gone and all(max(jaccard(d, v) for v in val_docs) >= 0.75 for d in gone)
+    meta = read_meta(out)
+    near = meta["guard"]["near"]
+    assert near["removed_from_train"] == len(gone) and (near["moved_to_val"], near["moved_to_train"]) == (0, 0)
+    rows = [json.loads(line) for line in (out / "train.guard.jsonl").read_text().splitlines()]
+    assert sum(row["removed"] == "near-copy of val" for row in rows) == len(gone)
+    assert verify_folder(out)
+    assert f"{len(gone)} train documents removed" in describe_guard(meta)  # what evaluate prints beside a loss
 
 
 def test_dedup_exact_writes_each_text_once_and_counts_the_copies_by_input(tmp_path):
@@ -293,7 +323,7 @@ def _forge(out: Path, unit: int, name: str, change) -> None:
     (["--ngram", "0"], "--ngram 0 must lie in 1..64"),
     (["--dedup", "near", "--hashes", "100", "--bands", "32"], "--hashes 100 --bands 32"),
     (["--report-only"], "--report-only reports what --decontaminate finds"),
-    (["--near-split", "--val-tokens", "100"], "--near-split moves near-duplicates"),
+    (["--near-split", "--val-tokens", "100"], "--val-tokens cuts val from the end of the input by position"),
     (["--decontaminate", "MISSING.jsonl"], "MISSING.jsonl does not exist"),
     (["--decontaminate", "EMPTY.txt"], "holds no text"),
     (["--decontaminate", "EVAL.jsonl", "--decontaminate-key", "question"], "question"),

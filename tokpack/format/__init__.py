@@ -47,7 +47,7 @@ MASK_SHARD_NAME = SHARD_STEM + r"\.mask"  # a shard's loss mask, beside it: one 
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
 GUARD_REPORT = "{split}.guard.jsonl"  # the split's documents the guard moved, removed or found near copies of
-GUARD_REMOVED = (None, "copy", "near-copy", "evaluation")  # a report row's "removed", by its code
+GUARD_REMOVED = (None, "copy", "near-copy", "evaluation", "near-copy of val")  # a report row's "removed", by its code
 DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}|"
                        rf"{MASK_SHARD_NAME}|(?:train|val)\.guard\.jsonl")
 LOCK_NAME = ".tokpack.lock"

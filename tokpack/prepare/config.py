@@ -183,11 +183,10 @@ class PrepareConfig:
         self._check_guard()
 
     def _check_guard(self) -> None:
-        """The guard sees documents' text; where the split is not chosen by their hashes it cannot move them."""
-        if self.guard.near_split and (self.val_inputs or self.val_tokens):
-            raise ValueError(f"--near-split moves near-duplicates to their cluster's split, and "
-                             f"{'--val-inputs' if self.val_inputs else '--val-tokens'} fixes which documents are val; "
-                             "drop one of them")
+        """The guard sees documents' text: it cannot see where a cut by position falls."""
+        if self.guard.near_split and self.val_tokens:
+            raise ValueError("--near-split keeps near-duplicates on one side of the split, and --val-tokens cuts val "
+                             "from the end of the input by position; give val as --val-inputs, or drop one of them")
 
     def _check_processes(self, remote_out: bool) -> None:
         """--processes runs the tasks of its run itself, into a local folder (the URL of a run on

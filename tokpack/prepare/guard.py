@@ -36,6 +36,7 @@ from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
 from ..format import GUARD_REMOVED
 from ..options import option
+from .holdout import Rule
 from .match import firsts, matched
 from .process import roomy_heap
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
@@ -205,7 +206,8 @@ class Guard:
         unit_of = np.searchsorted(docs.offsets, found.members, side="right") - 1
         number = starts[reads_before[unit_of] + info["read"]] + info["number"]
         verdicts, why, val, record = decide(self.options, info, found, self.sets,
-                                            np.array(self.groups, dtype=np.int64), self.inputs)
+                                            np.array(self.groups, dtype=np.int64), self.inputs,
+                                            self.reading.holdout.kind == Rule.INPUTS)
         moved = np.flatnonzero(verdicts)
         return _Decided(starts, number[moved], verdicts[moved].astype(np.uint8), record,
                         [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
@@ -347,13 +349,16 @@ _ROWS_AT_ONCE = 1 << 11  # fingerprints compared at a time
 
 
 def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[str], groups: np.ndarray,
-           inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+           inputs: int, fixed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
     """Each member's verdict (0: its own split), the code of why it is removed (0: it is not; see
     ``format.GUARD_REMOVED``), whether it ends in val, and meta.json's record: from the members'
     records ``info`` (``signatures.DOC``) and what the match ``found``. ``groups``: each input
-    file's input as given. Every other document stays where its hash put it."""
+    file's input as given. ``fixed``: val is the user's (``--val-inputs``), so no document moves and
+    ``--near-split`` removes the train members of a cluster that holds a val document instead. Every
+    other document stays where its hash put it."""
     own_val = info["val"].astype(bool)
-    val = own_val[np.searchsorted(found.members, found.first)] if options.near_split else own_val
+    cluster = np.searchsorted(found.members, found.first)
+    val = own_val[cluster] if options.near_split and not fixed else own_val
     why = np.zeros(len(own_val), dtype=np.int64)
     record = _settings(options)
     later = found.first != found.members
@@ -363,6 +368,10 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
         why[later if options.dedup == Dedup.NEAR else found.copy] = 2 if options.dedup == Dedup.NEAR else 1
         why[found.copy & (why > 0)] = 1  # the same text is a copy, whatever else it is
         record["dedup"]["removed"] = np.bincount(groups[info["file"][why > 0]], minlength=inputs).tolist()
+    if options.near_split and fixed:  # a train near-copy of a val document, not removed already
+        with_val = np.zeros(len(own_val), dtype=bool)
+        np.logical_or.at(with_val, cluster, own_val)
+        why[with_val[cluster] & ~own_val & (why == 0)] = 4
     if options.decontaminate:
         record["decontaminate"].update(_contaminated(found, val, why > 0, sets, options.report_only))
         if not options.report_only:
@@ -371,6 +380,8 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
     if options.near_split:  # the documents written into the other split
         record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val & ~drop)),
                               moved_to_train=int(np.count_nonzero(~val & own_val & ~drop)))
+        if fixed:
+            record["near"]["removed_from_train"] = int(np.count_nonzero(why == 4))
     verdicts = np.where(drop, Verdict.DROP, np.where(val == own_val, 0, np.where(val, Verdict.VAL, Verdict.TRAIN)))
     return verdicts, why, val, record
 
