@@ -13,7 +13,8 @@ moved to the other split or dropped. A unit looks up its documents' verdicts by 
 its reads, as it writes them.
 
 A cluster of near-duplicates goes to the split of its first document (in stored order), so val
-never holds a near-copy of a train document; ``--dedup`` keeps that first one and drops the rest
+never holds a near-copy of a train document (where val is the user's, ``--val-inputs``, the
+cluster's train documents are removed instead); ``--dedup`` keeps that first one and drops the rest
 (``exact``: only copies of the same text); ``--decontaminate`` drops a train document that shares a
 word n-gram with an evaluation file. The cost: O(corpus) read and signed, O(documents x bands)
 routed to disk and matched, and in memory O(documents in clusters or holding evaluation n-grams).
