@@ -23,6 +23,7 @@ import shutil
 import socket
 import tempfile
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,25 @@ class Publisher:
                 local.unlink()
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
         self.folder.put(plan.out / name, name)
+
+    def made(self, plan: Plan, wanted: range) -> list[UnitRecord]:
+        """The units ``wanted`` of a sharded run in the spool ``plan.out``: each kept where it is
+        uploaded already, else tokenized and uploaded while the next one is tokenized (two units'
+        shards in the spool at most); their records."""
+        parts: list[UnitRecord] = []
+        uploading: Future[None] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
+            for unit in wanted:
+                part = self.kept(plan, unit)
+                if part is None:
+                    part = units.run_unit(plan, unit)
+                    if uploading is not None:
+                        uploading.result()
+                    uploading = uploader.submit(self.upload, plan, part)
+                parts.append(part)
+            if uploading is not None:
+                uploading.result()
+        return parts
 
     def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
         """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``

@@ -224,20 +224,8 @@ def _publish_flat(plan: Plan, folder: Publisher) -> dict[str, Any]:
 def _publish_units(plan: Plan, folder: Publisher) -> dict[str, Any]:
     """A sharded run's units, each uploaded while the next is tokenized (at most two units' shards
     in the spool), those a killed run uploaded kept; then the merged indexes and meta.json."""
-    with OutputFolder(plan.out), ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
-        parts: list[UnitRecord] = []
-        uploading: Future[None] | None = None
-        for unit in range(plan.units):
-            part = folder.kept(plan, unit)
-            if part is None:
-                part = units.run_unit(plan, unit)
-                if uploading is not None:
-                    uploading.result()
-                uploading = uploader.submit(folder.upload, plan, part)
-            parts.append(part)
-        if uploading is not None:
-            uploading.result()
-        return _finish_units(plan, folder, parts)
+    with OutputFolder(plan.out):
+        return _finish_units(plan, folder, folder.made(plan, range(plan.units)))
 
 
 def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> dict[str, Any]:
@@ -246,11 +234,12 @@ def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> dict
     and the merged indexes and meta.json."""
     bar = tqdm(total=plan.units, unit="unit", file=sys.stderr, disable=config.quiet or None,
                desc=f"tokpack.prepare ({config.processes} tasks on Ray)")
-    seen = [0.0]
+    listed = 0.0
 
     def tick() -> None:  # a listing of the folder every few seconds: the records uploaded
-        if time.monotonic() - seen[0] >= LISTING_S:
-            seen[0] = time.monotonic()
+        nonlocal listed
+        if time.monotonic() - listed >= LISTING_S:
+            listed = time.monotonic()
             bar.update(folder.uploaded() - bar.n)
 
     with bar:

@@ -127,16 +127,14 @@ def quiet_plan(config: PrepareConfig) -> Plan:
 def publish_task(config: PrepareConfig, task: int) -> None:
     """Task ``task`` of a sharded ``--processes`` run published to a URL by workers that share no
     disk (``--ray``): its share of the units made in a spool of this machine, each uploaded with its
-    record as it finishes, its shards then dropped; a unit uploaded already (a retried task) is
-    kept. The run's own process holds the folder's lock and finishes it."""
+    record while the next is tokenized, its shards then dropped; a unit uploaded already (a retried
+    task) is kept. The run's own process holds the folder's lock and finishes it."""
     assert config.out_dir is not None
     folder = Publisher(config.out_dir, config.storage_options, config.force)
     with Spool(config.spool_dir) as spool:
         plan = quiet_plan(spooled(config, spool, folder))
         with OutputFolder(plan.out):
-            for unit in units_of(plan, task, config.processes):
-                if folder.kept(plan, unit) is None:
-                    folder.upload(plan, units.run_unit(plan, unit))
+            folder.made(plan, units_of(plan, task, config.processes))
 
 
 def units_of(plan: Plan, task: int, tasks: int) -> range:
