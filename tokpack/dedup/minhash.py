@@ -190,4 +190,3 @@ def _densified(bins: np.ndarray) -> np.ndarray:
     nearest = np.minimum.accumulate(at[:, ::-1], axis=1)[:, ::-1][:, :k]  # every text has a filled bin
     taken = np.take_along_axis(bins, nearest % k, axis=1)
     return mix(taken + ((nearest - np.arange(k)).astype(U64) << U64(32)) + _SALT)
-

@@ -287,7 +287,9 @@ def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any
     (each unit's conversations in input order, their inputs in its record's ``sources``): the
     units' conversations staged in input order, then copied out in mixture order into the flat
     files, at temporary names, with the renames to make; ``digest``, the whole input's sha256.
-    O(corpus) read and written twice, O(conversations) memory for the order."""
+    O(corpus) read and written twice, O(conversations) memory for the order: staged, because the
+    mixture order jumps across the units, and mapping every unit's files at once would hold two
+    file descriptors a unit."""
     flat = dataclasses.replace(plan, sharded=False, units=1)  # the files one process writes
     folder = LocalFolder(plan.out)  # the records named plain files of a unit's pattern; links are refused
     staged, writers = staging_writers(flat), {}

@@ -260,10 +260,10 @@ class _Decided:
 
     def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
                  inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool):
-        self.starts, self.numbers, self.verdicts, self.record, self.inputs = starts, numbers, verdicts, record, inputs
+        self.numbers, self.verdicts, self.record, self.inputs = numbers, verdicts, record, inputs
         self.outcome, self.docs, self.prints = outcome, docs, prints
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
-        self._starts = starts.tolist()
+        self._starts = starts.tolist()  # each read's first document number
         self._gap = (0, -1)  # numbers known to hold no verdict: [lo, hi)
 
     def verdict(self, read: int, doc: int) -> Verdict | None:
