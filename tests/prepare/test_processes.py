@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -218,6 +219,61 @@ def test_stopping_asks_each_task_to_clean_up_before_it_kills(monkeypatch):
     stubborn.stdout.readline()  # its handler is set
     local._stop([polite, stubborn])
     assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+
+
+def _process(code):
+    """A task's process, running ``code``, its stderr in a log as the executor keeps it."""
+    import tempfile
+
+    log = tempfile.TemporaryFile()
+    return subprocess.Popen([sys.executable, "-c", code], stderr=log), log
+
+
+def test_a_failed_process_stops_the_task_the_run_runs_itself():
+    from tokpack.prepare.executors import local
+
+    process, log = _process("import sys; print('tokpack: line 3 of x.jsonl is bad', file=sys.stderr); sys.exit(2)")
+    steps = []
+
+    def task():  # twenty seconds, were it not stopped
+        for _ in range(2_000):
+            time.sleep(0.01)
+            steps.append(1)
+        steps.append("finished")
+
+    with log, pytest.raises(ValueError, match="^line 3 of x.jsonl is bad$"):
+        local._alongside(task, [(1, process, log)], 2, lambda: None)
+    assert steps and "finished" not in steps
+
+
+def test_the_runs_own_task_failing_stops_the_watch_and_is_raised():
+    from tokpack.prepare.executors import local
+
+    process, log = _process("import time; time.sleep(60)")
+    ticks = []
+
+    def task():
+        while not ticks:  # the watch has begun
+            time.sleep(0.01)
+        raise ValueError("the run's own task failed")
+
+    try:
+        with pytest.raises(ValueError, match="own task failed"):
+            local._alongside(task, [(1, process, log)], 2, lambda: ticks.append(1))
+        assert process.poll() is None  # stopping the processes is the caller's
+        assert not [t for t in threading.enumerate() if t.name == "tokpack-processes"]
+    finally:
+        local._stop([process])
+        log.close()
+
+
+def test_without_a_task_here_the_watch_waits_for_every_process():
+    from tokpack.prepare.executors import local
+
+    quick, quick_log = _process("pass")
+    lost, lost_log = _process("import os, signal, time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)")
+    with quick_log, lost_log, pytest.raises(local.TaskLost, match="task 1 of 2 was killed by signal 9"):
+        local._alongside(None, [(0, quick, quick_log), (1, lost, lost_log)], 2, lambda: None)
 
 
 def test_a_tasks_warnings_reach_the_command_once_each_and_its_other_lines_do_not():

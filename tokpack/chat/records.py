@@ -58,15 +58,24 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
     return value
 
 
+# What json gives besides lists and dicts: skipped by type alone, since isinstance of an ABC is slow.
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
 def _deeper(value: Any, limit: int) -> bool:
     """Whether ``value`` nests lists and mappings more than ``limit`` deep (found without recursion)."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, (list, tuple, Mapping)):
-            if depth == limit:
-                return True
-            stack.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, Mapping) else item))
+        if item.__class__ is dict or isinstance(item, Mapping):
+            inner = item.values()
+        elif isinstance(item, (list, tuple)):
+            inner = item
+        else:
+            continue
+        if depth == limit:
+            return True
+        stack.extend((value, depth + 1) for value in inner if value.__class__ not in _SCALARS)
     return False
 
 

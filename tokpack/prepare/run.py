@@ -9,6 +9,7 @@ has the leader (rank 0, or the only process) merge and publish them, meta.json l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ from ..storage import is_url, redact
 from . import holdout, tasks, units
 from .cluster import Ranks, share_of
 from .config import Plan, PrepareConfig
-from .executors import TaskLost, choose
+from .executors import Here, TaskLost, choose
 from .folder import OutputFolder, check_out_dir, flattened, merged_indexes, mixed, publish_parts, retire
 from .chats import CHAT_COUNTS
 from .input_hash import input_sha256
@@ -116,9 +117,9 @@ class _ProcessesRun:
         self.bar: Any = None
         self.shares: list[int] = []
 
-    def ready(self, held: contextlib.ExitStack) -> None:
+    def ready(self, held: contextlib.ExitStack) -> Here:
         """The plan, the folder locked (``held`` until the run ends) and cleared, and the whole
-        input's hash under way for a flat run."""
+        input's hash under way for a flat run; a task of the run may then run here (``here``)."""
         plan = self.plan = processes_plan(self.config, self.started)
         out = plan.out
         held.enter_context(OutputFolder(out))
@@ -133,6 +134,13 @@ class _ProcessesRun:
         self.bar = held.enter_context(tqdm(total=sum(self.shares), unit="B", unit_scale=True, file=sys.stderr,
                                            disable=self.config.quiet or None,
                                            desc=f"tokpack.prepare ({self.config.processes} processes)"))
+        return self.here
+
+    def here(self, task: int, workers: int) -> None:
+        """Task ``task`` in this process, on the run's plan, as quiet as a task's own process."""
+        assert self.plan is not None
+        config = dataclasses.replace(self.plan.config, workers=workers, quiet=True)
+        tasks.work(dataclasses.replace(self.plan, config=config, workers=workers), task, self.config.processes)
 
     def tick(self) -> None:
         """The bar at the input bytes of the units recorded, read from the records' names alone."""

@@ -98,7 +98,7 @@ def run(plan: Plan, task: int, tasks: int, finalize: bool,
         return done
     if task >= 0:
         _ready(plan)
-        _work(plan, task, tasks)
+        work(plan, task, tasks)
     return _finalize(plan, finalize, meta_of)
 
 
@@ -114,7 +114,7 @@ def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lam
         return
     plan = quiet_plan(config)
     if cleared():
-        _work(plan, task, config.processes)
+        work(plan, task, config.processes)
 
 
 def quiet_plan(config: PrepareConfig) -> Plan:
@@ -142,7 +142,7 @@ def units_of(plan: Plan, task: int, tasks: int) -> range:
     return range(task * plan.units // tasks, (task + 1) * plan.units // tasks)
 
 
-def _work(plan: Plan, task: int, tasks: int) -> None:
+def work(plan: Plan, task: int, tasks: int) -> None:
     """Task ``task``'s units, each kept if recorded and intact."""
     for unit in units_of(plan, task, tasks):
         if units.load(plan, unit) is None:

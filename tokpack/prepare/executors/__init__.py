@@ -1,8 +1,8 @@
 """Who runs the tasks of a prepare run that ``--processes`` shares out: processes on this machine
 (``local``), or a Ray cluster (``ray``). An executor knows the task model alone: it runs
-``tasks.run_task(config, i)`` for every task i, in any order, at once or not, and raises the
-first task's error; the run itself (the folder's lock, what is kept, the finish) is
-``prepare()``'s.
+``tasks.run_task(config, i)`` for every task i (or, on the run's own machine, one of them through
+the run's ``Here``), in any order, at once or not, and raises the first task's error; the run
+itself (the folder's lock, what is kept, the finish) is ``prepare()``'s.
 
     python -m tokpack.prepare corpus/ --out-dir data/web --processes 8
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Executor, TaskLost
+from .base import Executor, Here, TaskLost
 
 if TYPE_CHECKING:
     from ..config import PrepareConfig
 
-__all__ = ["Executor", "TaskLost", "choose"]
+__all__ = ["Executor", "Here", "TaskLost", "choose"]
 
 
 def choose(config: PrepareConfig) -> Executor:

@@ -9,15 +9,23 @@ if TYPE_CHECKING:
     from ..config import PrepareConfig
 
 
+# Runs a task (the first argument) in the caller's own process, on the plan it has made, with
+# that many encoding threads (the second): one interpreter's start-up and plan fewer.
+Here = Callable[[int, int], None]
+
+
 class Executor(Protocol):
     """Runs every task of a run to its end."""
 
-    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], None], tick: Callable[[], None]) -> None:
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Here | None],
+            tick: Callable[[], None]) -> None:
         """Tasks 0 to ``tasks`` - 1 of ``config``'s run, each to its end. ``ready`` (the caller
         readying the folder) is called once, as early as the tasks' start-up allows, and no task
-        writes before it returns; ``tick`` now and then while they run (the caller's progress).
-        Raises ``ready``'s error or the first failed task's, the others stopped; on
-        KeyboardInterrupt or SIGTERM every task is stopped before it returns."""
+        writes before it returns; where it returns a ``Here``, an executor whose tasks share the
+        caller's machine and disk may run one of them through it. ``tick`` is called now and then
+        while they run (the caller's progress). Raises ``ready``'s error or the first failed
+        task's, the others stopped; on KeyboardInterrupt or SIGTERM every task is stopped before it
+        returns."""
         ...
 
 

@@ -1,17 +1,19 @@
-"""``--processes N``: the tasks of a run as N processes of this machine, each ``python -m
-tokpack.prepare.executors.local`` with its task on its standard input.
+"""``--processes N``: the tasks of a run on this machine: task 0 in the run's own process, which
+has the plan already, and each other one a process, ``python -m tokpack.prepare.executors.local``
+with its task on its standard input.
 
 Fresh interpreters, not forks: a fork of a process that holds threads (the encoders', a
 tokenizer's pool) can inherit a lock held by a thread that is not there, and a spawned
 ``multiprocessing`` child would re-run a caller's unguarded script. Each process starts in about
-half a second and holds one process's flat memory; each gets its share of the cores for its
+half a second and holds one process's flat memory; each task gets its share of the cores for its
 encoding threads. A task that fails stops the others and its one line is raised; one that is
-killed raises ``TaskLost``; Ctrl-C, SIGTERM or an error in the caller stops every process before
+killed raises ``TaskLost``; Ctrl-C, SIGTERM or an error in the caller stops every task before
 ``run`` returns, and a process whose caller died stops by itself.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -31,40 +33,91 @@ from ..config import PrepareConfig
 from ..plan import default_workers
 from ..process import fix_mmap_threshold
 from ..tasks import run_task
-from .base import TaskLost
+from .base import Here, TaskLost
 
 POLL_S = 0.2  # how often the processes are looked at, and the caller ticked
 STOP_S = 10.0  # how long a stopped process may take to clean up before it is killed
 WARNING = "tokpack: warning: "  # how the CLIs print a warning, a task's among them
 
+Started = tuple[int, subprocess.Popen[bytes], IO[bytes]]  # a task, its process and the log of its stderr
+
 
 class LocalProcesses:
     """Every task a process of this machine, all at once."""
 
-    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], None], tick: Callable[[], None]) -> None:
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Here | None],
+            tick: Callable[[], None]) -> None:
         threads = _threads_each(config, tasks)
         # Rust thread pools (splintr's, tokenizers') too: N processes share the cores.
         env = {**os.environ, "RAYON_NUM_THREADS": str(threads)}
-        started: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+        started: list[Started] = []
         try:
-            for task in range(tasks):  # each starts and makes its plan while the caller readies the folder
-                log = tempfile.TemporaryFile()
-                process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                           stdout=subprocess.DEVNULL, stderr=log, env=env)
-                started.append((process, log))
-                assert process.stdin is not None
-                process.stdin.write(json.dumps({"config": _plain(config), "task": task, "workers": threads}).encode()
-                                    + b"\n")
-                process.stdin.flush()
-            ready()
-            for process, _ in started:
+            # Each starts and makes its plan while the caller readies the folder; task 0 waits to
+            # run on the caller's plan, unless the caller cannot run a task itself.
+            for task in range(1, tasks):
+                started.append(_start(config, task, threads, env))
+            here = ready()
+            if here is None:
+                started.insert(0, _start(config, 0, threads, env))
+            for _, process, _ in started:
                 _go(process)
-            _wait(started, tick)
+            _alongside(None if here is None else lambda: here(0, threads), started, tasks, tick)
         finally:
-            _stop([process for process, _ in started])
-            for process, log in started:
+            _stop([process for _, process, _ in started])
+            for _, _, log in started:
                 _forward_warnings(log)
                 log.close()
+
+
+def _start(config: PrepareConfig, task: int, threads: int, env: dict[str, str]) -> Started:
+    """Task ``task``'s process, started, its task on its standard input."""
+    log = tempfile.TemporaryFile()
+    process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=log, env=env)
+    assert process.stdin is not None
+    process.stdin.write(json.dumps({"config": _plain(config), "task": task, "workers": threads}).encode() + b"\n")
+    process.stdin.flush()
+    return task, process, log
+
+
+class _Stopped(BaseException):
+    """Raised in the run's own thread, as Ctrl-C is, to stop its task when a process's task failed."""
+
+
+def _alongside(task: Callable[[], None] | None, started: list[Started], tasks: int, tick: Callable[[], None]) -> None:
+    """``task`` (if any) in this thread while another watches the processes to their end; the first
+    that fails stops it (``_Stopped``, raised in this thread: its writers clean up as on Ctrl-C)
+    and is raised."""
+    thread, lock, stop = threading.get_ident(), threading.Lock(), threading.Event()
+    failure: list[BaseException] = []
+    running = True
+
+    def watch() -> None:
+        try:
+            _wait(started, tasks, tick, stop)
+        except BaseException as exc:
+            failure.append(exc)
+            with lock:
+                if running:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(_Stopped))
+
+    watcher = threading.Thread(target=watch, name="tokpack-processes", daemon=True)
+    watcher.start()
+    try:
+        try:
+            if task is not None:
+                task()
+        finally:
+            with lock:
+                running = False
+        watcher.join()  # a _Stopped sent just before is raised here at the latest
+    except _Stopped:
+        pass
+    finally:
+        stop.set()  # the task failed or was interrupted: the processes are the caller's to stop
+        watcher.join()
+    if failure:
+        raise failure[0]
 
 
 def _go(process: subprocess.Popen[bytes]) -> None:
@@ -87,19 +140,22 @@ def _plain(config: PrepareConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)  # a group of options (the [guard] table) as a table
 
 
-def _wait(started: list[tuple[subprocess.Popen[bytes], IO[bytes]]], tick: Callable[[], None]) -> None:
-    """Until every process has ended well; the first that did not is raised."""
-    running = {task: process for task, (process, _) in enumerate(started)}
-    while running:
-        time.sleep(POLL_S)
+def _wait(started: list[Started], tasks: int, tick: Callable[[], None], stop: threading.Event | None = None) -> None:
+    """Until every process has ended well (or ``stop`` is set); the first that did not is raised."""
+    running = {task: (process, log) for task, process, log in started}
+    while running and not (stop is not None and stop.is_set()):
+        try:  # back as soon as one ends: where it was the last, the finish starts at once
+            next(iter(running.values()))[0].wait(POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
         tick()
-        for task, process in list(running.items()):
+        for task, (process, log) in list(running.items()):
             code = process.poll()
             if code is None:
                 continue
             del running[task]
             if code != 0:
-                raise _failure(task, len(started), code, started[task][1])
+                raise _failure(task, tasks, code, log)
 
 
 def _failure(task: int, tasks: int, code: int, log: IO[bytes]) -> Exception:
