@@ -252,6 +252,10 @@ BAD = [
                    {"role": "assistant", "content": ""}]}, "an assistant turn with no text"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
                                                       "content": [{"type": "image", "text": "x"}]}]}, "a part"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}, {"role": "assistant", "content": "b"}]},
+     "message 0 (user) whose content is list, not a string"),  # parts are an assistant's alone
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "text", "text": 5}]}]},
+     "a part"),
     ("[" * 100_000, "nested too deeply"),
     ('{"messages": [' + "[" * 5000 + "]" * 5000 + "]}", "nested too deeply"),
     ("{not json", "is not valid JSON"),

@@ -62,6 +62,13 @@ def _message(value: Any, where: str, i: int) -> dict[str, Any]:
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
+def _parts(message: dict[str, Any], content: Any) -> bool:
+    """Whether ``message`` is an assistant's of nanochat's parts, each just a known type and its text."""
+    return (content.__class__ is list and message.get("role") == "assistant"
+            and all(p.__class__ is dict and len(p) == 2 and p.get("type") in PART_TYPES and p.get("text").__class__ is str
+                    for p in content))
+
+
 def _deeper(value: Any, limit: int) -> bool:
     """Whether ``value`` nests lists and mappings more than ``limit`` deep (found without recursion)."""
     stack = [(value, 0)]
@@ -134,9 +141,10 @@ def messages(record: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise bad_record(where, "has an empty conversation" if isinstance(raw, list)
                          else "has 'messages' that is not a list")
-    # A message of just a known role and string content is good as it is: the common case, found
-    # without a call a message.
-    found = [m if m.__class__ is dict and len(m) == 2 and m.get("content").__class__ is str and m.get("role") in ROLES
+    # A message of just a known role and string content, or an assistant's of nanochat's parts, is
+    # good as it is: the common cases, found without a call a message.
+    found = [m if m.__class__ is dict and len(m) == 2 and ((content := m.get("content")).__class__ is str
+                                                           and m.get("role") in ROLES or _parts(m, content))
              else _message(m, where, i) for i, m in enumerate(raw)]
     turns = found[1:] if found[0]["role"] == "system" else found
     roles = [message["role"] for message in turns]
