@@ -73,14 +73,15 @@ def _files(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if not p.name.startswith(".")}
 
 
-def test_a_mixture_of_processes_is_one_processs_folder(inputs, tmp_path, capsys):
+@pytest.mark.parametrize("layout", [(), ("--format", "megatron")], ids=["flat", "megatron"])
+def test_a_mixture_of_processes_is_one_processs_folder(inputs, tmp_path, capsys, layout):
     # Each process renders its units in input order, recording each run of conversations' input;
     # the run's process copies them out in mixture order: one process's bytes, meta.json included.
     identity_file = inputs[3]
-    mixture = ("--mixture", f"{identity_file}=3", "--seed", "5", "--unit-mb", "0.002")
+    mixture = ("--mixture", f"{identity_file}=3", "--seed", "5", "--unit-mb", "0.002", *layout)
     code, err = _prepare(capsys, inputs, tmp_path / "one", *mixture)
     assert code == 0, err
-    for n in (2, 3):
+    for n in (2, 3) if not layout else (2,):
         code, err = _prepare(capsys, inputs, tmp_path / f"p{n}", *mixture, "--processes", str(n))
         assert code == 0, err
         assert _files(tmp_path / f"p{n}") == _files(tmp_path / "one"), n
