@@ -64,11 +64,15 @@ def test_shards_follow_one_processs_units_even_when_fewer_than_the_processes(cor
     assert _files(out) == _files(one)
 
 
-def test_conversations_are_one_processs_folder(tmp_path, capsys):
+@pytest.mark.parametrize("options,masks", [((), {"train.mask", "val.mask"}),
+                                           (("--format", "llmc", "--shard-tokens", "4000", "--unit-mb", "0.02"),
+                                            {"data_train_00001_000000.mask", "data_val_00000_000000.mask"})],
+                         ids=["flat", "llmc"])
+def test_conversations_are_one_processs_folder(tmp_path, capsys, options, masks):
     spec = write_nanochat_spec(tmp_path / "tok")
     source = write_jsonl(tmp_path / "chats.jsonl", make_chats(160, seed=9))
-    one = _same_as_one_process(capsys, tmp_path, source, "--chat", "nanochat", "--encoding", spec, counts=(2,))
-    assert {"train.mask", "val.mask"} <= set(_files(one))
+    one = _same_as_one_process(capsys, tmp_path, source, "--chat", "nanochat", "--encoding", spec, *options)
+    assert masks <= set(_files(one))
 
 
 def test_a_failing_task_is_its_one_line_and_leaves_nothing(tmp_path, capsys):
