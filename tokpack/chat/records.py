@@ -82,7 +82,7 @@ def _deeper(value: Any, limit: int) -> bool:
             continue
         if depth == limit:
             return True
-        stack.extend((value, depth + 1) for value in inner if value.__class__ not in _SCALARS)
+        stack.extend((child, depth + 1) for child in inner if child.__class__ not in _SCALARS)
     return False
 
 

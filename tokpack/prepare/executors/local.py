@@ -43,7 +43,8 @@ Started = tuple[int, subprocess.Popen[bytes], IO[bytes]]  # a task, its process 
 
 
 class LocalProcesses:
-    """Every task a process of this machine, all at once."""
+    """Every task at once on this machine: task 0 in the caller's own process where it offers one
+    (``ready``'s ``Here``), every other a process of its own."""
 
     def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Here | None],
             tick: Callable[[], None]) -> None:
