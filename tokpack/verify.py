@@ -189,7 +189,7 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
     """Each split's guard report against meta.json: its sha256, one object a line with the
     report's fields, written documents' indexes inside the split, and as many moved and removed
     documents as meta.json counts. Read as it streams, a line at a time."""
-    counted = {"copy": 0, "near-copy": 0, "evaluation": 0, "near-copy of val": 0, "to val": 0, "to train": 0}
+    counted = dict.fromkeys([*GUARD_REMOVED[1:], "to val", "to train"], 0)  # a row's removal, or its move
     for name, info in meta["splits"].items():
         if "guard" not in info:
             continue
@@ -204,8 +204,7 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
         if held[0]:
             raise VerifyError(f"{folder.where}/{info['guard']['file']} ends inside a line")
     record = meta["guard"]  # type: ignore[typeddict-item]
-    expected = {"copy": None, "near-copy": None, "evaluation": None, "near-copy of val": None, "to val": None,
-                "to train": None}
+    expected: dict[str, int | None] = dict.fromkeys(counted)  # None: meta.json says nothing to check
     if "dedup" in record:
         expected["copy" if record["dedup"]["mode"] == "exact" else "near-copy"] = sum(record["dedup"]["removed"])
     if "decontaminate" in record and not record["decontaminate"]["report_only"]:

@@ -130,5 +130,3 @@ def mix(plan: Plan, staged: dict[str, SplitWriter], kinds: dict[str, array.array
             entry[split] = {"conversations": conversations, "tokens": count, "supervised": supervised,
                             "supervised_share": round(supervised / total, 6)}
     return report
-
-
