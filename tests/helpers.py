@@ -117,12 +117,22 @@ def prepare_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet", *extra]
 
 
+def signals_as_a_terminal_leaves_them() -> None:
+    """In a child before it runs its command: Ctrl-C and SIGTERM at their default actions, whatever
+    this test run inherited (a background job, ``nohup`` and some CI runners ignore SIGINT, and an
+    ignored signal stays ignored across exec), so a command stopped by a test sees them as a user's
+    terminal sends them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def paused_at(cmd: list[str], event: Callable[[], bool]) -> subprocess.Popen:
     """``cmd`` stopped (SIGSTOP) the moment ``event()`` is seen, so that what the test does next
     happens at that point however loaded the machine is; a run that ends first is started again,
     three times at most. The caller continues (SIGCONT) or kills it."""
     for _ in range(3):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=signals_as_a_terminal_leaves_them)
         while proc.poll() is None and not event():
             time.sleep(0.001)
         if proc.poll() is None:

@@ -7,7 +7,8 @@ Checks, per split, through the folder's verbs (``tokpack.storage.folder``), so a
 remote folder are checked alike: every token file's size (and llm.c header) before any byte is
 read, then its sha256 and every id below n_vocab; the token counts; the document index (count,
 first offset 0, strictly increasing, inside the split); Megatron's index naming the same
-documents; a loss mask's size, sha256, values and count of 1s. O(folder bytes), read once.
+documents; a loss mask's size, sha256, values and count of 1s; a guarded folder's reports against
+meta.json, field by field (docs/dedup.md). O(folder bytes), read once; O(clusters) held.
 
 See docs/formats.md.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -178,62 +180,201 @@ def check_mask(folder: Folder, entry: FileEntry) -> int:
 
 
 def _check_masks(folder: Folder, name: str, info: SplitInfo) -> None:
-    """A split's masks, with as many 1s as meta.json's supervised count."""
+    """A split's masks, with as many 1s as meta.json's supervised count, and one at least."""
     ones = sum(check_mask(folder, entry) for entry in mask_files(info))
     if ones != info["supervised"]:
         raise VerifyError(f"the {name} split's mask in {folder.where} trains on {ones} tokens, meta.json says "
                           f"{info['supervised']}")
+    if not ones and info["tokens"]:  # prepare writes no conversation without a trained token
+        raise VerifyError(f"the {name} split's mask in {folder.where} trains on none of its {info['tokens']} tokens, "
+                          "which every reader refuses; prepare the folder again")
 
 
 def _check_guard(folder: Folder, meta: Meta) -> None:
-    """Each split's guard report against meta.json: its sha256, one object a line with the
-    report's fields, written documents' indexes inside the split, and as many moved and removed
-    documents as meta.json counts. Read as it streams, a line at a time."""
-    counted = dict.fromkeys([*GUARD_REMOVED[1:], "to val", "to train"], 0)  # a row's removal, or its move
+    """Each split's guard report against meta.json, field by field: its sha256 and row count, one
+    row a line of the report's fields in document order, written documents' indexes inside the
+    split and in order, each cluster whole (its first document and a later one, the similarities
+    on the signature's grid, one pair at least at the threshold) and as many as meta.json counts,
+    as many moved and removed documents as it counts, each evaluation file's count, and the guard's
+    rules as the run's options give them. Read as it streams, a line at a time; O(clusters) held."""
+    record = meta["guard"]  # type: ignore[typeddict-item]
+    _check_rules(record, meta["options"].get("guard"), f"{folder.where}/meta.json")
+    report = _Report(record, indexed="chat" not in meta)
     for name, info in meta["splits"].items():
         if "guard" not in info:
-            continue
-        held = [b""]
+            raise VerifyError(f"{folder.where}/meta.json records a guard but lists no report of the {name} split")
+        entry, held = info["guard"], [b""]
+        report_at = f"{folder.where}/{entry['file']}"
+        report.start(name, info["documents"])
 
         def lines(body: bytes, at: int, where: str) -> None:
             *whole, held[0] = (held[0] + body).split(b"\n")
             for line in whole:
-                _count_row(line, where, name, info["documents"], counted)
+                report.row(line, where)
 
-        check_entry(folder, info["guard"], lines)
+        check_entry(folder, entry, lines)
         if held[0]:
-            raise VerifyError(f"{folder.where}/{info['guard']['file']} ends inside a line")
-    record = meta["guard"]  # type: ignore[typeddict-item]
-    expected: dict[str, int | None] = dict.fromkeys(counted)  # None: meta.json says nothing to check
-    if "dedup" in record:
-        expected["copy" if record["dedup"]["mode"] == "exact" else "near-copy"] = sum(record["dedup"]["removed"])
-    if "decontaminate" in record and not record["decontaminate"]["report_only"]:
-        expected["evaluation"] = record["decontaminate"]["removed"]
-    if record.get("near", {}).get("split"):
-        expected["to val"], expected["to train"] = record["near"]["moved_to_val"], record["near"]["moved_to_train"]
-        expected["near-copy of val"] = record["near"].get("removed_from_train", 0)
-    if "dedup" in record and record["dedup"]["mode"] == "near":  # a copy of the same text is a near copy too
-        counted["near-copy"] += counted.pop("copy")
-        expected.pop("copy")
-    for what, count in expected.items():
-        if count is not None and counted[what] != count:
-            raise VerifyError(f"the guard reports of {folder.where} list {counted[what]} documents {what}, meta.json "
-                              f"says {count}")
+            raise VerifyError(f"{report_at} ends inside a line")
+        if entry.get("rows") != report.rows:
+            raise VerifyError(f"{report_at} holds {report.rows} rows, meta.json says {entry.get('rows')} (a report written "
+                              "before tokpack counted its rows: prepare it again)")
+    report.finish(folder.where)
 
 
-def _count_row(line: bytes, where: str, split: str, documents: int, counted: dict[str, int]) -> None:
-    try:
-        row = json.loads(line)
-        removed, index, own = row["removed"], row["index"], row["own_split"]
-        if removed not in GUARD_REMOVED or own not in ("train", "val") or not (
-                index is None or (type(index) is int and 0 <= index < documents)):
+def _check_rules(record: Any, options: Any, where: str) -> None:
+    """meta.json's guard record names the rules its run's options give: which parts, and each setting."""
+    if not isinstance(record, dict) or not isinstance(options, dict):
+        raise VerifyError(f"{where} has a guard record but not the guard's options it was run with")
+    near = bool(options.get("near_split")) or options.get("dedup") == "near"
+    expected = {
+        "near": {"ngram": options.get("ngram"), "hashes": options.get("hashes"), "bands": options.get("bands"),
+                 "threshold": options.get("threshold"), "split": options.get("near_split")} if near else None,
+        "dedup": {"mode": options.get("dedup")} if options.get("dedup") not in (None, "none") else None,
+        "decontaminate": {"ngram": options.get("decontaminate_ngram"), "report_only": options.get("report_only"),
+                          "paths": list(options.get("decontaminate") or ())} if options.get("decontaminate") else None,
+    }
+    if set(record) != {part for part, rules in expected.items() if rules}:
+        raise VerifyError(f"{where}'s guard record holds {sorted(record)}, its options ask for "
+                          f"{sorted(part for part, rules in expected.items() if rules)}")
+    for part, rules in expected.items():
+        if rules is None:
+            continue
+        if not isinstance(record[part], dict):
+            raise VerifyError(f"{where}'s guard.{part} is not an object")
+        found = dict(record[part])
+        if part == "decontaminate":
+            files = found.get("files")
+            found["paths"] = [f.get("path") if isinstance(f, dict) else None for f in files] \
+                if isinstance(files, list) else None
+        for key, value in rules.items():
+            if type(found.get(key)) is not type(value) or found.get(key) != value:
+                raise VerifyError(f"{where}'s guard.{part}.{key} is {found.get(key)!r}, the run's options say {value!r}")
+    near = record.get("near")
+    if near and not (type(near["hashes"]) is int and near["hashes"] > 0 and type(near["threshold"]) in (int, float)
+                     and 0 < near["threshold"] <= 1):
+        raise VerifyError(f"{where}'s guard.near has hashes {near['hashes']!r} and threshold {near['threshold']!r}, "
+                          "not a count and a share in (0, 1]")
+
+
+class _Report:
+    """What a guarded folder's report rows hold, read a row at a time and compared with meta.json's
+    guard record at the end."""
+
+    def __init__(self, record: dict[str, Any], indexed: bool):
+        self.record, self.indexed = record, indexed  # indexed: a text folder (a written row has an index)
+        self.hashes = record["near"]["hashes"] if "near" in record else None
+        self.counted = dict.fromkeys([*GUARD_REMOVED[1:], "to val", "to train"], 0)  # a row's removal, or its move
+        self.clusters: dict[int, list[int]] = {}  # cluster: [first seen, most bins a later one agrees on]
+        self.evaluation: dict[str, int] = {}  # evaluation file: train documents holding its n-grams, counted
+        self.contaminated = 0
+        self.split, self.documents, self.rows, self._last = "", 0, 0, (-1, -1)
+
+    def start(self, split: str, documents: int) -> None:
+        self.split, self.documents, self.rows, self._last = split, documents, 0, (-1, -1)
+
+    def row(self, line: bytes, where: str) -> None:
+        try:
+            row = json.loads(line)
+            document, removed, index, own = row["document"], row["removed"], row["index"], row["own_split"]
+            cluster, similarity, sets = row["cluster"], row["similarity"], row.get("evaluation")
+            bins = self._bins(document, cluster, similarity)
+            if not (type(document) is int and document > self._last[0] and isinstance(row["file"], str)
+                    and removed in GUARD_REMOVED and own in ("train", "val") and self._indexed(index, removed)
+                    and (sets is None or (isinstance(sets, list) and sets and all(isinstance(s, str) for s in sets)))
+                    and (removed != "evaluation" or sets is not None)):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise VerifyError(f"{where} holds a line that is not a guard report's row, in order: {line[:80]!r}") from None
+        self.rows += 1
+        self._last = (document, self._last[1] if index is None else index)
+        if removed is not None:
+            self.counted[removed] += 1
+        elif own != self.split:
+            self.counted[f"to {self.split}"] += 1
+        if cluster is not None:
+            seen = self.clusters.setdefault(cluster, [0, -1])
+            if cluster == document:
+                seen[0] = 1
+            else:
+                seen[1] = max(seen[1], bins)
+        if sets is not None and self.split == "train" and removed in (None, "evaluation"):
+            self.contaminated += 1
+            for name in sets:
+                self.evaluation[name] = self.evaluation.get(name, 0) + 1
+
+    def _indexed(self, index: Any, removed: str | None) -> bool:
+        """An index where the document was written (a text folder's, in order), none where it was not."""
+        if index is None:
+            return removed is not None or not self.indexed
+        return self.indexed and removed is None and type(index) is int and self._last[1] < index < self.documents
+
+    def _bins(self, document: int, cluster: Any, similarity: Any) -> int:
+        """How many signature bins a member agrees on with its cluster's first (its similarity on
+        the signature's grid, 1.0 for the first itself and wherever no signature was made)."""
+        if cluster is None:
+            if similarity is not None:
+                raise ValueError
+            return -1
+        if not (type(cluster) is int and 0 <= cluster <= document and type(similarity) is float):
             raise ValueError
-    except (ValueError, KeyError, TypeError):
-        raise VerifyError(f"{where} holds a line that is not a guard report's row: {line[:80]!r}") from None
-    if removed is not None:
-        counted[removed] += 1
-    elif own != split:
-        counted[f"to {split}"] += 1
+        hashes = self.hashes or 1
+        bins = round(similarity * hashes)
+        if not 0 <= bins <= hashes or round(bins / hashes, 4) != similarity or (
+                (cluster == document or self.hashes is None) and bins != hashes):
+            raise ValueError
+        return bins
+
+    def finish(self, where: str) -> None:
+        """The clusters whole and as many as meta.json counts; each removal, move and evaluation
+        file's count as meta.json counts them."""
+        record, near = self.record, self.record.get("near")
+        # a cluster's first is joined to one later member at least: by the rule, or as a copy
+        need = 1 if near is None else math.ceil(near["threshold"] * near["hashes"] - 1e-9)
+        for cluster, (first, best) in self.clusters.items():
+            if not first or best < need:
+                raise VerifyError(f"the guard reports of {where} list cluster {cluster} "
+                                  f"{'with' if first else 'without'} its first document, its closest later one "
+                                  f"agreeing on {best if best >= 0 else 'no'} bins, where meta.json's rule joins at "
+                                  f"{need}")
+        if near is not None and near.get("clusters") != len(self.clusters):
+            raise VerifyError(f"the guard reports of {where} list {len(self.clusters)} clusters, meta.json says "
+                              f"{near.get('clusters')!r}")
+        mode = record.get("dedup", {}).get("mode")
+        decontaminate = record.get("decontaminate", {})
+        removing = decontaminate and not decontaminate["report_only"]
+        expected = {"copy": _removed(record) if mode == "exact" else 0, "near-copy": 0,
+                    "evaluation": decontaminate.get("removed") if removing else 0,
+                    "near-copy of val": near.get("removed_from_train", 0) if near and near["split"] else 0,
+                    "to val": near.get("moved_to_val") if near and near["split"] else 0,
+                    "to train": near.get("moved_to_train") if near and near["split"] else 0}
+        counted = dict(self.counted)
+        if mode == "near":  # a copy of the same text is a near copy too
+            counted["near-copy"] += counted.pop("copy")
+            expected.pop("copy")
+            expected["near-copy"] = _removed(record)
+        for what, count in expected.items():
+            if counted[what] != count:
+                raise VerifyError(f"the guard reports of {where} list {counted[what]} documents {what}, meta.json "
+                                  f"says {count!r}")
+        if decontaminate:
+            self._evaluation(decontaminate, where)
+
+    def _evaluation(self, record: dict[str, Any], where: str) -> None:
+        word = "found" if record["report_only"] else "removed"
+        said: dict[str, Any] = {}
+        for entry in record["files"]:
+            count, before = entry.get(word), said.get(entry["path"], 0)
+            said[entry["path"]] = before + count if type(count) is int and type(before) is int else None
+        if record.get(word) != self.contaminated or said != {path: self.evaluation.get(path, 0) for path in said} \
+                or set(self.evaluation) - set(said):
+            raise VerifyError(f"the guard reports of {where} list {self.contaminated} train documents holding "
+                              f"evaluation n-grams ({self.evaluation}), meta.json says {record.get(word)!r} ({said})")
+
+
+def _removed(record: dict[str, Any]) -> Any:
+    """dedup's removals in meta.json, over its inputs."""
+    counts = record["dedup"].get("removed")
+    return sum(counts) if isinstance(counts, list) and all(type(n) is int for n in counts) else counts
 
 
 def verify_folder(folder: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, int]:

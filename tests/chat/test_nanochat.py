@@ -338,6 +338,22 @@ def test_verify_checks_the_mask(chat_folder, tmp_path, damage, reason):
         verify_folder(folder)
 
 
+def test_verify_refuses_a_mask_that_trains_on_nothing_as_every_reader_does(chat_folder, tmp_path):
+    from tokpack import TokenWindows
+
+    folder = tmp_path / "copy"
+    shutil.copytree(chat_folder, folder)
+    (folder / "val.mask").write_bytes(bytes((folder / "val.mask").stat().st_size))
+    _rehash(folder, "val.mask")
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["splits"]["val"]["supervised"] = 0  # consistent with its count: only the reading can tell
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="holds a target its loss mask trains on"):
+        TokenWindows(folder, 8, split="val")
+    with pytest.raises(VerifyError, match="val split's mask in .* trains on none of its"):
+        verify_folder(folder)
+
+
 def test_verify_refuses_every_mask_byte_but_0_and_1(chat_folder, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(chat_folder, folder)

@@ -254,6 +254,9 @@ BOUNDED = [
     ("{{ messages|attr('__class__') }}", "is unsafe"),
     ("{% for m in messages %}{{ loop.__class__ }}{% endfor %}", "is unsafe"),
     ("{{ '{0.__globals__}'.format(raise_exception) }}", "is unsafe"),
+    ("{{ strftime_now.__self__ }}", "is unsafe"),
+    ("{{ raise_exception['__self__'] }}", "is unsafe"),
+    ("{{ messages[0]._missing }}", "is unsafe"),
     ("{{ messages[0]|attr('items') }}", "memory address"),
     ("{{ messages[0].items }}", "memory address"),
 ]
@@ -384,6 +387,9 @@ def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
         (each + "{{ m['content'] }}{{ '" + right + "' }}{% endfor %}", [("user", "x " + left), ("assistant", "ok")]),
         (each + "{{ '" + name[:1] + "' ~ m['content'] ~ '" + name[-1:] + "' }}{% endfor %}",  # template | message | template
          [("user", inner), ("assistant", "ok")]),
+        # all of the name but one character, the template writing that one: after it, and before it
+        (each + "{{ m['content'] }}{{ '" + name[-1:] + "' }}{% endfor %}", [("user", "x " + name[:-1]), ("assistant", "ok")]),
+        (each + "{{ '" + name[:1] + "' }}{{ m['content'] }}{% endfor %}", [("user", name[1:] + " x"), ("assistant", "ok")]),
     ]
 
 
@@ -636,12 +642,53 @@ def test_a_tokenizer_that_normalizes_to_nfc_gives_transformers_ids_and_masks(tmp
         joined.pieces(messages(chat, "r"), "r")
 
 
+def test_a_tool_described_in_decomposed_accents_is_normalized_with_the_messages(tmp_path, capsys):
+    from tokenizers import normalizers
+
+    from tokpack.bench.chat import gpt2_tokenizer
+
+    tok = tmp_path / "qwen-like"
+    chat_tokenizer(tok, _trl_template("qwen2_5_training.jinja"))
+    library = gpt2_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    library.normalizer = normalizers.NFC()
+    library.save(str(tok / "tokenizer.json"))
+    described = {**WEATHER, "function": {**WEATHER["function"], "description": "Le temps qu'il fait a\u0300 Ko\u0308ln"}}
+    records = [{**r, "tools": [described]} for r in TOOL_CHATS]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
+    assert code == 0, err
+    library = _library(tok)
+    expected = [tuple(library.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True, return_dict=True,
+                                                  return_assistant_tokens_mask=True)[k]
+                      for k in ("input_ids", "assistant_masks")) for r in records]
+    assert sorted(_every(tmp_path / "out")) == sorted(expected)
+    assert all("à Köln" in library.decode(ids) for ids, _ in expected)
+
+
+def test_special_tokens_a_config_writes_as_objects_reach_the_template(tmp_path, capsys):
+    # Llama 2's and Mistral's tokenizer_config.json write each token as an added token's object.
+    tok = chat_tokenizer(tmp_path / "tok", "{{ bos_token }}" + CHATML + "{{ eos_token }}")
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    for key in ("bos_token", "eos_token"):
+        config[key] = {"__type": "AddedToken", "content": config[key], "lstrip": False, "normalized": False,
+                       "rstrip": False, "single_word": False}
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    code, err = _prepare(capsys, _inputs(tmp_path, CHATS[:6]), tok, tmp_path / "out")
+    assert code == 0, err
+    library = _library(tok)
+    expected = [tuple(library.apply_chat_template(c["messages"], tokenize=True, return_dict=True,
+                                                  return_assistant_tokens_mask=True)[k]
+                      for k in ("input_ids", "assistant_masks")) for c in CHATS[:6]]
+    found = _every(tmp_path / "out")
+    assert sorted(found) == sorted(expected)
+    assert all(ids[0] == library.bos_token_id and ids[-1] == library.eos_token_id for ids, _ in found)
+
+
 @pytest.mark.parametrize("tokenizer", ["hf", "tiktoken", "splintr"])
 def test_no_special_token_is_made_of_a_messages_text_and_its_neighbours(chatml, tmp_path, tokenizer):
     enc = load_encoding(str(chatml if tokenizer == "hf" else write_nanochat_spec(tmp_path / "tok")))
     if tokenizer == "splintr":
         enc = enc.with_backend("splintr", 1.0, 0)
-    for name in sorted(enc.specials)[:3]:
+    for name in {*sorted(enc.specials)[:3], max(enc.specials, key=len)}:  # the longest bounds the search
         for template, chat in _joining(name):
             found = messages({"messages": [{"role": r, "content": c} for r, c in chat]}, "r")
             rendered = Template(template, "t", enc, 0).render(found, "r", 0)[0]
@@ -946,3 +993,31 @@ def test_a_conversation_cut_to_one_trained_token_is_kept(chatml):
     encoded = _one(first, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
     assert encoded.ids.tolist() == enc.encode_ordinary("ok")[:1] and encoded.mask.tolist() == [1]
     assert encoded.trained.tolist() == [True] and encoded.cut.tolist() == [True]
+
+
+REASONED = [{"messages": [{"role": "user", "content": f"what is {i} + {i}?"},
+                          {"role": "assistant", "content": f"It is {2 * i}.", "NAME": f"Adding {i} to itself."}]}
+            for i in range(4)]
+
+
+@pytest.mark.parametrize("family,names", [
+    ("qwen3", ("<|im_start|>", "<|im_end|>")),
+    ("gptoss", ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")),
+])
+@pytest.mark.parametrize("field", ["reasoning_content", "thinking", "reasoning"])
+def test_reasoning_under_any_of_its_names_renders_as_transformers_renders_it(tmp_path, capsys, family, names, field):
+    # gpt-oss writes today's date, which tokpack fixes (a folder is the same whatever day it is made)
+    template = _trl_template(f"{family}.jinja").replace('strftime_now("%Y-%m-%d")', '"2024-07-26"')
+    tok = chat_tokenizer(tmp_path / "tok", template, names)
+    records = [{"messages": [r["messages"][0], {**{k: v for k, v in r["messages"][1].items() if k != "NAME"},
+                                                field: r["messages"][1]["NAME"]}]} for r in REASONED]
+    code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
+    assert code == 0, err
+    library = _library(tok)
+    expected = [library.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]
+                for r in records]
+    found = _every(tmp_path / "out")
+    assert sorted(ids for ids, _ in found) == sorted(expected)
+    for ids, mask in found:  # the reasoning is written, and trained as the assistant's turn
+        trained = library.decode([t for t, m in zip(ids, mask) if m])
+        assert re.search(r"Adding \d to itself\.", trained) and re.search(r"It is \d+\.", trained), trained

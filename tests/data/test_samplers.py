@@ -136,6 +136,24 @@ def test_forged_positions_are_refused():
         iter(s).load_state_dict({"epoch": 0, "batch": 11})
 
 
+
+def test_states_claiming_more_than_a_run_hands_out_or_without_a_setting_are_refused():
+    from tokpack.data.samplers import MAX_BATCHES
+
+    for s in (EpochSampler(40, 4, seed=0), RandomStartSampler(10**6, 5, seed=2)):  # ten batches an epoch; endless
+        good = s.state_dict()
+        per_epoch = s.batches_per_epoch()
+        most = MAX_BATCHES if per_epoch == float("inf") else MAX_BATCHES // per_epoch
+        s.load_state_dict({**good, "epoch": most})  # the most a state may claim is taken
+        iter(s).load_state_dict({"epoch": most, "batch": 0})
+        for bad in ({**good, "epoch": most + 1}, {**good, "epoch": 10**12},
+                    {k: v for k, v in good.items() if k != "num_samples"}, {**good, "seed": float(good["seed"])}):
+            with pytest.raises(ValueError, match="epoch=|no num_samples|seed=0.0|seed=2.0"):
+                s.load_state_dict(bad)
+        with pytest.raises(ValueError, match="epoch="):
+            iter(s).load_state_dict({"epoch": most + 1, "batch": 0})
+
+
 def test_torchdata_stateful_dataloader_resumes_in_o1_and_epochs_differ(prepared, monkeypatch):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     from tokpack import TokenWindows, collate_windows

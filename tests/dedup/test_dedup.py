@@ -161,3 +161,31 @@ def test_an_ngram_of_two_sets_counts_for_the_lower_numbered():
     index = NgramIndex.of([(3, [shared]), (1, [shared + " fourteen"])], 13)
     assert index.hits([shared]) == [frozenset({1})]
     assert index.digest() != NgramIndex.of([(3, [shared])], 13).digest()
+
+
+def test_a_pair_joins_only_where_its_agreeing_bins_reach_the_threshold_itself():
+    from tokpack.dedup.clusters import similar
+
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 1 << 16, 256, dtype=np.uint16)
+    rows = [first]
+    for agree in (204, 205, 191, 192):  # 204/256 = 0.797 is under 0.8; 192/256 is 0.75 exactly
+        other = first.copy()
+        other[agree:] ^= 1
+        rows.append(other)
+    prints = np.stack(rows)
+    left, right = np.zeros(4, np.int64), np.arange(1, 5)
+    assert similar(prints, left[:2], right[:2], 0.8).tolist() == [False, True]
+    assert similar(prints, left[2:], right[2:], 0.75).tolist() == [False, True]
+
+
+def test_a_short_evaluation_text_is_matched_whole_and_indexes_no_run_of_the_longer_texts():
+    long = ("the quick brown fox jumps over the lazy dog while seven wise owls watch from an old oak tree "
+            "beside the river")
+    index = NgramIndex.of([(0, [long, "capital of France"])], 13)
+    assert index.shorter == (3,)
+    words_of_long = long.split()
+    threes = [" ".join(words_of_long[i:i + 3]) for i in range(0, len(words_of_long) - 2, 3)]
+    train = [f"a note on {run}, nothing more" for run in threes] + [
+        "what is the capital of France? Paris.", "the capital of Spain"]
+    assert index.hits(train) == [frozenset()] * len(threes) + [frozenset({0}), frozenset()]

@@ -542,3 +542,156 @@ def test_a_documents_verdict_is_found_in_any_order_of_lookups(members, data):
         read = max(i for i, start in enumerate(starts) if start <= number)
         expected = table.get(number)
         assert decided.verdict(read, number - starts[read]) == (None if expected is None else Verdict(expected))
+
+
+def test_clusters_are_counted_once_and_an_exact_copy_is_a_copy_under_dedup_near(tmp_path):
+    docs, planted = corpus(200, seed=21)
+    near = next(b for a, b in planted if docs[a] != docs[b] and jaccard(docs[a], docs[b]) >= 0.85)
+    docs += [docs[0], docs[0], docs[1]]  # a cluster of three texts the same, and one of two
+    out = run(tmp_path, docs, "c", near_split=True, dedup="near")
+    rows = [json.loads(line) for s in ("train", "val") for line in (out / f"{s}.guard.jsonl").read_text().splitlines()]
+    clusters = {r["cluster"] for r in rows if r["cluster"] is not None}
+    later = [r for r in rows if r["cluster"] is not None and r["cluster"] != r["document"]]
+    assert read_meta(out)["guard"]["near"]["clusters"] == len(clusters) < len(later)
+    by_document = {r["document"]: r for r in rows}
+    n = len(docs)
+    assert [by_document[d]["removed"] for d in (n - 3, n - 2, n - 1)] == ["copy"] * 3
+    assert by_document[near]["removed"] == "near-copy"
+    assert verify_folder(out)
+
+
+def _forged(out: Path, split: str, rows=None, meta_edit=None, count_rows: bool = True) -> None:
+    """The folder's ``split`` report rewritten with ``rows`` (and meta.json edited), meta.json
+    rehashed to match: what a forger who knows the format writes."""
+    meta = json.loads((out / "meta.json").read_text())
+    if rows is not None:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        (out / f"{split}.guard.jsonl").write_text(text)
+        entry = meta["splits"][split]["guard"]
+        entry.update(bytes=len(text.encode()), sha256=hashlib.sha256(text.encode()).hexdigest())
+        if count_rows:
+            entry["rows"] = len(rows)
+    if meta_edit is not None:
+        meta_edit(meta)
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def _report(out: Path, split: str) -> list[dict]:
+    return [json.loads(line) for line in (out / f"{split}.guard.jsonl").read_text().splitlines()]
+
+
+def test_verify_holds_the_reports_and_meta_json_to_each_other_field_by_field(tmp_path):
+    from tokpack.verify import VerifyError
+
+    docs, _ = corpus(300, seed=22)
+    docs += [docs[0], docs[0], "a document holding the question: " + QUESTION, "and another: " + QUESTION]
+    (tmp_path / "q.txt").write_text(QUESTION + "\n")
+    out = run(tmp_path, docs, "v", near_split=True, decontaminate=(str(tmp_path / "q.txt"),))
+    pristine = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert verify_folder(out)
+    train, val = _report(out, "train"), _report(out, "val")
+    members = {}
+    for r in train + val:
+        if r["cluster"] is not None:
+            members.setdefault(r["cluster"], []).append(r)
+    pair = next(m for m in members.values() if len(m) == 2 and m[1]["removed"] is None and m[1] in train)
+    head = next(r for r in train + val if r["document"] == 0)  # the first of three
+    head_split = "train" if head in train else "val"
+    assert len(members[0]) == 3
+    gone = [r for r in train if r["index"] is None]
+    assert len(gone) == 2 and gone == train[-2:]  # the two holding the question, removed
+    kept = max((r for r in train if r["index"] is not None), key=lambda r: r["index"])
+    train_documents = read_meta(out)["splits"]["train"]["documents"]
+
+    def edit(path, value):
+        def change(meta):
+            *keys, last = path
+            target = meta
+            for key in keys:
+                target = target[key]
+            target[last] = value(target[last])
+        return change
+
+    forgeries = {
+        "index past the split": ("train", [{**r, "index": train_documents} if r is kept else r for r in train], None),
+        "a kept later member deleted": ("train", [r for r in train if r is not pair[1]], None),
+        "a cluster's first deleted": (head_split, [r for r in _report(out, head_split) if r != head], None),
+        "a row deleted, the count kept": ("train", train[1:], "rows kept"),
+        "a similarity off the grid": ("train", [{**r, "similarity": 0.81} if r is pair[1] else r for r in train], None),
+        "a similarity above one": ("train", [{**r, "similarity": 1.0039} if r is pair[1] else r for r in train], None),
+        "a first's similarity below one": (head_split, [{**r, "similarity": 0.9961} if r == head else r
+                                                        for r in _report(out, head_split)], None),
+        "removed rows out of order": ("train", [*train[:-2], train[-1], train[-2]], None),
+        "a similarity below the rule": ("train", [{**r, "similarity": 0.5} if r is pair[1] else r for r in train], None),
+        "rows out of order": ("train", [train[1], train[0], *train[2:]], None),
+        "an index out of order": ("train", [{**r, "index": 0} if r is kept else r for r in train], None),
+        "clusters": (None, None, edit(("guard", "near", "clusters"), lambda n: n + 1)),
+        "moved to val": (None, None, edit(("guard", "near", "moved_to_val"), lambda n: n + 1)),
+        "an evaluation file's count": (None, None, edit(("guard", "decontaminate", "files"),
+                                                        lambda f: [{**f[0], "removed": f[0]["removed"] + 1}])),
+        "threshold in the record": (None, None, edit(("guard", "near", "threshold"), lambda t: 0.5)),
+        "threshold in both": (None, None, lambda m: (edit(("guard", "near", "threshold"), lambda t: 0.99)(m),
+                                                     edit(("options", "guard", "threshold"), lambda t: 0.99)(m))),
+        "no guard options": (None, None, lambda m: m["options"].pop("guard")),
+        "dedup added to the record": (None, None, edit(("guard",), lambda g: {**g, "dedup": {"mode": "exact",
+                                                                                              "removed": [0]}})),
+        "a report's row count gone": (None, None, lambda m: m["splits"]["val"]["guard"].pop("rows")),
+    }
+    for name, (split, rows, meta_edit) in forgeries.items():
+        for file, data in pristine.items():
+            (out / file).write_bytes(data)
+        _forged(out, split, rows, meta_edit if callable(meta_edit) else None, count_rows=meta_edit != "rows kept")
+        with pytest.raises(VerifyError):
+            verify_folder(out)
+            pytest.fail(f"verify accepted a forgery: {name}")
+    # Without signatures a cluster is of copies: a copy's row deleted, and meta.json's count with it,
+    # leaves its first alone.
+    out = run(tmp_path, docs, "exact", dedup="exact")
+    train = _report(out, "train")
+    copy = next(r for r in train if r["removed"] == "copy")
+    assert verify_folder(out) and sum(r["cluster"] == copy["cluster"] for r in train + _report(out, "val")) == 2
+
+    def fewer(meta):
+        meta["guard"]["dedup"]["removed"][0] -= 1
+    _forged(out, "train", [r for r in train if r is not copy], fewer)
+    with pytest.raises(VerifyError, match=f"cluster {copy['cluster']} with its first document, its closest later one "
+                                          "agreeing on no bins"):
+        verify_folder(out)
+
+
+def test_verify_compares_the_train_near_copies_of_a_users_val_with_the_reports(tmp_path):
+    from tokpack.verify import VerifyError
+
+    docs, planted = corpus(200, seed=23)
+    pairs = [(a, b) for a, b in planted if jaccard(docs[a], docs[b]) >= 0.85][:6]
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": docs[a]} for a, _ in pairs])
+    source = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for i, d in enumerate(docs)
+                                                     if i not in {a for a, _ in pairs}])
+    out = tmp_path / "out"
+    prepare(PrepareConfig(inputs=(str(source), str(val)), val_inputs=(str(val),), out_dir=str(out), quiet=True,
+                          guard=GuardOptions(near_split=True)))
+    assert read_meta(out)["guard"]["near"]["removed_from_train"] > 0 and verify_folder(out)
+    for change in (1, -1):
+        def edit(meta, change=change):
+            meta["guard"]["near"]["removed_from_train"] += change
+        _forged(out, "train", meta_edit=edit)
+        with pytest.raises(VerifyError, match="near-copy of val"):
+            verify_folder(out)
+        _forged(out, "train", meta_edit=lambda meta, change=change: meta["guard"]["near"].update(
+            removed_from_train=meta["guard"]["near"]["removed_from_train"] - change))
+        assert verify_folder(out)
+
+
+def test_a_copy_holding_an_evaluation_ngram_is_counted_once_as_a_copy(tmp_path):
+    docs, _ = corpus(120, seed=24)
+    quoting = "a document holding the question: " + QUESTION
+    docs += [quoting, quoting]
+    (tmp_path / "q.txt").write_text(QUESTION + "\n")
+    out = run(tmp_path, docs, "q", dedup="exact", decontaminate=(str(tmp_path / "q.txt"),))
+    rows = {r["document"]: r for s in ("train", "val") for r in _report(out, s)}
+    first, copy = rows[len(docs) - 2], rows[len(docs) - 1]
+    assert copy["removed"] == "copy" and copy["evaluation"] == first["evaluation"] == [str(tmp_path / "q.txt")]
+    record = read_meta(out)["guard"]
+    assert record["decontaminate"]["removed"] == (first["removed"] == "evaluation") == 1
+    assert sum(record["dedup"]["removed"]) == len(docs) - len(set(docs))
+    assert verify_folder(out)

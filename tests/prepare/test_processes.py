@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from helpers import cli_run, make_chats, make_docs, prepare_cmd, write_jsonl, write_nanochat_spec
+from helpers import (cli_run, make_chats, make_docs, prepare_cmd, signals_as_a_terminal_leaves_them, write_jsonl,
+                     write_nanochat_spec)
 from tokpack.format import UNIT_RECORD_GLOB
 from tokpack.prepare.__main__ import main
 from tokpack.verify import verify_folder
@@ -133,7 +134,8 @@ def _started_with_a_unit_done(cmd, out):
     files renamed (a unit writes its record first), with units still to do; a run that ends first
     is started again, three times at most."""
     for _ in range(3):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=signals_as_a_terminal_leaves_them)
         while proc.poll() is None and not (out.is_dir() and any(map(_renamed, out.glob(UNIT_RECORD_GLOB)))):
             time.sleep(0.002)
         if proc.poll() is None and len(list(out.glob(UNIT_RECORD_GLOB))) < 8:

@@ -274,6 +274,19 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.size("joins", sum(map(len, texts)))
         return "".join(texts)
 
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        return self._internal(super().getattr(obj, attribute), obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        return self._internal(super().getitem(obj, argument), obj, argument)
+
+    def _internal(self, found: Any, obj: Any, name: Any) -> Any:
+        # An internal's name that is not there renders as "" in jinja's sandbox (a function's
+        # __self__): reaching for one is this record's error, whether or not the object has it.
+        if isinstance(found, jinja2.Undefined) and isinstance(name, str) and name.startswith("_"):
+            return self.unsafe_undefined(obj, name)
+        return found
+
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         # jinja's own is an undefined that renders as "": a template reaching for an internal is
         # this record's error instead
@@ -377,6 +390,27 @@ def _specials_pattern(names: tuple[str, ...], markers: tuple[str, str] | None) -
         return re.compile(f"()({tokens})()")
     start, end = map(re.escape, markers)
     return re.compile(f"({start}?)({tokens})({end}?)")
+
+
+# The names a message's reasoning goes by; transformers hands a template each message's first one
+# given as ``reasoning_content`` (what most templates read) and as ``thinking`` (gpt-oss's) unless
+# the message names its own.
+REASONING = ("reasoning_content", "thinking", "reasoning")
+
+
+def with_reasoning(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as transformers hands them to a template: reasoning under any of its names is
+    there under the name the template reads."""
+    out = found
+    for i, message in enumerate(found):
+        if len(message) <= 2:  # a role and content: the common message, no look-ups
+            continue
+        reasoning = next((message[key] for key in REASONING if message.get(key) is not None), None)
+        if reasoning is not None:
+            if out is found:
+                out = list(found)
+            out[i] = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return out
 
 
 def _texts(found: list[dict[str, Any]], tools: list[Any] | None) -> list[str]:
@@ -647,6 +681,8 @@ class Template:
         return start, end
 
     def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
+        found = with_reasoning(found)
+
         def each(change: Callable[[str], str]) -> tuple[list[dict[str, Any]], list[Any] | None]:
             """Every string a template reads as the record's text changed: the messages' but their
             roles (templates build tokens of them: '<|' + role + '|>'), and the tools'."""

@@ -30,6 +30,10 @@ from .runtime import generator, mix_seed, rank_world
 
 CHUNK = 8192  # random draws are made this many at a time, each chunk from its own seed
 STATE_VERSION = 3
+# A state claims the batches handed out before it: its epochs (each begun with a batch at least)
+# and its batch in the last. More than this is more than any run hands out (at 10,000 batches a
+# second, 80 days without a pause): such a state is forged.
+MAX_BATCHES = 2**36
 
 
 class Batch(list):
@@ -60,10 +64,16 @@ def check_state(state: Any, what: str, settings: dict[str, Any], last_batch: flo
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"{what} state has version {state.get('version')!r}, this tokpack reads {STATE_VERSION}")
     for key, value in settings.items():
-        if state.get(key) != value:
-            raise ValueError(f"{what} state was taken with {key}={state.get(key)!r} but this {what} has "
-                             f"{key}={value!r}; build the {what} with the same {key} (and data) to resume")
-    return _checked_int(state, "epoch", 0, 2**62), _checked_int(state, "batch", 0, last_batch)
+        if key not in state or type(state[key]) is not type(value) or state[key] != value:
+            taken = f"{key}={state[key]!r}" if key in state else f"no {key}"
+            raise ValueError(f"{what} state was taken with {taken} but this {what} has {key}={value!r}; build the "
+                             f"{what} with the same {key} (and data) to resume")
+    return _checked_int(state, "epoch", 0, _most_epochs(last_batch)), _checked_int(state, "batch", 0, last_batch)
+
+
+def _most_epochs(last_batch: float) -> int:
+    """The most epochs a state may claim whose epochs end at ``last_batch`` (inf: endless)."""
+    return MAX_BATCHES if math.isinf(last_batch) else MAX_BATCHES // max(1, int(last_batch))
 
 
 class ResumableBatchSampler(Sampler[list[int]], abc.ABC):
@@ -168,7 +178,7 @@ class SamplerIterator(Iterator[list[int]]):
         return {"epoch": self.epoch, "batch": self.batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._restart(_checked_int(state, "epoch", 0, 2**62),
+        self._restart(_checked_int(state, "epoch", 0, _most_epochs(self.sampler.batches_per_epoch())),
                       _checked_int(state, "batch", 0, self.sampler.batches_per_epoch()))
         self.claimed = True  # a restored pass is under way: the pass after it is the next epoch
         self.sampler.epoch, self.sampler.start_batch = self.epoch + 1, 0

@@ -106,6 +106,7 @@ class FileEntry(TypedDict):
     bytes: int
     sha256: str
     tokens: NotRequired[int]  # of a shard
+    rows: NotRequired[int]  # of a guard report
 
 
 class SplitInfo(TypedDict):

@@ -360,17 +360,19 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
 
 
 def _write_report(path: Path, rows: Iterable[dict[str, Any]]) -> FileEntry:
-    """A split's guard report, one JSON object a line, put in place before meta.json names it."""
+    """A split's guard report, one JSON object a line, put in place before meta.json names it with
+    its row count."""
     writer = HashingWriter(path)
+    count = 0
     try:
-        for row in rows:
+        for count, row in enumerate(rows, 1):
             writer.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
         entry = writer.close()
     except BaseException:
         writer.discard()
         raise
     os.replace(writer.tmp, path)
-    return entry  # type: ignore[return-value]
+    return {**entry, "rows": count}  # type: ignore[typeddict-item]
 
 
 def _nothing_trained(counts: dict[str, int], max_tokens: int) -> str:
