@@ -2,9 +2,11 @@
 
 import random
 import re
+import unicodedata
 
 import numpy as np
 import pytest
+import regex
 
 from tokpack.dedup.clusters import candidates, clusters, components
 from tokpack.dedup.minhash import Shingling, grams, sign, words
@@ -21,13 +23,29 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _word_hash(word: bytes) -> int:
-    """The rule: the sum of byte x BASE**i over the lowercased word's bytes, modulo 2**64, mixed."""
-    return _mix(sum(b * pow(0x100000001B3, i, 1 << 64) for i, b in enumerate(word)) & M64)
+def _word_hash(word: str) -> int:
+    """The rule: the sum of code point x BASE**i over the word's characters, modulo 2**64, mixed."""
+    return _mix(sum(ord(c) * pow(0x100000001B3, i, 1 << 64) for i, c in enumerate(word)) & M64)
 
 
-def _words(text: str) -> list[bytes]:
-    return re.findall(rb"[a-z0-9\x80-\xff]+", text.encode().lower())
+ALONE = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]")
+
+
+def _words(text: str) -> list[str]:
+    """The rule, a character at a time: format characters dropped, NFKC, case folded, NFKC; runs
+    of letters, marks and digits, each character of a script written without spaces alone."""
+    text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    out, run = [], ""
+    for c in text:
+        if ALONE.match(c) or unicodedata.category(c)[0] not in "LMN":
+            out += [run] if run else []
+            run = ""
+            if ALONE.match(c):
+                out.append(c)
+        else:
+            run += c
+    return out + ([run] if run else [])
 
 
 def jaccard(a: str, b: str, n: int = 5) -> float:
@@ -50,12 +68,50 @@ def test_words_are_runs_of_letters_and_digits_lowercased_hashed_as_the_rule_says
     assert found.bare[1] != found.bare[2]
 
 
+# Text a user would call the same as its plain-ASCII twin, and scripts written without spaces.
+UNICODE = [
+    "Which\u00a0of\u202fthese\u3000describes\u2028the\u2009interpreter",  # Unicode spaces
+    "words\u2014joined\u2013by dashes, \u201ccurly\u201d and \u2018single\u2019 quotes don\u2019t glue",
+    "NA\u00cfVE na\u00efve Nai\u0308ve CAFE\u0301 caf\u00e9 \u00c5ngstr\u00f6m A\u030angstro\u0308m STRASSE stra\u00dfe",
+    "zero\u200bwidth soft\u00adhyphen \ufeffbom join\u2060er \u200dzwj",
+    "\uff26\uff55\uff4c\uff4c-\uff37\uff49\uff44\uff54\uff48 \uff11\uff12\uff13 \ufb01ne",  # full-width, a ligature
+    "\u6211\u4eec\u4eca\u5929\u5728\u5317\u4eac\u89c1\u9762\uff0c\u5929\u6c14\u5f88\u597d\u3002",  # Chinese
+    "\u3053\u3093\u306b\u3061\u306f\u4e16\u754c\u3001\u30ab\u30bf\u30ab\u30ca\u30fc\u3002\uff76\uff9e",  # Japanese
+    "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35\u0e04\u0e23\u0e31\u0e1a \u0939\u093f\u0928\u094d\u0926\u0940 \ud840\udc00\ud83d\ude00x",
+    "MiXeD ascii THEN \u00e9 and so on\u2026 \u2025 \u00bd",
+    # characters that fold only beside their neighbours: Hangul's letters, an Oriya vowel that
+    # composes with the one before it, Devanagari's virama; and Greek's final sigma
+    "\ud55c\uad6d\uc5b4 \u1112\u1161\u11ab \u3131\u314f\u3134 \u0b13\u0b47\u0b3e \u0939\u093f\u0928\u094d\u0926\u0940 \u039f\u0394\u039f\u03a3 \u03bf\u03b4\u03bf\u03c2",
+    "\U0001d400\U0001d401 \U0001f600 \U00020000\U00020001 astral",
+]
+
+
+def test_words_follow_the_rule_in_every_script():
+    found = words(UNICODE)
+    expected = [w for t in UNICODE for w in _words(t)]
+    assert found.hashes.tolist() == [_word_hash(w) for w in expected]
+    assert found.count.tolist() == [len(_words(t)) for t in UNICODE]
+    # what the rule promises, read from the reference itself
+    assert _words(UNICODE[0]) == "which of these describes the interpreter".split()
+    assert _words(UNICODE[1])[:4] == ["words", "joined", "by", "dashes"] and "don" in _words(UNICODE[1])
+    assert len(set(_words(UNICODE[2])[:3])) == len(set(_words(UNICODE[2])[3:5])) == 1
+    assert _words(UNICODE[2])[-2:] == ["strasse"] * 2 and _words(UNICODE[2])[5] == _words(UNICODE[2])[6]
+    assert _words(UNICODE[3]) == ["zerowidth", "softhyphen", "bom", "joiner", "zwj"]
+    assert _words(UNICODE[4]) == ["full", "width", "123", "fine"]
+    assert len(_words(UNICODE[5])) == 13 and all(len(w) == 1 for w in _words(UNICODE[5]))
+    assert all(len(w) == 1 for w in _words(UNICODE[6]))
+    # The same text in ASCII and in Unicode dress has the same words.
+    plain, dressed = "Which of these describes the interpreter", UNICODE[0]
+    assert words([plain]).hashes.tolist() == words([dressed]).hashes.tolist()
+
+
 def test_a_text_longer_than_a_chunk_has_the_words_of_its_pieces():
     rng = random.Random(0)
-    text = " ".join(f"w{rng.randrange(10**6)}" for _ in range(200_000))  # about 1.6 MB: several chunks
-    found = words([text, "tail words"])
-    assert found.hashes.tolist()[:-2] == words(text.split(" ")).hashes.tolist()
-    assert found.count.tolist() == [200_000, 2]
+    for sep in (" ", "\u00a0\u00e9 "):  # ASCII, and a text read a code point at a time
+        text = sep.join(f"w{rng.randrange(10**6)}" for _ in range(200_000))  # about 1.6 MB: several chunks
+        found = words([text, "tail words"])
+        assert found.hashes.tolist()[:-2] == words(text.split(" ")).hashes.tolist()
+        assert found.count.tolist() == [200_000 * (1 + (sep != " ")) - (sep != " "), 2]
 
 
 def test_grams_stay_inside_a_text_and_a_short_text_is_one_gram():

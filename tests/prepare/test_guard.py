@@ -695,3 +695,72 @@ def test_a_copy_holding_an_evaluation_ngram_is_counted_once_as_a_copy(tmp_path):
     assert record["decontaminate"]["removed"] == (first["removed"] == "evaluation") == 1
     assert sum(record["dedup"]["removed"]) == len(docs) - len(set(docs))
     assert verify_folder(out)
+
+
+FRENCH = ("Quelle est la capitale de la Bourgogne-Franche-Comté et combien d'habitants compte sa préfecture "
+          "aujourd'hui selon le dernier recensement")
+# The same words as a user would call them, in other Unicode dress.
+DRESSED = {
+    "no-break spaces": QUESTION.replace(" ", "\u00a0"),
+    "narrow and ideographic spaces": QUESTION.replace(" ", "\u202f", 5).replace(" ", "\u3000"),
+    "em dashes": QUESTION.replace(" ", "\u2014"),
+    "capitals, curly apostrophes and decomposed accents": FRENCH.upper().replace("'", "\u2019").replace(
+        "É", "E\u0301"),
+    "zero-width spaces and soft hyphens": QUESTION.replace(" ", " \u200b").replace("interpreter", "inter\u00adpreter"),
+    "full-width letters": "".join(chr(ord(c) + 0xFEE0) if c.isalpha() else c for c in QUESTION),
+}
+
+
+@pytest.mark.parametrize("dress", list(DRESSED))
+def test_decontamination_sees_the_same_words_in_any_unicode_dress(tmp_path, dress):
+    docs, _ = corpus(60, seed=25)
+    docs += [f"notes: {DRESSED[dress]}, and more"] * 2  # one of the two lands in train whatever the hashes
+    (tmp_path / "q.jsonl").write_text(json.dumps({"text": QUESTION}) + "\n" + json.dumps({"text": FRENCH}) + "\n")
+    out = run(tmp_path, docs, "u", decontaminate=(str(tmp_path / "q.jsonl"),))
+    rows = [r for r in _report(out, "train") + _report(out, "val")]
+    held = [r for r in rows if r["document"] >= len(docs) - 2]
+    assert len(held) == 2 and all(r["evaluation"] for r in held), dress
+    assert [r["removed"] for r in held if r["own_split"] == "train"] == ["evaluation"] * sum(
+        r["own_split"] == "train" for r in held) and verify_folder(out)
+
+
+def test_a_val_document_copied_into_train_with_no_break_spaces_is_removed_from_train(tmp_path):
+    docs, _ = corpus(80, seed=26)
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in docs[:5]])
+    copy = docs[0].replace(" ", "\u00a0").replace("'", "\u2019")
+    source = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in docs[5:] + [copy]])
+    out = tmp_path / "out"
+    prepare(PrepareConfig(inputs=(str(source), str(val)), val_inputs=(str(val),), out_dir=str(out), quiet=True,
+                          guard=GuardOptions(near_split=True)))
+    assert copy not in texts(out, "train") and texts(out, "val") == docs[:5]
+    # the copy, at similarity 1: the same words
+    assert [r["similarity"] for r in _report(out, "train") if r["removed"] == "near-copy of val"] == [1.0]
+    assert verify_folder(out)
+
+
+def _unspaced(count: int, copies: int, alphabet: list[str], seed: int) -> tuple[list[str], list[int]]:
+    """Documents of about 300 characters of a script written without spaces, ``copies`` of them
+    followed by a near-copy with 4 characters changed; and where the near-copies are."""
+    rng = random.Random(seed)
+    docs, planted = [], []
+    while len(docs) < count:
+        docs.append("".join(rng.choice(alphabet) for _ in range(300)))
+        if len(planted) < copies and rng.random() < copies / count * 1.5:
+            chars = list(docs[-1])
+            for at in rng.sample(range(300), 4):
+                chars[at] = rng.choice(alphabet)
+            docs.append("".join(chars))
+            planted.append(len(docs) - 1)
+    return docs, planted
+
+
+@pytest.mark.parametrize("script", ["chinese", "japanese"])
+def test_near_copies_in_scripts_written_without_spaces_are_found(tmp_path, script):
+    han = [chr(c) for c in range(0x4E00, 0x4E00 + 3000)]
+    kana = [chr(c) for c in range(0x3041, 0x3097)] + [chr(c) for c in range(0x30A1, 0x30FB)]
+    alphabet = han + ["，", "。"] if script == "chinese" else han[:500] + kana + ["、", "。"]
+    docs, planted = _unspaced(400, 100, alphabet, seed=27)
+    out = run(tmp_path, docs, script, near_split=True, dedup="near")
+    removed = {r["document"] for s in ("train", "val") for r in _report(out, s) if r["removed"] == "near-copy"}
+    assert len(planted) == 100 and len(removed & set(planted)) >= 97 and removed <= set(planted)
+    assert verify_folder(out)

@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import regex
 
 from ..cli import table
 from ..dedup.clusters import clusters
-from ..dedup.minhash import Shingling, sign
+from ..dedup.minhash import Shingling, folded, sign, words
 from ..dedup.ngrams import NgramIndex
 from ..format import INDEX_DTYPE
 from ..prepare import PrepareConfig, prepare
@@ -49,19 +50,25 @@ from .peers import missing, quiet
 from .timing import interleaved, ratio, ratio_range
 
 THRESHOLD = 0.8
-_WORD = re.compile(rb"[a-z0-9\x80-\xff]+")
+_ALONE = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
+_WORD = regex.compile(rf"{_ALONE}|(?:(?!{_ALONE})[\p{{L}}\p{{M}}\p{{N}}])+")
 
 
-def word_grams(text: str, n: int = 5) -> set[tuple[bytes, ...]]:
+def word_list(text: str) -> list[str]:
+    """A text's words by tokpack's rule, found by a regular expression: the brute force's."""
+    return _WORD.findall(folded(text))
+
+
+def word_grams(text: str, n: int = 5) -> set[tuple[str, ...]]:
     """A text's word n-grams by tokpack's rule, in plain Python: the brute force's sets."""
-    found = _WORD.findall(text.encode("utf-8", "surrogatepass").lower())
+    found = word_list(text)
     return {tuple(found[i:i + n]) for i in range(len(found) - n + 1)} or {tuple(found)}
 
 
 def near_pairs(texts: list[str], n: int = 5) -> dict[tuple[int, int], float]:
     """Every pair's exact Jaccard similarity, where it is above zero."""
     sets = [word_grams(t, n) for t in texts]
-    holding: dict[tuple[bytes, ...], list[int]] = {}
+    holding: dict[tuple[str, ...], list[int]] = {}
     for i, s in enumerate(sets):
         for gram in s:
             holding.setdefault(gram, []).append(i)
@@ -172,9 +179,9 @@ def _peers(texts: list[str]) -> dict[str, Callable[[], Any]]:
         def datasketch() -> None:
             lsh = MinHashLSH(threshold=THRESHOLD, num_perm=256, params=(32, 8))
             for i, text in enumerate(texts):
-                found = _WORD.findall(text.encode().lower())
+                found = word_list(text)
                 m = MinHash(num_perm=256)
-                m.update_batch([b" ".join(found[j:j + 5]) for j in range(max(len(found) - 4, 1))])
+                m.update_batch([" ".join(found[j:j + 5]).encode() for j in range(max(len(found) - 4, 1))])
                 lsh.insert(str(i), m)
 
         runs["datasketch"] = datasketch
@@ -207,6 +214,30 @@ def speed(texts: list[str], rounds: int) -> dict[str, Any]:
     return {name: {"mb_per_s": megabytes / float(np.median(t)),
                    **({"ratio": ratio(times, "tokpack", name), "range": ratio_range(times, "tokpack", name)}
                       if name != "tokpack" else {})} for name, t in times.items()}
+
+
+def dressed(texts: list[str]) -> dict[str, list[str]]:
+    """``texts`` with their non-ASCII characters dropped, as they are, in the Unicode dress of web
+    text (no-break spaces, curly quotes, an accent), and as Chinese of as many characters (each a
+    word): the word pass's roads (bytes; a table of code points; the whole text folded first)."""
+    rng = random.Random(3)
+    chinese = ["".join(chr(rng.randrange(0x4E00, 0x9FA5)) if rng.random() < 0.9 else "\uff0c" for _ in range(len(t)))
+               for t in texts]
+    return {"ASCII": [t.encode("ascii", "ignore").decode() for t in texts], "as written": texts,
+            "web Unicode": [t.replace(". ", ".\u00a0").replace('"', "\u201c").replace(" the ", " th\u00e9 ")
+                            for t in texts],
+            "decomposed accents": [t.replace(" the ", " the\u0301 ") for t in texts], "Chinese": chinese}
+
+
+def word_pass(texts: list[str], rounds: int) -> dict[str, Any]:
+    """The word pass's speed on each of ``dressed``'s texts, in MB of UTF-8 a second, and its ratio
+    to the speed on ASCII (read a byte at a time, as every text was before the Unicode rule)."""
+    kinds = dressed(texts)
+    times = interleaved({name: (lambda t=t: [words(t[i:i + 400]) for i in range(0, len(t), 400)])
+                         for name, t in kinds.items()}, rounds, warmup=True)
+    megabytes = {name: sum(len(t.encode()) for t in found) / 1e6 for name, found in kinds.items()}
+    rate = {name: megabytes[name] / float(np.median(t)) for name, t in times.items()}
+    return {name: {"mb_per_s": rate[name], "of_ascii": rate[name] / rate["ASCII"]} for name in kinds}
 
 
 def decontamination(texts: list[str], rounds: int) -> dict[str, Any]:
@@ -276,6 +307,7 @@ def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float |
         "quality": {"planted": quality(docs[:1500]), "installed packages": quality(real)},
         "split": split_leaks(real, tmp),
         "signatures": speed(docs, rounds),
+        "words": word_pass(docs[:2000], rounds),
         "decontamination": decontamination(docs, rounds),
         "prepare": prepare_cost(corpus, tmp, rounds),
     }
@@ -303,6 +335,8 @@ def _report(figures: dict[str, Any], megabytes: float, rss_megabytes: float) -> 
     print(_table([f"signatures of {megabytes:g} MB", "MB/s", "tokpack is x faster", "range"],
                 [[name, f"{s['mb_per_s']:.2f}", f"{s.get('ratio', 1):.1f}", s.get("range", "")]
                  for name, s in figures["signatures"].items()]))
+    print(_table(["word pass", "MB/s", "x ASCII's speed"],
+                 [[name, f"{w['mb_per_s']:.1f}", f"{w['of_ascii']:.2f}"] for name, w in figures["words"].items()]))
     d = figures["decontamination"]
     print(_table(["13-gram decontamination", "hits", "x a Python set scan", "range"],
                 [["tokpack", d["hits"], f"{d['ratio']:.1f}", d["range"]]]))

@@ -2,10 +2,14 @@
 
     sign(["The MIT License ...", ...], Shingling(ngram=5, hashes=256, bands=32))   # -> Signatures
 
-A text's words are its maximal runs of ASCII letters and digits and of non-ASCII bytes, ASCII
-letters lowercased, so that case and punctuation do not tell copies apart; its shingles are its
-word n-grams (a text of fewer than n words: all its words as one; a text with no word: its
-bytes). Each shingle is hashed once to 64 bits (one permutation hashing): the top bits choose one
+A text's words are its maximal runs of letters, marks and digits of any script, after NFKC and
+case folding, with format characters (zero-width ones, the soft hyphen, the BOM) dropped; every
+other character (Unicode spaces, punctuation, symbols) only separates them, so that case,
+spacing, quoting and compatibility forms do not tell copies apart; in scripts written without
+spaces (Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar) each character is a word. Its
+shingles are its word n-grams (a text of fewer than n words: all its words as one; a text with
+no word: its bytes). An ASCII text is read a byte at a time with no normalising (it is its own
+normal form), the rest a code point at a time through a table of each one's class. Each shingle is hashed once to 64 bits (one permutation hashing): the top bits choose one
 of ``hashes`` bins and the low 32 bits are its value; a bin keeps its minimum, and an empty bin
 takes the next non-empty bin's value to its right (circularly), offset by the distance (rotation
 densification), so that two texts agree on a bin with the probability of their Jaccard similarity
@@ -22,11 +26,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import regex
 
 U64 = np.uint64
 _EMPTY = U64(1 << 32)  # above every bin's 32-bit value
@@ -37,9 +44,85 @@ _BASE_INVERSE = pow(_BASE, -1, 1 << 64)
 _WEIGHTS = np.array([(0x9E3779B97F4A7C15 * (2 * k + 1)) % (1 << 64) | 1 for k in range(64)], dtype=U64)
 
 
-# A byte of a word, ASCII letters lowercased; every other byte, 0.
-_WORD_BYTES = bytes((b + 32 if 65 <= b <= 90 else b) if chr(b).isascii() and chr(b).isalnum() or b >= 0x80 else 0
+# Which words a text has is decided by this rule, named in the fingerprint of a guarded run, so
+# that signatures made by another rule are made again.
+WORD_RULE = "unicode-1"
+# A byte of an ASCII word, letters lowercased; every other byte, 0.
+_WORD_BYTES = bytes((b + 32 if 65 <= b <= 90 else b) if chr(b).isascii() and chr(b).isalnum() else 0
                     for b in range(256))
+# A code point's class: it separates words, is part of one, or is a word alone (scripts written
+# without spaces).
+_APART, _WORD, _ALONE = 0, 1, 2
+_ALONE_SCRIPTS = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]")
+_FORMAT = regex.compile(r"\p{Cf}+")
+_ASTRAL = regex.compile(r"[\U00010000-\U0010FFFF]")
+_CUT = regex.compile(r"[^\p{L}\p{M}\p{N}]")  # where a chunk may end: after a character no word holds
+_JAMO = ((0x1100, 0x11FF), (0xA960, 0xA97F), (0xD7B0, 0xD7FF))  # Hangul's conjoining letters compose with neighbours
+
+
+def _class(ch: str) -> int:
+    if _ALONE_SCRIPTS.match(ch):
+        return _ALONE
+    return _WORD if unicodedata.category(ch)[0] in "LMN" else _APART
+
+
+def folded(text: str) -> str:
+    """``text`` as its words are read: format characters dropped, NFKC, case folded (and NFKC
+    again where folding undid it)."""
+    text = unicodedata.normalize("NFKC", _FORMAT.sub("", text)).casefold()
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
+def _alone(c: int, seconds: frozenset[int]) -> int | None:
+    """What code point ``c`` folds to, by itself, with its class in the top byte; None where that
+    is not one character, or depends on its neighbours (a combining mark, a character that
+    composes with the one before it, Hangul's conjoining letters, a format character dropped)."""
+    ch = chr(c)
+    if unicodedata.category(ch) in ("Cf", "Cs") or unicodedata.combining(ch) or c in seconds:
+        return None
+    s = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", ch).casefold())
+    if len(s) > 1 and not any(_class(part) != _APART or unicodedata.combining(part) for part in s):
+        s = s[0]  # "…" is "...": only separators, which separate as one does
+    if len(s) != 1 or unicodedata.combining(s) or ord(s) in seconds or any(a <= ord(s) <= b for a, b in _JAMO):
+        return None
+    return _class(s) << 24 | ord(s)
+
+
+@functools.cache
+def _table() -> tuple[np.ndarray, re.Pattern[str]]:
+    """Each code point of the Basic Multilingual Plane folded, its class in the top byte (one
+    that folds only in context maps to itself, read from an already folded text); and a pattern
+    of those, which send a text to ``folded`` whole. About 50 ms, once a process."""
+    seconds = frozenset(int(d.split()[1], 16) for d in map(unicodedata.decomposition, map(chr, range(0x10000)))
+                        if d and not d.startswith("<") and len(d.split()) == 2)
+    packed = np.empty(0x10000, dtype=np.uint32)
+    context = []
+    for c in range(0x10000):
+        value = _alone(c, seconds)
+        if value is None:
+            value = _class(chr(c)) << 24 | c
+            if not 0xD800 <= c <= 0xDFFF:
+                context.append(c)
+        packed[c] = value
+    ranges, start = [], None
+    for at, c in enumerate(context):
+        if start is None:
+            start = c
+        if at + 1 == len(context) or context[at + 1] != c + 1:
+            ranges.append(f"\\U{start:08x}-\\U{c:08x}")
+            start = None
+    return packed, re.compile(f"[{''.join(ranges)}]")  # re's own sets of ranges are bitmaps: 400 MB/s
+
+
+def _read(text: str) -> str:
+    """``text`` ready for the word pass: ASCII as it is (the pass lowercases it), a text whose
+    every character folds alone as it is (the pass folds it by table), any other ``folded``."""
+    if text.isascii():
+        return text
+    if _table()[1].search(text) or (_ASTRAL.search(text) and any(
+            _class(ch) != _ALONE and unicodedata.category(ch)[0] in "LMN" for ch in set(_ASTRAL.findall(text)))):
+        return folded(text)
+    return text
 
 
 def mix(z: np.ndarray) -> np.ndarray:
@@ -82,8 +165,8 @@ class Words(NamedTuple):
     bare: np.ndarray  # uint64, a text: the hash of its whole bytes (used where it has no word)
 
 
-# Texts are hashed in chunks of about this many bytes, cut after a byte no word holds (a word
-# longer than two chunks is cut), so the powers below are bounded whatever a text's length.
+# Texts are hashed in chunks of about this many characters, cut after a NUL (a word longer than
+# two chunks is cut), so the powers below are bounded whatever a text's length.
 _CHUNK = 1 << 18
 
 
@@ -99,26 +182,20 @@ def _powers() -> tuple[np.ndarray, np.ndarray]:
 
 
 def words(texts: Sequence[str]) -> Words:
-    """The words of ``texts``, hashed by a polynomial over their lowercased bytes: the prefix sums
-    of byte x BASE**position, so a word's hash is a difference times the inverse of its start's
-    power (no division, no Python per word)."""
-    encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    """The words of ``texts``, hashed by a polynomial over their code points (lowercased bytes, for
+    ASCII): the prefix sums of code x BASE**position, so a word's hash is a difference times the
+    inverse of its start's power (no division, no Python per word)."""
+    texts = [_read(t) for t in texts]
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     ends = np.cumsum(lengths + 1) - 1
-    table = b"\0".join(encoded).translate(_WORD_BYTES) + b"\0"  # a zero byte is no word's; one ends it
-    power, inverse = _powers()
+    joined = "\0".join(texts) + "\0"  # a NUL is no word's; one ends each text
     firsts, hashes = [], []
     at = 0
-    while at < len(table):
-        end = table.find(b"\0", at + _CHUNK) + 1 or len(table)
-        end = min(end, at + 2 * _CHUNK)
-        chunk = np.frombuffer(table, dtype=np.uint8, count=end - at, offset=at)
-        prefix = np.zeros(len(chunk) + 1, dtype=U64)
-        np.cumsum(np.multiply(chunk, power[:len(chunk)]), out=prefix[1:])
-        inside = np.concatenate([[False], chunk != 0, [False]])
-        edges = np.flatnonzero(inside[1:] != inside[:-1])
-        first, last = edges[0::2], edges[1::2]  # each word's start and end in the chunk
-        hashes.append(mix((prefix[last] - prefix[first]) * inverse[first]))
+    while at < len(joined):
+        cut = _CUT.search(joined, at + _CHUNK, at + 2 * _CHUNK)
+        end = cut.end() if cut else min(at + 2 * _CHUNK, len(joined))
+        first, found = _hashed(joined[at:end])
+        hashes.append(found)
         firsts.append(first + at)
         at = end
     found = np.concatenate(hashes) if hashes else np.empty(0, U64)
@@ -127,8 +204,35 @@ def words(texts: Sequence[str]) -> Words:
     text = np.repeat(np.arange(len(texts)), count)
     bare = np.zeros(len(texts), dtype=U64)  # a text with no word is known by all its bytes
     for i in np.flatnonzero(count == 0):
-        bare[i] = int.from_bytes(hashlib.blake2b(encoded[i], digest_size=8).digest(), "little")
+        bare[i] = int.from_bytes(hashlib.blake2b(texts[i].encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                 "little")
     return Words(found, text, count, bare)
+
+
+def _hashed(piece: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each word's start in ``piece`` (folded already, but for ASCII case) and its hash."""
+    if piece.isascii():
+        codes = np.frombuffer(piece.encode("ascii").translate(_WORD_BYTES), dtype=np.uint8)
+        inside = np.concatenate([[False], codes != 0, [False]])
+        edges = np.flatnonzero(inside[1:] != inside[:-1])
+        first, last = edges[0::2], edges[1::2]
+    else:
+        codes = np.frombuffer(piece.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        packed = _table()[0][np.minimum(codes, 0xFFFF)]
+        beyond = np.flatnonzero(codes > 0xFFFF)
+        if len(beyond):  # folded already (``_read``): only their class is looked up
+            met, where = np.unique(codes[beyond], return_inverse=True)
+            packed[beyond] = np.array([_class(chr(c)) << 24 | c for c in met.tolist()], dtype=np.uint32)[where]
+        kind, codes = packed >> 24, packed & 0xFFFFFF
+        word, alone = kind == _WORD, kind == _ALONE
+        after = np.concatenate([word[1:], [False]])
+        before = np.concatenate([[False], word[:-1]])
+        first = np.flatnonzero((word & ~before) | alone)
+        last = np.flatnonzero((word & ~after) | alone) + 1
+    power, inverse = _powers()
+    prefix = np.zeros(len(codes) + 1, dtype=U64)
+    np.cumsum(np.multiply(codes, power[:len(codes)], dtype=U64), out=prefix[1:])
+    return first, mix((prefix[last] - prefix[first]) * inverse[first])
 
 
 def grams(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@
     index = NgramIndex.of([(0, mmlu_texts), (1, hellaswag_texts)], ngram=13)
     hits = index.hits(train_texts)          # hits[i]: the evaluation sets text i shares an n-gram with
 
-Words are ``minhash.words``' (lowercased runs of letters and digits), so the rule is GPT-3's: a
+Words are ``minhash.words``' (case-folded runs of letters and digits of any script), so the rule is GPT-3's: a
 training text is contaminated when it holds 13 consecutive words of an evaluation text. An
 evaluation text shorter than the n-gram is matched whole: its words, all of them, in a row. The
 index is a sorted array of 8 bytes an n-gram (with the set each came from, 2 bytes more) and a

@@ -18,6 +18,7 @@ from typing import Any
 from ..cli import error_line
 from ..chat import ChatRenderer, Nanochat, Renderer
 from ..corpus import ReadOptions, documents, is_jsonl, is_parquet, is_records, is_single_document
+from ..dedup.minhash import WORD_RULE
 from ..dedup.ngrams import NgramIndex
 from ..format import InputsInfo
 from ..inputs import resolve_groups
@@ -137,8 +138,10 @@ def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
     if plan.single:  # one document has no copy: its tail split stands as it is
         return plan
     index = evaluation_index(options, plan.config.errors, plan.config.storage_options) if options.decontaminate else None
-    # The evaluation sets' contents decide which documents are dropped: a rerun with other sets redoes the units.
-    fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None})
+    # The evaluation sets' contents, and the rule that reads words, decide which documents are
+    # dropped: a rerun with other sets, or by another rule, redoes the units.
+    fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None,
+                                     "words": WORD_RULE})
     reading = signatures.Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
                                  {f: i for i, f in enumerate(plan.files)})
     shares = [share_of(plan.files, plan.sizes, unit, plan.units) for unit in range(plan.units)]
