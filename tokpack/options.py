@@ -143,7 +143,8 @@ def add_options(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (
         shown = "off" if default is False else "on" if default is True else default
         text = meta.get("help", "")
         kwargs: dict[str, Any] = {"help": text if "(default:" in text else f"{text} (default: {shown})".lstrip(),
-                                  "default": None, "choices": meta.get("choices")}
+                                  "default": None, "choices": None if meta.get("choices") is None
+                                  else [str(choice) for choice in meta["choices"]]}  # an enum's values, not its reprs
         kind = hints[f.name]
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction

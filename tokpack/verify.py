@@ -231,6 +231,7 @@ def _check_rules(record: Any, options: Any, where: str) -> None:
                  "threshold": options.get("threshold"), "split": options.get("near_split")} if near else None,
         "dedup": {"mode": options.get("dedup")} if options.get("dedup") not in (None, "none") else None,
         "decontaminate": {"ngram": options.get("decontaminate_ngram"), "report_only": options.get("report_only"),
+                          "min_words": options.get("decontaminate_min_words"),
                           "paths": list(options.get("decontaminate") or ())} if options.get("decontaminate") else None,
     }
     if set(record) != {part for part, rules in expected.items() if rules}:

@@ -202,7 +202,7 @@ def test_an_evaluation_ngram_is_found_whatever_its_case_and_punctuation():
     question = ("Which of the following best describes the primary function of mitochondria in "
                 "eukaryotic cells during aerobic respiration")
     index = NgramIndex.of([(0, [question]), (1, ["What is two plus two?"])], 13)
-    assert index.shorter == (5,)
+    assert index.lengths == (5,)
     train = [
         "notes: WHICH of the following, best describes the primary function of mitochondria in... eukaryotic",
         "which of the following best describes the primary function of chloroplasts in plants",  # 12 words shared
@@ -239,9 +239,33 @@ def test_a_short_evaluation_text_is_matched_whole_and_indexes_no_run_of_the_long
     long = ("the quick brown fox jumps over the lazy dog while seven wise owls watch from an old oak tree "
             "beside the river")
     index = NgramIndex.of([(0, [long, "capital of France"])], 13)
-    assert index.shorter == (3,)
+    assert index.lengths == (3,)
     words_of_long = long.split()
     threes = [" ".join(words_of_long[i:i + 3]) for i in range(0, len(words_of_long) - 2, 3)]
     train = [f"a note on {run}, nothing more" for run in threes] + [
         "what is the capital of France? Paris.", "the capital of Spain"]
     assert index.hits(train) == [frozenset()] * len(threes) + [frozenset({0}), frozenset()]
+
+
+def test_short_texts_of_any_lengths_are_found_in_one_pass_and_the_shortest_only_counted(monkeypatch):
+    from tokpack.dedup import ngrams
+
+    vocabulary = [f"w{i}" for i in range(200)]
+    rng = random.Random(4)
+    short = [" ".join(rng.sample(vocabulary, k)) for k in range(3, 13)]  # ten lengths, 3 to 12 words
+    index = NgramIndex.of([(0, short[::-1] + [" ".join(vocabulary[100:114])]), (1, ["Yes", "No", "4 apples"])], 13,
+                          min_words=3)
+    assert index.lengths == tuple(range(3, 13)) and index.skipped == {0: 0, 1: 3}
+    assert index.shortest[0] == short[:3]
+    split = short[2].split()  # a short text's words across two texts is no match
+    train = [f"intro {t} outro" for t in short] + ["Yes, no, 4 apples", " ".join(short[5].split()[:-1]),
+                                                    " ".join(["intro", *split[:3]]), " ".join([*split[3:], "outro"])]
+    passes = []
+    real = ngrams.run_sums
+    monkeypatch.setattr(ngrams, "run_sums", lambda found, n: passes.append(n) or real(found, n))
+    assert index.hits(train) == [frozenset({0})] * 10 + [frozenset()] * 4
+    assert passes == [13, 3]  # the 13-grams, then every short text's first 3 words: one pass each
+    # A plain scan, text by text, agrees.
+    words_of = [w for w in (t.lower() for t in train)]
+    expected = [frozenset({0}) if any(f" {s} " in f" {t} " for s in short) else frozenset() for t in words_of]
+    assert index.hits(train) == expected

@@ -322,18 +322,30 @@ def _forge(out: Path, unit: int, name: str, change) -> None:
     (["--threshold", "1.5"], "--threshold 1.5 must lie in (0, 1]"),
     (["--ngram", "0"], "--ngram 0 must lie in 1..64"),
     (["--dedup", "near", "--hashes", "100", "--bands", "32"], "--hashes 100 --bands 32"),
-    (["--report-only"], "--report-only reports what --decontaminate finds"),
+    (["--report-only"], "--report-only applies only with --decontaminate FILE"),
+    (["--threshold", "0.7"], "--threshold applies only with --near-split or --dedup near"),
+    (["--dedup", "exact", "--hashes", "128", "--bands", "16"], "--hashes and --bands apply only with --near-split"),
+    (["--decontaminate-min-words", "5"], "--decontaminate-min-words applies only with --decontaminate FILE"),
+    (["--near-split", "--hashes", "1", "--bands", "1"], "--hashes 1 estimates a similarity of 0.8 with a standard "
+                                                         "error of 0.40"),
+    (["--dedup", "near", "--hashes", "32", "--bands", "8", "--threshold", "0.5"], "pass --hashes 104 or more"),
+    (["--dedup", "fuzzy"], "invalid choice: 'fuzzy' (choose from 'none', 'exact', 'near')"),
     (["--near-split", "--val-tokens", "100"], "--val-tokens cuts val from the end of the input by position"),
     (["--decontaminate", "MISSING.jsonl"], "MISSING.jsonl does not exist"),
     (["--decontaminate", "EMPTY.txt"], "holds no text"),
-    (["--decontaminate", "EVAL.jsonl", "--decontaminate-key", "question"], "question"),
+    (["--decontaminate", "EVAL.jsonl", "--decontaminate-key", "question"], "pass --decontaminate-key with the text"),
+    (["--decontaminate", "NUMBERS.jsonl"], "has 'text' of type int, not a string; fix the record or pass "
+                                            "--decontaminate-key"),
+    (["--decontaminate", "ftp://127.0.0.1:9/q.txt"], "ftp://127.0.0.1:9/q.txt cannot be reached (Connection refused)"),
+    (["--decontaminate", "nosuch://bucket/q.txt"], "names a nosuch:// store, which no installed fsspec library reads"),
 ])
 def test_bad_guard_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says):
     docs, _ = corpus(30, seed=8)
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
     (tmp_path / "EMPTY.txt").write_text("\n  \n")
     write_jsonl(tmp_path / "EVAL.jsonl", [{"text": "a b c"}])
-    flags = [str(tmp_path / f) if f in ("MISSING.jsonl", "EMPTY.txt", "EVAL.jsonl") else f for f in flags]
+    write_jsonl(tmp_path / "NUMBERS.jsonl", [{"text": 4}])
+    flags = [str(tmp_path / f) if f in ("MISSING.jsonl", "EMPTY.txt", "EVAL.jsonl", "NUMBERS.jsonl") else f for f in flags]
     code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--quiet", *flags)
     assert code == 2 and err.startswith("tokpack: ") and says in err and "\n" not in err
     assert not (tmp_path / "out").exists()
@@ -764,3 +776,40 @@ def test_near_copies_in_scripts_written_without_spaces_are_found(tmp_path, scrip
     removed = {r["document"] for s in ("train", "val") for r in _report(out, s) if r["removed"] == "near-copy"}
     assert len(planted) == 100 and len(removed & set(planted)) >= 97 and removed <= set(planted)
     assert verify_folder(out)
+
+
+def test_an_answer_column_is_counted_not_matched_and_a_wipe_out_refused_in_one_line(tmp_path, capsys):
+    docs, _ = corpus(120, seed=28)
+    docs = [d + (" Yes, it is 4. No." if i % 3 else " A: Paris.") for i, d in enumerate(docs)]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"answer": a}) + "\n" for a in ("Yes", "No", "4", "A", "Paris", "it is 4")))
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    flags = ["--decontaminate", str(answers), "--decontaminate-key", "answer", "--quiet"]
+    # The default: answers of fewer than 3 words are counted, not matched; "it is 4" removes what holds it.
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "kept", *flags,
+                        "--decontaminate-max-share", "1")
+    assert code == 0, err
+    record = read_meta(tmp_path / "kept")["guard"]["decontaminate"]
+    assert record["files"] == [{"path": str(answers), "removed": record["removed"], "too_short": 5}]
+    assert record["min_words"] == 3 and 0 < record["removed"] < len(docs) and verify_folder(tmp_path / "kept")
+    # At the default share, a run that would remove most of train stops, naming the file and its shortest texts.
+    for extra in ([], ["--decontaminate-min-words", "1"]):
+        code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "wiped", *flags, *extra)
+        assert code == 2 and "\n" not in err.strip(), err
+        assert f"more than --decontaminate-max-share 0.2: {answers} matches" in err, err
+        assert ("'Yes', 'No', '4'" in err) == bool(extra) and ("'it is 4'" in err) != bool(extra), err
+        assert not (tmp_path / "wiped").exists() and not list(tmp_path.rglob(".tokpack-sign-*"))
+
+
+@pytest.mark.parametrize("guard", [{"dedup": "near"}, {"dedup": "exact"}, {"dedup": "near", "near_split": True}])
+def test_the_users_val_stays_as_given_whatever_dedup_finds_in_it(tmp_path, guard):
+    docs, planted = corpus(80, seed=29)
+    near = next(b for a, b in planted if docs[a] != docs[b])
+    val_docs = [docs[0], docs[0], docs[near - 1], docs[near], docs[3]]  # a copy and a near-copy inside val
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in val_docs])
+    source = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in docs[5:] + [docs[3]]])
+    out = tmp_path / "out"
+    prepare(PrepareConfig(inputs=(str(source), str(val)), val_inputs=(str(val),), out_dir=str(out), quiet=True,
+                          guard=GuardOptions(**guard)))
+    assert texts(out, "val") == val_docs and verify_folder(out)
+    assert docs[3] not in texts(out, "train")  # val's copy in train is the later copy, and goes

@@ -41,7 +41,7 @@ _SALT = U64(0x9E3779B97F4A7C15)
 _BASE = 0x100000001B3  # odd, so it has an inverse modulo 2**64 and a word's hash needs no division
 _BASE_INVERSE = pow(_BASE, -1, 1 << 64)
 # Word k of an n-gram is weighed by multiplier k, so the order of words counts.
-_WEIGHTS = np.array([(0x9E3779B97F4A7C15 * (2 * k + 1)) % (1 << 64) | 1 for k in range(64)], dtype=U64)
+WEIGHTS = np.array([(0x9E3779B97F4A7C15 * (2 * k + 1)) % (1 << 64) | 1 for k in range(64)], dtype=U64)
 
 
 # Which words a text has is decided by this rule, named in the fingerprint of a guarded run, so
@@ -144,8 +144,8 @@ class Shingling:
     bands: int = 32
 
     def __post_init__(self) -> None:
-        if not 1 <= self.ngram <= len(_WEIGHTS):
-            raise ValueError(f"an n-gram of {self.ngram} words is outside 1..{len(_WEIGHTS)}; try 5")
+        if not 1 <= self.ngram <= len(WEIGHTS):
+            raise ValueError(f"an n-gram of {self.ngram} words is outside 1..{len(WEIGHTS)}; try 5")
         if self.bands < 1 or self.hashes < self.bands or self.hashes % self.bands or self.hashes > 4096:
             raise ValueError(f"{self.hashes} hashes in {self.bands} bands: the bands must split the hashes "
                              "evenly, at most 4096 of them; try 256 in 32")
@@ -235,25 +235,39 @@ def _hashed(piece: str) -> tuple[np.ndarray, np.ndarray]:
     return first, mix((prefix[last] - prefix[first]) * inverse[first])
 
 
+def run_sums(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted sum of every run of ``n`` words inside one text (word k of a run weighed by
+    ``WEIGHTS[k]``, before ``salted``), and where it starts among the words: n passes of
+    vectorised work, whatever the number of texts."""
+    hashes, text = found.hashes, found.text
+    total = np.zeros(max(len(hashes) - n + 1, 0), dtype=U64)
+    for k in range(n):
+        total += hashes[k:k + len(total)] * WEIGHTS[k]
+    inside = text[:len(total)] == text[n - 1:n - 1 + len(total)]
+    return total[inside], np.flatnonzero(inside)
+
+
+def salted(sums: np.ndarray, n: int | np.ndarray) -> np.ndarray:
+    """Runs' hashes from their sums, salted by their length (``n`` words each, or a length each)."""
+    return mix(sums + np.asarray(n, dtype=U64) * _SALT)
+
+
 def grams(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The hash of every run of ``n`` words inside one text, with its text, in order; and of each
     text of fewer words, all its words (the hash tells how many). A text with no word has none."""
     hashes, text, count, _ = found
-    total = np.zeros(max(len(hashes) - n + 1, 0), dtype=U64)
-    for k in range(n):  # n passes of vectorised work, whatever the number of texts
-        total += hashes[k:k + len(total)] * _WEIGHTS[k]
-    inside = text[:len(total)] == text[n - 1:n - 1 + len(total)]
-    gram_hashes, gram_texts = total[inside], text[:len(total)][inside]
+    sums, at = run_sums(found, n)
+    gram_texts = text[at]
     short = np.flatnonzero((count > 0) & (count < n))
     if len(short):
         first = np.searchsorted(text, short)
         whole = np.zeros(len(short), dtype=U64)
         for k in range(n - 1):
             has = count[short] > k
-            whole[has] += hashes[first[has] + k] * _WEIGHTS[k]
-        gram_hashes = np.concatenate([gram_hashes, whole + count[short].astype(U64)])
+            whole[has] += hashes[first[has] + k] * WEIGHTS[k]
+        sums = np.concatenate([sums, whole + count[short].astype(U64)])
         gram_texts = np.concatenate([gram_texts, short])
-    return mix(gram_hashes + U64(n * int(_SALT) % (1 << 64))), gram_texts
+    return salted(sums, n), gram_texts
 
 
 class Signatures(NamedTuple):
@@ -281,7 +295,7 @@ def sign(texts: Sequence[str], shingling: Shingling, found: Words | None = None)
                   hashes & U64(0xFFFFFFFF))
     values = _densified(bins.reshape(len(texts), k))
     fingerprints = (values >> U64(48)).astype(np.uint16)
-    rows = values.reshape(len(texts), shingling.bands, shingling.rows) * _WEIGHTS[:shingling.rows]
+    rows = values.reshape(len(texts), shingling.bands, shingling.rows) * WEIGHTS[:shingling.rows]
     return Signatures(fingerprints, mix(rows.sum(axis=2, dtype=U64)))
 
 

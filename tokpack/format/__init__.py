@@ -14,6 +14,7 @@ See docs/formats.md.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import re
@@ -47,7 +48,23 @@ MASK_SHARD_NAME = SHARD_STEM + r"\.mask"  # a shard's loss mask, beside it: one 
 # --format megatron's files: Megatron-LM's preprocess_data.py names them PREFIX_KEY_LEVEL.bin/.idx.
 MEGATRON_NAME = "{split}_text_document"
 GUARD_REPORT = "{split}.guard.jsonl"  # the split's documents the guard moved, removed or found near copies of
-GUARD_REMOVED = (None, "copy", "near-copy", "evaluation", "near-copy of val")  # a report row's "removed", by its code
+
+
+class Removed(enum.IntEnum):
+    """Why the guard removed a document (``KEPT``: it did not), as a report row's ``removed`` says."""
+
+    KEPT = 0
+    COPY = 1  # a later copy of the same text (--dedup)
+    NEAR_COPY = 2  # a later near-duplicate (--dedup near)
+    EVALUATION = 3  # a train document holding an evaluation n-gram (--decontaminate)
+    NEAR_COPY_OF_VAL = 4  # a train near-copy of a document of the user's val (--near-split --val-inputs)
+
+    @property
+    def label(self) -> str | None:
+        return None if self is Removed.KEPT else self.name.lower().replace("_", "-", 1).replace("_", " ")
+
+
+GUARD_REMOVED = tuple(reason.label for reason in Removed)  # a report row's "removed", by its code
 DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}|"
                        rf"{MASK_SHARD_NAME}|(?:train|val)\.guard\.jsonl")
 LOCK_NAME = ".tokpack.lock"

@@ -25,6 +25,7 @@ See docs/dedup.md.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,13 +36,18 @@ import numpy as np
 
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
-from ..format import GUARD_REMOVED
-from ..options import option
+from ..format import GUARD_REMOVED, Removed
+from ..options import default_of, option
 from .holdout import Rule
 from .match import firsts, matched
 from .process import roomy_heap
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
+
+
+# The largest standard error of the similarity estimate at the threshold: 256 bins at 0.8 err by
+# 0.025, 64 by 0.05; fewer cannot tell 0.8 from 0.7.
+MAX_ERROR = 0.05
 
 
 class Dedup(enum.StrEnum):
@@ -80,6 +86,11 @@ class GuardOptions:
     decontaminate_key: str = option("text", "the text field (.jsonl) or column (.parquet) of --decontaminate's files")
     decontaminate_ngram: int = option(13, "words of a matched run (GPT-3's 13); a shorter evaluation text is "
                                       "matched whole")
+    decontaminate_min_words: int = option(3, "the fewest words of an evaluation text that is matched; a shorter "
+                                          "one (an answer such as 'Yes' or '4') is counted in meta.json, not matched")
+    decontaminate_max_share: float = option(0.2, "the largest share of train documents --decontaminate may remove; "
+                                            "a run that would remove more stops, naming the evaluation file and "
+                                            "its shortest texts, in (0, 1]")
     report_only: bool = option(False, "with --decontaminate, count the train documents that hold an evaluation "
                                "n-gram in meta.json and keep them")
 
@@ -88,13 +99,33 @@ class GuardOptions:
             raise ValueError(f"--dedup {self.dedup!r} is not one of {', '.join(Dedup)}")
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"--threshold {self.threshold} must lie in (0, 1]; try 0.8")
-        for flag, n in (("--ngram", self.ngram), ("--decontaminate-ngram", self.decontaminate_ngram)):
+        for flag, n, usual in (("--ngram", self.ngram, 5), ("--decontaminate-ngram", self.decontaminate_ngram, 13),
+                               ("--decontaminate-min-words", self.decontaminate_min_words, 3)):
             if not 1 <= n <= 64:
-                raise ValueError(f"{flag} {n} must lie in 1..64 words; try {5 if flag == '--ngram' else 13}")
+                raise ValueError(f"{flag} {n} must lie in 1..64 words; try {usual}")
+        if not 0.0 < self.decontaminate_max_share <= 1.0:
+            raise ValueError(f"--decontaminate-max-share {self.decontaminate_max_share} must lie in (0, 1]; try 0.2, or 1 "
+                             "to remove whatever the evaluation sets match")
         self.shingling()  # hashes and bands checked
-        if self.report_only and not self.decontaminate:
-            raise ValueError("--report-only reports what --decontaminate finds: pass --decontaminate FILE, or drop "
-                             "--report-only")
+        self._used()
+        error = math.sqrt(self.threshold * (1 - self.threshold) / self.hashes)
+        if error > MAX_ERROR:  # the estimate's standard error at the threshold, where it decides
+            enough = math.ceil(self.threshold * (1 - self.threshold) / MAX_ERROR ** 2 / self.bands) * self.bands
+            raise ValueError(f"--hashes {self.hashes} estimates a similarity of {self.threshold:g} with a standard "
+                             f"error of {error:.2f}, too coarse to tell near-duplicates from others; pass --hashes "
+                             f"{enough} or more (256, the default, errs by {math.sqrt(0.16 / 256):.3f} at 0.8)")
+
+    def _used(self) -> None:
+        """Refuse a setting that this combination of options would not read."""
+        for needs, names, given in (
+                ("--near-split or --dedup near", ("threshold", "ngram", "hashes", "bands"), self.near),
+                ("--decontaminate FILE", ("decontaminate_key", "decontaminate_ngram", "decontaminate_min_words",
+                                          "decontaminate_max_share", "report_only"), bool(self.decontaminate))):
+            unused = [f"--{name.replace('_', '-')}" for name in names
+                      if getattr(self, name) != default_of(GuardOptions, name)]
+            if unused and not given:
+                raise ValueError(f"{' and '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} only with "
+                                 f"{needs}, which this run does not ask for: pass it, or drop {' and '.join(unused)}")
 
     @property
     def active(self) -> bool:
@@ -210,10 +241,35 @@ class Guard:
         verdicts, why, val, record = decide(self.options, info, found, self.sets,
                                             np.array(self.groups, dtype=np.int64), self.inputs,
                                             self.reading.holdout.kind == Rule.INPUTS)
+        if self.index is not None:
+            for at, entry in enumerate(record["decontaminate"]["files"]):
+                entry["too_short"] = self.index.skipped.get(at, 0)
+            self._bounded(docs, info["val"].astype(bool), val, why, record["decontaminate"]["files"])
         moved = np.flatnonzero(verdicts)
         return _Decided(starts, number[moved], verdicts[moved].astype(np.uint8), record,
                         [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
                         not self.reading.chat)
+
+
+    def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
+                 files: list[dict[str, Any]]) -> None:
+        """Refuse a decontamination that would remove more than its share of train: evaluation
+        texts that match most documents are an answer column, not questions."""
+        removed = int(np.count_nonzero(why == Removed.EVALUATION))
+        if not removed:
+            return
+        in_val = docs.holding("val", True)
+        train = docs.count - in_val - int(np.count_nonzero(val & ~own_val)) + int(np.count_nonzero(~val & own_val))
+        limit = self.options.decontaminate_max_share
+        if removed <= limit * train:
+            return
+        worst = max(range(len(files)), key=lambda i: files[i].get("removed", 0))
+        shortest = ", ".join(repr(t) for t in self.index.shortest.get(worst, [])) if self.index else ""
+        raise ValueError(f"--decontaminate would remove {removed:,} of the {train:,} train documents "
+                         f"({removed / train:.0%}), more than --decontaminate-max-share {limit:g}: "
+                         f"{files[worst]['path']} matches {files[worst].get('removed', 0):,} of them (its shortest "
+                         f"texts matched: {shortest}); raise --decontaminate-min-words, take the answers out of "
+                         "that file, or pass --decontaminate-max-share 1 to remove them all")
 
 
 class _Found(NamedTuple):
@@ -246,7 +302,7 @@ def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: np.ndarray) -
 
 class _Outcome(NamedTuple):
     """What the decision says of each member: its document record (``signatures.DOC``), the code
-    of why it is removed (0: it is not; see ``format.GUARD_REMOVED``), and whether it ends in val."""
+    of why it is removed (``format.Removed``), and whether it ends in val."""
 
     found: _Found
     info: np.ndarray
@@ -331,6 +387,11 @@ class _Rows:
             out[at] = self.parts[u][rows[at] - self.offsets[u]]
         return out
 
+    def holding(self, field: str, value: Any) -> int:
+        """How many rows hold ``value`` in ``field``: read a block at a time."""
+        return sum(int(np.count_nonzero(part[lo:lo + _BLOCK][field] == value))
+                   for part in self.parts for lo in range(0, len(part), _BLOCK))
+
     def before(self, rows: np.ndarray, field: str, value: Any) -> np.ndarray:
         """For each of ``rows`` (ascending), how many rows before it hold ``value`` in ``field``:
         read a block at a time."""
@@ -352,12 +413,12 @@ _ROWS_AT_ONCE = 1 << 11  # fingerprints compared at a time
 
 def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[str], groups: np.ndarray,
            inputs: int, fixed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """Each member's verdict (0: its own split), the code of why it is removed (0: it is not; see
-    ``format.GUARD_REMOVED``), whether it ends in val, and meta.json's record: from the members'
+    """Each member's verdict (0: its own split), the code of why it is removed (see
+    ``format.Removed``), whether it ends in val, and meta.json's record: from the members'
     records ``info`` (``signatures.DOC``) and what the match ``found``. ``groups``: each input
-    file's input as given. ``fixed``: val is the user's (``--val-inputs``), so no document moves and
-    ``--near-split`` removes the train members of a cluster that holds a val document instead. Every
-    other document stays where its hash put it."""
+    file's input as given. ``fixed``: val is the user's (``--val-inputs``), so no document moves, none
+    of val is removed, and ``--near-split`` removes the train members of a cluster that holds a val
+    document instead. Every other document stays where its hash put it."""
     own_val = info["val"].astype(bool)
     cluster = np.searchsorted(found.members, found.first)
     val = own_val[cluster] if options.near_split and not fixed else own_val
@@ -367,23 +428,26 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
     if options.near:
         record["near"]["clusters"] = int(len(np.unique(found.first[later])))
     if options.dedup != Dedup.NONE:
-        why[later if options.dedup == Dedup.NEAR else found.copy] = 2 if options.dedup == Dedup.NEAR else 1
-        why[found.copy & (why > 0)] = 1  # the same text is a copy, whatever else it is
+        why[later if options.dedup == Dedup.NEAR else found.copy] = Removed.NEAR_COPY if options.dedup == Dedup.NEAR \
+            else Removed.COPY
+        why[found.copy & (why > 0)] = Removed.COPY  # the same text is a copy, whatever else it is
+        if fixed:  # the user's val stays as given, copies and all
+            why[own_val] = Removed.KEPT
         record["dedup"]["removed"] = np.bincount(groups[info["file"][why > 0]], minlength=inputs).tolist()
     if options.near_split and fixed:  # a train near-copy of a val document, not removed already
         with_val = np.zeros(len(own_val), dtype=bool)
         np.logical_or.at(with_val, cluster, own_val)
-        why[with_val[cluster] & ~own_val & (why == 0)] = 4
+        why[with_val[cluster] & ~own_val & (why == 0)] = Removed.NEAR_COPY_OF_VAL
     if options.decontaminate:
         record["decontaminate"].update(_contaminated(found, val, why > 0, sets, options.report_only))
         if not options.report_only:
-            why[found.held & ~val & (why == 0)] = 3
+            why[found.held & ~val & (why == 0)] = Removed.EVALUATION
     drop = why > 0
     if options.near_split:  # the documents written into the other split
         record["near"].update(moved_to_val=int(np.count_nonzero(val & ~own_val & ~drop)),
                               moved_to_train=int(np.count_nonzero(~val & own_val & ~drop)))
         if fixed:
-            record["near"]["removed_from_train"] = int(np.count_nonzero(why == 4))
+            record["near"]["removed_from_train"] = int(np.count_nonzero(why == Removed.NEAR_COPY_OF_VAL))
     verdicts = np.where(drop, Verdict.DROP, np.where(val == own_val, 0, np.where(val, Verdict.VAL, Verdict.TRAIN)))
     return verdicts, why, val, record
 
@@ -407,5 +471,6 @@ def _settings(options: GuardOptions) -> dict[str, Any]:
     if options.dedup != Dedup.NONE:
         out["dedup"] = {"mode": options.dedup}
     if options.decontaminate:
-        out["decontaminate"] = {"ngram": options.decontaminate_ngram, "report_only": options.report_only}
+        out["decontaminate"] = {"ngram": options.decontaminate_ngram, "min_words": options.decontaminate_min_words,
+                                "report_only": options.report_only}
     return out

@@ -165,12 +165,14 @@ def evaluation_index(options: guard.GuardOptions, errors: str, storage_options: 
             found = [f for _, files in resolve_groups([given], storage_options) for f in files]
             texts = ["".join(runs) for runs in documents(found, read)]
         except (ValueError, OSError) as exc:  # what names an input names an evaluation set here
-            raise ValueError(f"--decontaminate {given}: {error_line(exc)}") from None
+            said = error_line(exc).replace("--jsonl-key", "--decontaminate-key").replace("--text-column",
+                                                                                         "--decontaminate-key")
+            raise ValueError(f"--decontaminate {given}: {said}") from None
         texts = [t for t in texts if t.strip()]
         if not texts:
             raise ValueError(f"--decontaminate {given} holds no text; pass an evaluation set with examples in it")
         sets.append(texts)
-    return NgramIndex.of(enumerate(sets), options.decontaminate_ngram)
+    return NgramIndex.of(enumerate(sets), options.decontaminate_ngram, options.decontaminate_min_words)
 
 
 def processes_plan(config: PrepareConfig, started: float) -> Plan:

@@ -321,8 +321,8 @@ def _run(plan: Plan, ranks: Ranks) -> dict[str, Any]:
             meta = ranks.gather(meta)[0]
         except USER_ERRORS:
             remove_temporaries(out)
-            if plan.sharded and ranks.leader:
-                units.drop_own(out, plan.fingerprint)  # a killed or terminated run keeps its units instead
+            if ranks.leader:  # its units and signatures: a killed or terminated run keeps them instead
+                units.drop_own(out, plan.fingerprint)
             raise
         except BaseException:
             remove_temporaries(out)  # the leader's folder does it too; the other ranks' files are theirs

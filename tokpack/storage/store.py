@@ -194,9 +194,16 @@ def open_store(raw: str, options: dict[str, Any] | None = None) -> Store:
         import fsspec
     except ImportError:
         raise ValueError(f'reading {redact(raw)} needs fsspec; pip install "tokpack[remote]"') from None
-    library, attempts = _library_options(raw.partition("://")[0], options or {})
+    scheme = raw.partition("://")[0]
+    if scheme not in fsspec.available_protocols():
+        raise ValueError(f"{redact(raw)} names a {scheme}:// store, which no installed fsspec library reads; pass "
+                         "an s3://, gs://, http(s)://, hf:// URL or a local path")
+    library, attempts = _library_options(scheme, options or {})
     try:
         fs, path = fsspec.core.url_to_fs(raw, **library)
+    except OSError as exc:  # a store that connects as it opens (ftp, sftp): its host unknown or closed
+        raise ValueError(scrub(f"{redact(raw)} cannot be reached ({exc.strerror or exc}); check the URL's host and "
+                               "port, and the network")) from None
     except ImportError as exc:  # the protocol's own library (s3fs, gcsfs, huggingface_hub, aiohttp)
         raise ValueError(f'reading {redact(raw)} needs {exc.name or "its fsspec library"}; pip install '
                          '"tokpack[remote]"') from None
