@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import MASK_DTYPE, FileEntry, Meta, mask_files, split_files, token_offset
+from .format import GUARD_ROW_LIMIT, MASK_DTYPE, FileEntry, Meta, mask_files, parse_guard_row, split_files, token_offset
 from .storage.folder import Folder, as_folder, published
 from .tokenizer import folder_encoding
 
@@ -116,8 +116,9 @@ def describe_guard(meta: Meta) -> str:
     if near.get("split"):
         how = (f"{near['removed_from_train']:,} train documents removed" if "removed_from_train" in near else
                f"{near['moved_to_val'] + near['moved_to_train']:,} documents moved")
-        held = (f"no near-copy of a train document (Jaccard of word {near['ngram']}-grams >= {near['threshold']}, "
-                f"MinHash {near['hashes']} in {near['bands']} bands; {how})")
+        held = (f"no near-copy of a train document (Jaccard of word {near['ngram']}-grams >= {near['threshold']}: "
+                f"pairs estimated at {near.get('split_threshold', near['threshold'])} or more kept on one side, "
+                f"three standard errors below it, MinHash {near['hashes']} in {near['bands']} bands; {how})")
     else:
         held = "not guarded against near-copies of train documents (prepare --near-split)"
     decontaminated = record.get("decontaminate")
@@ -129,12 +130,14 @@ def describe_guard(meta: Meta) -> str:
 
 
 def _rows(where: Folder, meta: Meta) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(split, row) of every line of the folder's guard reports."""
+    """(split, row) of every line of the folder's guard reports, each read to its bound and
+    checked to be a row (``format.parse_guard_row``)."""
     for split, info in meta["splits"].items():
         if "guard" in info:
-            with where.open(info["guard"]["file"]) as f:
-                for line in f:
-                    yield split, json.loads(line)
+            name = info["guard"]["file"]
+            with where.open(name) as f:
+                for number, line in enumerate(iter(lambda: f.readline(GUARD_ROW_LIMIT + 1), b""), 1):
+                    yield split, parse_guard_row(line, f"{where.where}/{name}:{number}")
 
 
 def guard_report(folder: str | Path, split: str, which: str | None, count: int) -> str:

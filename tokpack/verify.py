@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (GUARD_REMOVED, INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files,
-                     parse_shard_header, split_files, token_offset)
+from .format import (GUARD_REMOVED, GUARD_ROW_LIMIT, INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files,
+                     parse_guard_row, parse_shard_header, split_files, split_threshold, token_offset)
 from .format.megatron import parse_starts
 from .storage import Missing, is_url
 from .storage.folder import Folder, as_folder, published
@@ -211,6 +211,9 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
             *whole, held[0] = (held[0] + body).split(b"\n")
             for line in whole:
                 report.row(line, where)
+            if len(held[0]) > GUARD_ROW_LIMIT:  # a line that long is no row: not held whole
+                raise VerifyError(f"{where} holds a line of more than {GUARD_ROW_LIMIT:,} bytes near byte {at}, "
+                                  "longer than any guard report's row")
 
         check_entry(folder, entry, lines)
         if held[0]:
@@ -275,16 +278,14 @@ class _Report:
 
     def row(self, line: bytes, where: str) -> None:
         try:
-            row = json.loads(line)
+            row = parse_guard_row(line, where)
             document, removed, index, own = row["document"], row["removed"], row["index"], row["own_split"]
             cluster, similarity, sets = row["cluster"], row["similarity"], row.get("evaluation")
             bins = self._bins(document, cluster, similarity)
-            if not (type(document) is int and document > self._last[0] and isinstance(row["file"], str)
-                    and removed in GUARD_REMOVED and own in ("train", "val") and self._indexed(index, removed)
-                    and (sets is None or (isinstance(sets, list) and sets and all(isinstance(s, str) for s in sets)))
+            if not (document > self._last[0] and self._indexed(index, removed) and (sets is None or sets)
                     and (removed != "evaluation" or sets is not None)):
                 raise ValueError
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except ValueError:
             raise VerifyError(f"{where} holds a line that is not a guard report's row, in order: {line[:80]!r}") from None
         self.rows += 1
         self._last = (document, self._last[1] if index is None else index)
@@ -330,7 +331,12 @@ class _Report:
         file's count as meta.json counts them."""
         record, near = self.record, self.record.get("near")
         # a cluster's first is joined to one later member at least: by the rule, or as a copy
-        need = 1 if near is None else math.ceil(near["threshold"] * near["hashes"] - 1e-9)
+        joined_at = None if near is None else near["threshold"] if not near["split"] else near.get("split_threshold")
+        if near is not None and near["split"] and joined_at != split_threshold(near["threshold"], near["hashes"]):
+            raise VerifyError(f"{where}'s meta.json records a split joined at {joined_at!r}, where its threshold "
+                              f"{near['threshold']} and {near['hashes']} hashes give "
+                              f"{split_threshold(near['threshold'], near['hashes'])}")
+        need = 1 if joined_at is None else math.ceil(joined_at * near["hashes"] - 1e-9)
         for cluster, (first, best) in self.clusters.items():
             if not first or best < need:
                 raise VerifyError(f"the guard reports of {where} list cluster {cluster} "

@@ -434,7 +434,8 @@ def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
         assert evaluate_main([str(out), "--model", "unigram", "--block-size", "32", "--quiet"]) == 0
         shown = capsys.readouterr().out
         if guard:
-            assert "val: no near-copy of a train document (Jaccard of word 5-grams >= 0.8" in shown
+            assert ("val: no near-copy of a train document (Jaccard of word 5-grams >= 0.8: pairs estimated at "
+                    "0.725 or more kept on one side" in shown)
             assert f"train decontaminated (13-grams) of {tmp_path / 'q.txt'}" in shown
         else:
             assert "val: not guarded against near-copies" in shown and "train not decontaminated" in shown
@@ -813,3 +814,65 @@ def test_the_users_val_stays_as_given_whatever_dedup_finds_in_it(tmp_path, guard
                           guard=GuardOptions(**guard)))
     assert texts(out, "val") == val_docs and verify_folder(out)
     assert docs[3] not in texts(out, "train")  # val's copy in train is the later copy, and goes
+
+
+def test_a_split_the_guard_empties_is_refused_naming_the_guard(tmp_path, capsys):
+    docs, _ = corpus(40, seed=30)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{d} {QUESTION}"} for d in docs])
+    (tmp_path / "q.txt").write_text(QUESTION + "\n")
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--decontaminate", tmp_path / "q.txt",
+                        "--decontaminate-max-share", "1")
+    assert code == 2 and "\n" not in err.strip(), err
+    assert "the train split would be empty: the guard removed all" in err and "as evaluation" in err, err
+    assert "--val-fraction" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("line,says", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"document": 1, "file": "x.jsonl", "own_split": "train", "cluster": null, "similarity": null, '
+     '"removed": null}', "is not a guard report's row"),  # no index
+    ('{"document": "1", "file": 2, "own_split": "test", "index": -1, "cluster": null, "similarity": null, '
+     '"removed": "gone"}', "is not a guard report's row"),
+    ('{"document": 1, "file": "' + "x" * (2 << 20) + '"}', "more than the 1,048,576 tokpack reads"),
+])
+def test_inspect_and_verify_refuse_a_report_line_that_is_no_row_in_one_line(tmp_path, capsys, line, says):
+    from tokpack.inspect import main as inspect_main
+    from tokpack.verify import VerifyError
+
+    docs, _ = corpus(60, seed=31)
+    out = run(tmp_path, docs, "h", near_split=True)
+    _forged(out, "val", [], None)
+    report = out / "val.guard.jsonl"
+    report.write_text(line + "\n")
+    _forged(out, "val", None, lambda meta: meta["splits"]["val"]["guard"].update(
+        bytes=report.stat().st_size, sha256=hashlib.sha256(report.read_bytes()).hexdigest(), rows=1))
+    code, err = cli_run(inspect_main, capsys, out, "--guard", "--split", "val")
+    assert code == 2 and says in err and "\n" not in err.strip() and "Traceback" not in err, err
+    with pytest.raises(VerifyError):
+        verify_folder(out)
+
+
+def test_the_split_joins_below_the_threshold_and_dedup_removes_only_at_it(tmp_path):
+    from tokpack.dedup.minhash import Shingling, sign
+
+    docs, _ = corpus(60, seed=32)
+    rng = random.Random(32)
+    first = " ".join(_sentences()[:40])
+    words = first.split(" ")
+    while True:  # a near-copy estimated between the split's join (0.725) and the threshold (0.8)
+        words[rng.randrange(len(words))] = f"edit{rng.randrange(10**6)}"
+        second = " ".join(words)
+        signed = sign([first, second], Shingling())
+        estimate = float((signed.fingerprints[0] == signed.fingerprints[1]).mean())
+        if estimate < 0.8:
+            break
+    assert 0.725 <= estimate
+    docs += [first, second]
+    out = run(tmp_path, docs, "m", near_split=True, dedup="near")
+    near = read_meta(out)["guard"]["near"]
+    assert near["split_threshold"] == 0.725 and near["threshold"] == 0.8
+    rows = {r["document"]: r for s in ("train", "val") for r in _report(out, s)}
+    pair = rows[len(docs) - 1]
+    assert pair["cluster"] == len(docs) - 2 and pair["similarity"] == round(estimate, 4)
+    assert pair["removed"] is None and second in texts(out, "train") + texts(out, "val")  # not a near-copy to dedup
+    assert (second in texts(out, "val")) == (first in texts(out, "val")) and verify_folder(out)

@@ -65,6 +65,15 @@ class Removed(enum.IntEnum):
 
 
 GUARD_REMOVED = tuple(reason.label for reason in Removed)  # a report row's "removed", by its code
+# The split joins near-duplicates this many standard errors of the similarity estimate below the
+# threshold: a pair at exactly the threshold is estimated below it half the time, and a val
+# document left beside its train near-copy is a leak, where one moved too many costs nothing.
+SPLIT_MARGIN = 3
+
+
+def split_threshold(threshold: float, hashes: int) -> float:
+    """The estimated similarity from which ``--near-split`` keeps two documents on one side."""
+    return round(max(threshold - SPLIT_MARGIN * (threshold * (1 - threshold) / hashes) ** 0.5, 0.0), 4)
 DATA_FILE = re.compile(rf"(?:train|val)(?:\.|_text_document\.)(?:bin|idx)|(?:train|val)\.mask|{SHARD_NAME}|"
                        rf"{MASK_SHARD_NAME}|(?:train|val)\.guard\.jsonl")
 LOCK_NAME = ".tokpack.lock"
@@ -269,6 +278,27 @@ def load_json(raw: bytes | str, where: str, fix: str, limit: int = JSON_LIMIT) -
         raise ValueError(f"{where} is JSON nested too deeply to read; {fix}") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"{where} is not valid JSON ({exc}); {fix}") from None
+
+
+# A guard report row's most bytes (its evaluation files' names included): a longer line is no row.
+GUARD_ROW_LIMIT = 1 << 20
+_ROW_FIELDS = {"document": int, "file": str, "own_split": str, "index": (int, type(None)),
+               "cluster": (int, type(None)), "similarity": (float, type(None)), "removed": (str, type(None))}
+
+
+def parse_guard_row(line: bytes | str, where: str) -> dict[str, Any]:
+    """A guard report's line as its row: every field of its type, none negative, the split and
+    the reason of removal tokpack's; one ``ValueError`` naming ``where`` otherwise."""
+    fix = "it is not a row of a report tokpack wrote; prepare the folder again"
+    row = load_json(line, where, fix, GUARD_ROW_LIMIT)
+    sets = row.get("evaluation", []) if isinstance(row, dict) else None
+    if not (isinstance(row, dict) and all(key in row and type(row[key]) in (kind if isinstance(kind, tuple) else (kind,))
+                                          for key, kind in _ROW_FIELDS.items())
+            and all(row[key] is None or row[key] >= 0 for key in ("document", "index", "cluster", "similarity"))
+            and row["own_split"] in SPLITS and row["removed"] in GUARD_REMOVED
+            and isinstance(sets, list) and all(isinstance(name, str) for name in sets)):
+        raise ValueError(f"{where} is not a guard report's row ({str(line)[:80]}); {fix}")
+    return row
 
 
 _META_FIX = "rerun python -m tokpack.prepare --force"

@@ -34,9 +34,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..dedup.clusters import similar
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
-from ..format import GUARD_REMOVED, Removed
+from ..format import GUARD_REMOVED, Removed, split_threshold
 from ..options import default_of, option
 from .holdout import Rule
 from .match import firsts, matched
@@ -135,6 +136,11 @@ class GuardOptions:
     def near(self) -> bool:
         return self.near_split or self.dedup == Dedup.NEAR
 
+    def joined_at(self) -> float:
+        """The estimated similarity from which two documents are joined: lower for the split
+        (``format.split_threshold``), where missing a pair leaks and joining one too many does not."""
+        return split_threshold(self.threshold, self.hashes) if self.near_split else self.threshold
+
     def shingling(self) -> Shingling:
         try:
             return Shingling(self.ngram, self.hashes, self.bands)
@@ -220,6 +226,14 @@ class Guard:
         assert self._decided is not None
         return self._decided.rows(split, self.files, self.sets)
 
+    def removed(self, split: str) -> dict[str, int]:
+        """How many documents the guard removed from ``split``, by why (``format.Removed``'s labels)."""
+        self.ready(0)
+        assert self._decided is not None
+        _, _, why, val = self._decided.outcome
+        counts = np.bincount(why[val == (split == "val")], minlength=len(Removed))
+        return {str(Removed(code).label): int(n) for code, n in enumerate(counts.tolist()) if code and n}
+
     def _load(self, unit: int) -> Signed | None:
         share = self.units[unit][0]
         return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e[0]] for e in share},
@@ -228,11 +242,15 @@ class Guard:
     def _decide(self, units: list[Signed]) -> _Decided:
         docs = _Rows([s.docs for s in units])
         prints = _Rows([s.prints for s in units]) if self.options.near else None
+        joined_at = self.options.joined_at()
         near, copies = matched(self.out, [s.bands for s in units], [s.docs.column("hash") for s in units], prints,
-                               self.options.threshold)
+                               joined_at)
+        dedup = near  # --dedup near removes at the threshold itself, whatever the split joined
+        if prints is not None and self.options.dedup == Dedup.NEAR and joined_at < self.options.threshold:
+            dedup = near[similar(prints, near // docs.count, near % docs.count, self.options.threshold)]
         hits = np.concatenate([np.empty(0, HIT), *(s.hits for s in units)])
         hits["doc"] += np.repeat(docs.offsets[:-1], [len(s.hits) for s in units])  # each unit's to the run's
-        found = _found(docs.count, near, copies, hits)
+        found = _found(docs.count, near, dedup, copies, hits)
         info = docs[found.members]
         starts = np.concatenate([[0], np.cumsum([n for s in units for n in s.slots], dtype=np.int64)])
         reads_before = np.cumsum([0] + [len(s.slots) for s in units])
@@ -278,26 +296,30 @@ class _Found(NamedTuple):
 
     members: np.ndarray
     first: np.ndarray  # each member's first document of its cluster: its own where it has none
+    dedup_first: np.ndarray  # the same, of the clusters --dedup near removes from (joined at the threshold)
     copy: np.ndarray  # a member whose text is a later copy of an earlier one
     clustered: np.ndarray
     hits: np.ndarray  # HIT: (a member's place in ``members``, an evaluation set it holds n-grams of), in order
     held: np.ndarray  # a member that holds evaluation n-grams
 
 
-def _found(count: int, near: np.ndarray, copies: np.ndarray, hits: np.ndarray) -> _Found:
-    nodes, first = firsts(near, count)  # the near pairs hold the copies too
+def _found(count: int, near: np.ndarray, dedup: np.ndarray, copies: np.ndarray, hits: np.ndarray) -> _Found:
+    nodes, first = firsts(near, count)  # the near pairs hold the copies too, and dedup's pairs
     copied, original = firsts(copies, count)
     members = np.union1d(nodes, hits["doc"])
     at = np.searchsorted(members, nodes)
     firsts_of, clustered, copy = members.copy(), np.zeros(len(members), bool), np.zeros(len(members), bool)
     firsts_of[at], clustered[at] = first, True
+    deduped, kept = firsts(dedup, count)
+    dedup_first = members.copy()
+    dedup_first[np.searchsorted(members, deduped)] = kept
     copy[np.searchsorted(members, copied)] = original != copied
     hits = hits.copy()
     hits["doc"] = np.searchsorted(members, hits["doc"])
     hits = hits[np.lexsort((hits["set"], hits["doc"]))]
     held = np.zeros(len(members), bool)
     held[hits["doc"]] = True
-    return _Found(members, firsts_of, copy, clustered, hits, held)
+    return _Found(members, firsts_of, dedup_first, copy, clustered, hits, held)
 
 
 class _Outcome(NamedTuple):
@@ -428,8 +450,8 @@ def decide(options: GuardOptions, info: np.ndarray, found: _Found, sets: list[st
     if options.near:
         record["near"]["clusters"] = int(len(np.unique(found.first[later])))
     if options.dedup != Dedup.NONE:
-        why[later if options.dedup == Dedup.NEAR else found.copy] = Removed.NEAR_COPY if options.dedup == Dedup.NEAR \
-            else Removed.COPY
+        why[found.dedup_first != found.members if options.dedup == Dedup.NEAR else found.copy] = \
+            Removed.NEAR_COPY if options.dedup == Dedup.NEAR else Removed.COPY
         why[found.copy & (why > 0)] = Removed.COPY  # the same text is a copy, whatever else it is
         if fixed:  # the user's val stays as given, copies and all
             why[own_val] = Removed.KEPT
@@ -467,7 +489,8 @@ def _settings(options: GuardOptions) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if options.near:
         out["near"] = {"ngram": options.ngram, "hashes": options.hashes, "bands": options.bands,
-                       "threshold": options.threshold, "split": options.near_split}
+                       "threshold": options.threshold, "split": options.near_split,
+                       **({"split_threshold": options.joined_at()} if options.near_split else {})}
     if options.dedup != Dedup.NONE:
         out["dedup"] = {"mode": options.dedup}
     if options.decontaminate:

@@ -35,6 +35,7 @@ from .cluster import Ranks, share_of
 from .config import Plan, PrepareConfig
 from .executors import Here, TaskLost, choose
 from .folder import OutputFolder, check_out_dir, flattened, merged_indexes, mixed, publish_parts, retire
+from .guard import Guard
 from .chats import CHAT_COUNTS
 from .input_hash import input_sha256
 from .plan import input_folders, make_plan, processes_plan
@@ -343,7 +344,7 @@ def _meta(plan: Plan, parts: list[UnitRecord]) -> Meta:
         "single_document": plan.single,
         "val": plan.holdout.describe(),
         "text_newlines": "universal",  # \r\n and \r in text files are read as \n; jsonl as is
-        "splits": _with_row_groups(plan, _combined(parts, plan.holdout)),
+        "splits": _with_row_groups(plan, _combined(parts, plan.holdout, plan.guard)),
         "inputs": {**plan.inputs, "units_sha256": [part["input_sha256"] for part in parts]},
         "options": plan.config.output_options(),
     }
@@ -405,8 +406,9 @@ def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, Spli
     return splits
 
 
-def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, SplitInfo]:
-    """meta.json's splits from every unit's part, in input order (the index comes at publishing)."""
+def _combined(parts: list[UnitRecord], rule: holdout.Holdout, guard: Guard | None) -> dict[str, SplitInfo]:
+    """meta.json's splits from every unit's part, in input order (the index comes at publishing);
+    a split left empty is refused, naming what emptied it."""
     splits = {}
     for split in SPLITS:
         infos = [part["splits"][split]["info"] for part in parts]
@@ -426,6 +428,12 @@ def _combined(parts: list[UnitRecord], rule: holdout.Holdout) -> dict[str, Split
     if not seen:
         raise ValueError("the corpus holds no text; pass non-empty files")
     for split, info in splits.items():
+        removed = guard.removed(split) if guard is not None and not info["documents"] else {}
+        if removed:
+            said = ", ".join(f"{n:,} {'as ' + why if why == 'evaluation' else why}" for why, n in removed.items())
+            raise ValueError(f"the {split} split would be empty: the guard removed all {sum(removed.values()):,} of "
+                             f"its documents ({said}); drop or loosen the option that removed them (--dedup, "
+                             "--decontaminate), or add documents")
         if not info["documents"]:
             option = {"fraction": "--val-fraction", "tokens": "--val-tokens", "inputs": "--val-inputs"}[rule.kind]
             raise ValueError(f"the {split} split would be empty: all {seen} documents went to the other split with "
