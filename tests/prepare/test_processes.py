@@ -55,6 +55,22 @@ def test_text_is_one_processs_folder_for_any_count(corpus, tmp_path, capsys, opt
     assert verify_folder(one)
 
 
+def test_an_absurd_process_count_runs_as_many_as_the_machine_has_cores(corpus, tmp_path, capsys):
+    from tokpack.prepare import PrepareConfig, prepare
+    from tokpack.prepare.plan import default_workers
+
+    one = tmp_path / "one"
+    assert main([str(corpus), "--out-dir", str(one), "--quiet"]) == 0
+    code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "many", "--quiet", "--processes", "1000000")
+    cores = default_workers()
+    assert code == 0 and f"--processes 1,000,000 is more than this machine's {cores} cores: running {cores}" in err
+    assert _files(tmp_path / "many") == _files(one)
+    with pytest.warns(UserWarning, match="more than this machine's"):
+        stats = prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp_path / "api"), quiet=True,
+                                      processes=cores + 1))["stats"]
+    assert stats["processes"] == cores
+
+
 def test_shards_follow_one_processs_units_even_when_fewer_than_the_processes(corpus, tmp_path, capsys):
     # --format llmc at the default --unit-mb: one unit, so one process has work, and says so.
     one = tmp_path / "one" / "data"

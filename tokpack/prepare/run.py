@@ -38,7 +38,7 @@ from .folder import OutputFolder, check_out_dir, flattened, merged_indexes, mixe
 from .guard import Guard
 from .chats import CHAT_COUNTS
 from .input_hash import input_sha256
-from .plan import input_folders, make_plan, processes_plan
+from .plan import default_workers, input_folders, make_plan, processes_plan
 from .process import children_peak_rss_mb, peak_rss_mb
 from .remote import Publisher, Spool, spooled
 from .writers import HashingWriter, remove_temporaries
@@ -55,6 +55,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     machine (``tokpack.prepare.executors``).
     """
     started = time.perf_counter()
+    config = _on_the_cores(config)
     shared = tasks.place(config) if config.processes == 1 and config.ray is None else None
     if config.out_dir is not None and is_url(config.out_dir):
         if shared is not None or launched_world() > 1:
@@ -75,6 +76,17 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
         ranks.check_same_inputs(plan.files)
         meta = _run(plan, ranks)
     return _result(meta, plan, started, ranks.leader)
+
+
+def _on_the_cores(config: PrepareConfig) -> PrepareConfig:
+    """``config`` with no more processes of this machine than it has cores: more would only take
+    memory and start-up (the folder is the same for any number)."""
+    cores = default_workers()
+    if config.ray is not None or config.processes <= cores:
+        return config
+    warnings.warn(f"--processes {config.processes:,} is more than this machine's {cores} cores: running {cores} "
+                  "(the folder is the same for any number)", stacklevel=3)
+    return dataclasses.replace(config, processes=cores)
 
 
 def _prepare_task(config: PrepareConfig, task: int, count: int, started: float) -> dict[str, Any]:
