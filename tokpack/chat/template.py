@@ -517,6 +517,43 @@ class _NameParts(NamedTuple):
         return head > 0 or tail < len(s)
 
 
+def _past_spaces(text: str, at: int) -> int:
+    """Where the whitespace from ``at`` on ends."""
+    spaces = _SPACES.match(text, at)
+    return at if spaces is None else spaces.end()
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``: halved by slices, each compared
+    in C."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _overlap(tail: str, head: str) -> int:
+    """The length of the longest end of ``tail`` that ``head`` begins with: ``tail`` run through
+    Knuth-Morris-Pratt's automaton of ``head``'s start, O(their lengths)."""
+    pattern = head[:len(tail)]
+    fail, k = [0] * len(pattern), 0
+    for q in range(1, len(pattern)):
+        while k and pattern[q] != pattern[k]:
+            k = fail[k - 1]
+        k += pattern[q] == pattern[k]
+        fail[q] = k
+    k = 0
+    for ch in tail:
+        while k and (k == len(pattern) or ch != pattern[k]):
+            k = fail[k - 1]
+        k += k < len(pattern) and ch == pattern[k]
+    return k
+
+
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Spans in order, overlapping ones joined (a generation block inside another is inside it)."""
     out: list[tuple[int, int]] = []
@@ -647,8 +684,64 @@ class Template:
             if upto.startswith(before) and text.startswith(upto):
                 spans.append((len(before), len(upto)))
             else:
-                spans.append(self._content_span(found, i, text, where, size, tools))
+                spans.append(self._aligned_span(found, i, text, before, upto, where, size, tools)
+                             or self._content_span(found, i, text, where, size, tools))
         return spans
+
+    def _aligned_span(self, found: list[dict[str, Any]], i: int, text: str, before: str, upto: str, where: str,
+                      size: int, tools: list[Any] | None) -> tuple[int, int] | None:
+        """Assistant turn ``i`` of a conversation whose template writes a turn otherwise when it
+        is the last (an empty think block, a generation prompt that opens one a call never
+        closes, a call's text dropped once an answer follows): from where the whole leaves the
+        generation prompt, through the longest end of the turn's own render (as the last) that
+        the whole holds where the two part. None where that span does not hold every text of
+        the message, as rendering it with each of them marked shows, or the conversation before
+        it is not rendered alike."""
+        bare, _ = self.render(found[:i], where, size, tools=tools)
+        if not (text.startswith(bare) and before.startswith(bare)):
+            return None
+        start = len(bare) + self._prompt_held(text[len(bare):], before[len(bare):])
+        parted = _common(text, upto)
+        if parted < start:
+            return None
+        end = parted + _overlap(upto[parted:], text[parted:])
+        marker = _free_markers(_strings(found), where)[0]
+        changed = {**found[i], **{key: _each_string(found[i][key], lambda s: s + marker)
+                                  for key in ("content", *REASONING) if key in found[i]}}
+        if "tool_calls" in changed:  # their arguments, not their names (a tool's result may name its call)
+            changed["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _each_string(
+                call["function"].get("arguments"), lambda s: s + marker)}} if isinstance(call.get("function"), dict)
+                else call for call in changed["tool_calls"]]
+        marked, _ = self.render([*found[:i], changed, *found[i + 1:]], where, size, tools=tools)
+        first, last = _common(text, marked), len(text) - _common(text[::-1], marked[::-1])
+        if end <= start or (marked != text and not start <= first <= last <= end):
+            return None
+        return start, self._ended(text, end)
+
+    def _ended(self, text: str, end: int) -> int:
+        """A turn's ``end`` past the special token that ends it and the whitespace after it (the
+        model learns to stop), where only whitespace comes between and the turn does not end in
+        one already."""
+        pattern = _specials_pattern(self._names, None)
+        if not self.specials:
+            return end
+        if any(text.endswith(name, 0, len(text[:end].rstrip())) for name in self._names):
+            return _past_spaces(text, end)
+        ending = pattern.search(text, end)
+        if ending is None or text[end:ending.start(2)].strip():
+            return end
+        return _past_spaces(text, ending.end(2))
+
+    def _prompt_held(self, text: str, prompt: str) -> int:
+        """How much of the generation ``prompt`` the turn written at the start of ``text`` holds:
+        all of it (but for whitespace at its end, which an indented template's turn need not
+        hold), or up to the end of one of its special tokens (the rest may agree with the turn's
+        own text by chance: "<think>" and a content that starts with "<")."""
+        held = _common(text, prompt)
+        if not prompt[held:].strip() or not self.specials:  # all of it, but for its last blank lines
+            return held
+        return max((m.end(2) for m in _specials_pattern(self._names, None).finditer(prompt) if m.end(2) <= held),
+                   default=0)
 
     def _content_span(self, found: list[dict[str, Any]], i: int, text: str, where: str, size: int,
                       tools: list[Any] | None) -> tuple[int, int]:
@@ -672,13 +765,7 @@ class Template:
                              f"its first {i + 1} messages, and its assistant turn {i} cannot be found by putting a "
                              "stand-in in its place either; mark the assistant's text in the template with "
                              "{% generation %}")
-        start, end = len(head), len(text) - len(tail)
-        ending = _specials_pattern(self._names, None).search(text, end) if self.specials else None
-        if ending is not None and not text[end:ending.start(2)].strip():
-            # its end-of-turn token (the model learns to stop) and the whitespace after it, as
-            # prefixes give the turns whose prefixes hold
-            end = _SPACES.match(text, ending.end(2)).end()  # type: ignore[union-attr]
-        return start, end
+        return len(head), self._ended(text, len(text) - len(tail))
 
     def pieces(self, found: list[dict[str, Any]], where: str, tools: list[Any] | None = None) -> ChatPieces:
         found = with_reasoning(found)
