@@ -219,8 +219,8 @@ def _check_guard(folder: Folder, meta: Meta) -> None:
         if held[0]:
             raise VerifyError(f"{report_at} ends inside a line")
         if entry.get("rows") != report.rows:
-            raise VerifyError(f"{report_at} holds {report.rows} rows, meta.json says {entry.get('rows')} (a report written "
-                              "before tokpack counted its rows: prepare it again)")
+            raise VerifyError(f"{report_at} holds {report.rows} rows, meta.json says {entry.get('rows')} (a report "
+                              "written before tokpack counted its rows: prepare it again)")
     report.finish(folder.where)
 
 
@@ -252,7 +252,8 @@ def _check_rules(record: Any, options: Any, where: str) -> None:
                 if isinstance(files, list) else None
         for key, value in rules.items():
             if type(found.get(key)) is not type(value) or found.get(key) != value:
-                raise VerifyError(f"{where}'s guard.{part}.{key} is {found.get(key)!r}, the run's options say {value!r}")
+                raise VerifyError(f"{where}'s guard.{part}.{key} is {found.get(key)!r}, the run's options say "
+                                  f"{value!r}")
     near = record.get("near")
     if near and not (type(near["hashes"]) is int and near["hashes"] > 0 and type(near["threshold"]) in (int, float)
                      and 0 < near["threshold"] <= 1):
@@ -286,7 +287,8 @@ class _Report:
                     and (removed != "evaluation" or sets is not None)):
                 raise ValueError
         except ValueError:
-            raise VerifyError(f"{where} holds a line that is not a guard report's row, in order: {line[:80]!r}") from None
+            raise VerifyError(f"{where} holds a line that is not a guard report's row, in order: "
+                              f"{line[:80]!r}") from None
         self.rows += 1
         self._last = (document, self._last[1] if index is None else index)
         if removed is not None:

@@ -876,3 +876,26 @@ def test_the_split_joins_below_the_threshold_and_dedup_removes_only_at_it(tmp_pa
     assert pair["cluster"] == len(docs) - 2 and pair["similarity"] == round(estimate, 4)
     assert pair["removed"] is None and second in texts(out, "train") + texts(out, "val")  # not a near-copy to dedup
     assert (second in texts(out, "val")) == (first in texts(out, "val")) and verify_folder(out)
+
+
+def test_a_later_copys_bands_are_not_matched_again(tmp_path, monkeypatch):
+    from tokpack.dedup.clusters import clusters
+    from tokpack.dedup.minhash import Shingling, sign
+    from tokpack.prepare import match
+
+    docs, _ = corpus(50, seed=33)
+    docs = docs + [docs[7]] * 2000 + docs[:3]  # a text copied 2,000 times, and three copied once
+    signed = sign(docs, Shingling())
+    text = np.array([int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8).digest()) for d in docs], dtype=np.uint64)
+    routed = []
+    route = match._route
+    monkeypatch.setattr(match, "_route", lambda folder, blocks, *rest: route(
+        folder, (routed.append(len(b)) or b for b in blocks), *rest))
+    near, copies = match.matched(tmp_path, [signed.bands], [text], signed.fingerprints, 0.8)
+    distinct = len(set(docs))
+    assert sum(routed) == len(docs) + distinct * 32  # every text hash, then the bands of each text's first copy
+    assert len(np.unique(copies % len(docs))) == len(docs) - distinct
+    nodes, first = match.firsts(near, len(docs))
+    labels = np.arange(len(docs))
+    labels[nodes] = first
+    assert np.array_equal(labels, clusters(signed.fingerprints, signed.bands, 0.8))

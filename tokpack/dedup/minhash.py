@@ -8,13 +8,15 @@ other character (Unicode spaces, punctuation, symbols) only separates them, so t
 spacing, quoting and compatibility forms do not tell copies apart; in scripts written without
 spaces (Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar) each character is a word. Its
 shingles are its word n-grams (a text of fewer than n words: all its words as one; a text with
-no word: its bytes). An ASCII text is read a byte at a time with no normalising (it is its own
-normal form), the rest a code point at a time through a table of each one's class. Each shingle is hashed once to 64 bits (one permutation hashing): the top bits choose one
-of ``hashes`` bins and the low 32 bits are its value; a bin keeps its minimum, and an empty bin
-takes the next non-empty bin's value to its right (circularly), offset by the distance (rotation
-densification), so that two texts agree on a bin with the probability of their Jaccard similarity
-whatever their lengths. The cost is O(bytes + shingles), not O(shingles x hashes) as a hash a
-permutation is: a text is read by numpy a few times, and no Python runs per word.
+no word: its bytes). An ASCII text is read a byte at a time (it is its own normal form); any other
+a code point at a time through a table of what each folds to alone and its class, and a text
+holding a character that folds only beside its neighbours is folded whole first. Each shingle is
+hashed once to 64 bits (one permutation hashing): the top bits choose one of ``hashes`` bins and
+the low 32 bits are its value; a bin keeps its minimum, and an empty bin takes the next non-empty
+bin's value to its right (circularly), offset by the distance (rotation densification), so that
+two texts agree on a bin with the probability of their Jaccard similarity whatever their lengths.
+The cost is O(bytes + shingles), not O(shingles x hashes) as a hash a permutation is: a text is
+read by numpy a few times, and no Python runs per word.
 
 What is kept of a text: a 16-bit fingerprint a bin (to estimate the similarity of a candidate
 pair) and a 64-bit hash a band of ``hashes / bands`` bins (texts that share a band are candidates).
@@ -89,40 +91,56 @@ def _alone(c: int, seconds: frozenset[int]) -> int | None:
 
 
 @functools.cache
-def _table() -> tuple[np.ndarray, re.Pattern[str]]:
+def _table() -> tuple[np.ndarray, re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
     """Each code point of the Basic Multilingual Plane folded, its class in the top byte (one
-    that folds only in context maps to itself, read from an already folded text); and a pattern
-    of those, which send a text to ``folded`` whole. About 50 ms, once a process."""
+    that folds only in context maps to itself, read from an already folded text); a pattern of
+    those, which send a text to ``folded`` whole; and one of the characters beyond ASCII that
+    only separate words (curly quotes, dashes, no-break spaces), which a space may stand for,
+    and one of every other character beyond ASCII.
+    About 80 ms, once a process."""
     seconds = frozenset(int(d.split()[1], 16) for d in map(unicodedata.decomposition, map(chr, range(0x10000)))
                         if d and not d.startswith("<") and len(d.split()) == 2)
     packed = np.empty(0x10000, dtype=np.uint32)
-    context = []
+    context, apart = [], []
     for c in range(0x10000):
         value = _alone(c, seconds)
         if value is None:
             value = _class(chr(c)) << 24 | c
             if not 0xD800 <= c <= 0xDFFF:
                 context.append(c)
+        elif c >= 0x80 and value >> 24 == _APART:
+            apart.append(c)
         packed[c] = value
-    ranges, start = [], None
-    for at, c in enumerate(context):
+    return packed, _ranges(context), _ranges(apart), _ranges(apart, but=True)
+
+
+def _ranges(codes: list[int], but: bool = False) -> re.Pattern[str]:
+    """A pattern of one of ``codes`` (ascending), or with ``but`` of any character beyond ASCII
+    but those: re's own sets of ranges are bitmaps, 400 MB/s."""
+    ranges, start = ["\\x00-\\x7f"] if but else [], None
+    for at, c in enumerate(codes):
         if start is None:
             start = c
-        if at + 1 == len(context) or context[at + 1] != c + 1:
+        if at + 1 == len(codes) or codes[at + 1] != c + 1:
             ranges.append(f"\\U{start:08x}-\\U{c:08x}")
             start = None
-    return packed, re.compile(f"[{''.join(ranges)}]")  # re's own sets of ranges are bitmaps: 400 MB/s
+    return re.compile(f"[{'^' if but else ''}{''.join(ranges)}]")
 
 
 def _read(text: str) -> str:
-    """``text`` ready for the word pass: ASCII as it is (the pass lowercases it), a text whose
-    every character folds alone as it is (the pass folds it by table), any other ``folded``."""
+    """``text`` ready for the word pass: ASCII as it is (the pass lowercases it); a text holding a
+    character that folds only beside its neighbours ``folded`` first; then, where its only
+    characters beyond ASCII separate words, a space for each (read as ASCII), else as it is (the
+    pass folds it a code point at a time, by table)."""
     if text.isascii():
         return text
-    if _table()[1].search(text) or (_ASTRAL.search(text) and any(
+    _, context, apart, wordy = _table()
+    if not wordy.search(text):  # the common case: quotes, dashes and spaces of typesetting
+        return apart.sub(" ", text)
+    if context.search(text) or (_ASTRAL.search(text) and any(
             _class(ch) != _ALONE and unicodedata.category(ch)[0] in "LMN" for ch in set(_ASTRAL.findall(text)))):
-        return folded(text)
-    return text
+        text = folded(text)
+    return text if wordy.search(text) else apart.sub(" ", text)
 
 
 def mix(z: np.ndarray) -> np.ndarray:
@@ -165,8 +183,8 @@ class Words(NamedTuple):
     bare: np.ndarray  # uint64, a text: the hash of its whole bytes (used where it has no word)
 
 
-# Texts are hashed in chunks of about this many characters, cut after a NUL (a word longer than
-# two chunks is cut), so the powers below are bounded whatever a text's length.
+# Texts are hashed in chunks of about this many characters, cut after a character no word holds
+# (a word longer than two chunks is cut), so the powers below are bounded whatever a text's length.
 _CHUNK = 1 << 18
 
 

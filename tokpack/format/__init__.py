@@ -282,7 +282,7 @@ def load_json(raw: bytes | str, where: str, fix: str, limit: int = JSON_LIMIT) -
 
 # A guard report row's most bytes (its evaluation files' names included): a longer line is no row.
 GUARD_ROW_LIMIT = 1 << 20
-_ROW_FIELDS = {"document": int, "file": str, "own_split": str, "index": (int, type(None)),
+_ROW_FIELDS = {"document": (int,), "file": (str,), "own_split": (str,), "index": (int, type(None)),
                "cluster": (int, type(None)), "similarity": (float, type(None)), "removed": (str, type(None))}
 
 
@@ -292,8 +292,7 @@ def parse_guard_row(line: bytes | str, where: str) -> dict[str, Any]:
     fix = "it is not a row of a report tokpack wrote; prepare the folder again"
     row = load_json(line, where, fix, GUARD_ROW_LIMIT)
     sets = row.get("evaluation", []) if isinstance(row, dict) else None
-    if not (isinstance(row, dict) and all(key in row and type(row[key]) in (kind if isinstance(kind, tuple) else (kind,))
-                                          for key, kind in _ROW_FIELDS.items())
+    if not (isinstance(row, dict) and all(key in row and type(row[key]) in kind for key, kind in _ROW_FIELDS.items())
             and all(row[key] is None or row[key] >= 0 for key in ("document", "index", "cluster", "similarity"))
             and row["own_split"] in SPLITS and row["removed"] in GUARD_REMOVED
             and isinstance(sets, list) and all(isinstance(name, str) for name in sets)):

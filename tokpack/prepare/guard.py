@@ -105,8 +105,8 @@ class GuardOptions:
             if not 1 <= n <= 64:
                 raise ValueError(f"{flag} {n} must lie in 1..64 words; try {usual}")
         if not 0.0 < self.decontaminate_max_share <= 1.0:
-            raise ValueError(f"--decontaminate-max-share {self.decontaminate_max_share} must lie in (0, 1]; try 0.2, or 1 "
-                             "to remove whatever the evaluation sets match")
+            raise ValueError(f"--decontaminate-max-share {self.decontaminate_max_share} must lie in (0, 1]; try "
+                             "0.2, or 1 to remove whatever the evaluation sets match")
         self.shingling()  # hashes and bands checked
         self._used()
         error = math.sqrt(self.threshold * (1 - self.threshold) / self.hashes)
@@ -268,7 +268,6 @@ class Guard:
                         [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
                         not self.reading.chat)
 
-
     def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
                  files: list[dict[str, Any]]) -> None:
         """Refuse a decontamination that would remove more than its share of train: evaluation
@@ -282,7 +281,7 @@ class Guard:
         if removed <= limit * train:
             return
         worst = max(range(len(files)), key=lambda i: files[i].get("removed", 0))
-        shortest = ", ".join(repr(t) for t in self.index.shortest.get(worst, [])) if self.index else ""
+        shortest = ", ".join(repr(t) for t in self.index.shortest.get(worst, [])) if self.index is not None else ""
         raise ValueError(f"--decontaminate would remove {removed:,} of the {train:,} train documents "
                          f"({removed / train:.0%}), more than --decontaminate-max-share {limit:g}: "
                          f"{files[worst]['path']} matches {files[worst].get('removed', 0):,} of them (its shortest "

@@ -1,13 +1,13 @@
 """The match stage of a guarded run: the pairs of near-duplicates and of copies among every
 unit's signatures, with memory bounded by disk rather than by the number of documents.
 
-Each document's band hashes, and its text's hash as one more band (copies), are routed to spill
-files by band and hash range (the hashes are uniform, so each file holds an even share; a file
-over 8 MB is routed again, by finer ranges); then one file at a time is sorted, and in each
-bucket of equal hashes every document is compared with the bucket's first and with the one
-before it (``clusters.pairs_of``), a band's pair joined where enough of its fingerprints agree, a
-text hash's pair joined as a copy. In memory at once: one spill file's entries and the joined
-pairs (a few per duplicated document), never an array a document.
+Each document's text hash, then each document's band hashes (but a later copy's, which are its
+first copy's), are routed to spill files by band and hash range (the hashes are uniform, so each
+file holds an even share; a file over 8 MB is routed again, by finer ranges); then one file at a
+time is sorted, and in each bucket of equal hashes every document is compared with the bucket's
+first and with the one before it (``clusters.pairs_of``), a text hash's pair joined as a copy, a
+band's pair joined where enough of its fingerprints agree. In memory at once: one spill file's
+entries and the joined pairs (a few per duplicated document), never an array a document.
 
 Cost: O(documents x bands) written and read once, 18 bytes an entry on disk while matching
 (594 bytes a document at 32 bands), removed when done; O(pairs) to join them into clusters.
@@ -46,6 +46,10 @@ def matched(folder: Path, bands: list[Rows], hashes: list[Rows], prints: Rows | 
     """The joined pairs, as keys ``earlier * documents + later``: near-duplicates (copies among
     them), and copies (the same text hash) alone.
 
+    Copies are matched first, and a later copy's bands are not routed at all: its first copy's
+    are the same, so a corpus of a line copied 500,000 times costs a pass over its text hashes,
+    not 500,000 documents compared in every band.
+
     Args:
         folder: where the spill files are written (and removed).
         bands: each unit's (documents, bands) band hashes; (documents, 0) without near-duplicates.
@@ -55,12 +59,38 @@ def matched(folder: Path, bands: list[Rows], hashes: list[Rows], prints: Rows | 
     """
     offsets = np.cumsum([0] + [len(h) for h in hashes])
     count = int(offsets[-1])
-    width = (bands[0].shape[1] if bands else 0) + 1  # the text hash is the last band
-    near = copies = np.empty(0, np.int64)
+    copies = _matched(folder, _documents([_Column(h) for h in hashes], offsets, None), 1, count, lambda keys: keys)
+    if prints is None:
+        return copies, copies
+    width = bands[0].shape[1] if bands else 0
+    later = np.unique(copies % count) if count else np.empty(0, np.int64)
+    near = _matched(folder, _documents(bands, offsets, later), width, count,
+                    lambda keys: keys[similar(prints, keys // count, keys % count, threshold)])
+    return np.union1d(near, copies), copies
+
+
+class _Column:
+    """A unit's text hashes as one band: (documents, 1)."""
+
+    def __init__(self, rows: Rows):
+        self.rows, self.shape = rows, (rows.shape[0], 1)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, at: Any) -> np.ndarray:
+        return np.asarray(self.rows[at])[:, None]
+
+
+def _matched(folder: Path, blocks: Iterator[np.ndarray], width: int, count: int,
+             joined: Any) -> np.ndarray:
+    """The pairs of documents that share a band's hash, routed through spill files (``_route``),
+    those that ``joined`` keeps."""
+    found = np.empty(0, np.int64)
     written: list[Path] = []
     try:
-        pending = _route(folder, _documents(bands, hashes, offsets, width), 0, width << 32,
-                         count * width * ENTRY.itemsize / _SPILL_BYTES, written)
+        pending = _route(folder, blocks, 0, max(width, 1) << 32, count * width * ENTRY.itemsize / _SPILL_BYTES,
+                         written)
         while pending:
             path, lo, hi = pending.pop()
             size = path.stat().st_size
@@ -72,27 +102,33 @@ def matched(folder: Path, bands: list[Rows], hashes: list[Rows], prints: Rows | 
             remove_own(path)
             entries = entries[np.lexsort((entries["doc"], entries["hash"], entries["band"]))]
             same = (entries["hash"][1:] == entries["hash"][:-1]) & (entries["band"][1:] == entries["band"][:-1])
-            text = entries["band"][1:] == width - 1
-            copies = np.union1d(copies, pairs_of(entries["doc"], same & text, count))
-            if prints is not None:  # a copy shares every band, and every fingerprint, with its first
-                keys = pairs_of(entries["doc"], same & ~text, count)
-                near = np.union1d(near, keys[similar(prints, keys // count, keys % count, threshold)])
+            found = np.union1d(found, joined(pairs_of(entries["doc"], same, count)))
     finally:
         for path in written:
             remove_own(path)
-    return (near if prints is not None else copies), copies
+    return found
 
 
-def _documents(bands: list[Rows], hashes: list[Rows], offsets: np.ndarray, width: int) -> Iterator[np.ndarray]:
-    """Every document's entries, a block of documents at a time, in document order."""
-    for unit, (band, text) in enumerate(zip(bands, hashes)):
-        for lo in range(0, len(text), _ROWS):
-            hi = min(lo + _ROWS, len(text))
-            entries = np.empty((hi - lo) * width, dtype=ENTRY)
-            entries["hash"] = np.concatenate([band[lo:hi], text[lo:hi][:, None]], axis=1).ravel()
-            entries["doc"] = np.repeat(np.arange(offsets[unit] + lo, offsets[unit] + hi), width)
-            entries["band"] = np.tile(np.arange(width, dtype=np.uint16), hi - lo)
+def _documents(bands: list[Rows], offsets: np.ndarray, skipped: np.ndarray | None) -> Iterator[np.ndarray]:
+    """Every document's entries, a block of documents at a time, in document order; none of the
+    documents ``skipped`` (ascending)."""
+    for unit, band in enumerate(bands):
+        width = band.shape[1]
+        for lo in range(0, len(band), _ROWS):
+            hi = min(lo + _ROWS, len(band))
+            docs = np.arange(offsets[unit] + lo, offsets[unit] + hi)
+            keep = slice(None) if skipped is None or not len(skipped) else ~_among(docs, skipped)
+            values = np.asarray(band[lo:hi])[keep]
+            entries = np.empty(values.size, dtype=ENTRY)
+            entries["hash"] = values.ravel()
+            entries["doc"] = np.repeat(docs[keep], width)
+            entries["band"] = np.tile(np.arange(width, dtype=np.uint16), len(values))
             yield entries
+
+
+def _among(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return sorted_values[at] == values
 
 
 def _read(path: Path) -> Iterator[np.ndarray]:
