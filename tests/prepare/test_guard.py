@@ -899,3 +899,10 @@ def test_a_later_copys_bands_are_not_matched_again(tmp_path, monkeypatch):
     labels = np.arange(len(docs))
     labels[nodes] = first
     assert np.array_equal(labels, clusters(signed.fingerprints, signed.bands, 0.8))
+
+
+def test_a_corpus_of_copies_says_what_the_guard_removed_beside_the_empty_split(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "the same boilerplate line, page after page"}] * 300)
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--dedup", "exact", "--quiet")
+    assert code == 2 and "\n" not in err.strip(), err
+    assert "all 1 documents went to the other split with --val-fraction 0.1 (the guard removed 299 others)" in err

@@ -448,6 +448,8 @@ def _combined(parts: list[UnitRecord], rule: holdout.Holdout, guard: Guard | Non
                              "--decontaminate), or add documents")
         if not info["documents"]:
             option = {"fraction": "--val-fraction", "tokens": "--val-tokens", "inputs": "--val-inputs"}[rule.kind]
+            gone = sum(guard.removed("train").values()) + sum(guard.removed("val").values()) if guard else 0
             raise ValueError(f"the {split} split would be empty: all {seen} documents went to the other split with "
-                             f"{option} {rule.value}; add documents or change {option}")
+                             f"{option} {rule.value}" + (f" (the guard removed {gone:,} others)" if gone else "")
+                             + f"; add documents or change {option}")
     return splits
