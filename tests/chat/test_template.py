@@ -1102,4 +1102,10 @@ def test_tool_use_on_templates_that_write_the_last_turn_otherwise(tmp_path, caps
                     assert (city in written) <= (city in trained), (family, city, trained)
             if message["role"] in ("tool", "user", "system"):
                 assert message["content"] not in trained, (family, message["content"], trained)
+        # every assistant turn by one rule: its end token, and gpt-oss's channel of an answer
+        turns = sum(m["role"] == "assistant" for m in record["messages"])
+        if family == "qwen3":
+            assert trained.count("<|im_end|>") == turns, trained
+        if family == "gptoss":
+            assert trained.count("<|channel|>final<|message|>") == written.count("<|channel|>final<|message|>"), trained
     assert not found

@@ -692,31 +692,52 @@ class Template:
                       size: int, tools: list[Any] | None) -> tuple[int, int] | None:
         """Assistant turn ``i`` of a conversation whose template writes a turn otherwise when it
         is the last (an empty think block, a generation prompt that opens one a call never
-        closes, a call's text dropped once an answer follows): from where the whole leaves the
-        generation prompt, through the longest end of the turn's own render (as the last) that
-        the whole holds where the two part. None where that span does not hold every text of
-        the message, as rendering it with each of them marked shows, or the conversation before
-        it is not rendered alike."""
+        closes, a call's text dropped once an answer follows). Where the whole begins with the
+        conversation before the turn: from where it leaves the generation prompt, through the
+        longest end of the turn's own render (as the last) that the whole holds where the two
+        part. Where it does not (an earlier turn written otherwise once more follows): from the
+        generation prompt's last place before the turn's own text, through as much of what the
+        turn's own render writes after its texts as the whole holds there. None where the span
+        does not hold every text of the message, as rendering it with each of them marked shows."""
         bare, _ = self.render(found[:i], where, size, tools=tools)
-        if not (text.startswith(bare) and before.startswith(bare)):
+        if not before.startswith(bare):
             return None
-        start = len(bare) + self._prompt_held(text[len(bare):], before[len(bare):])
-        parted = _common(text, upto)
-        if parted < start:
-            return None
-        end = parted + _overlap(upto[parted:], text[parted:])
-        marker = _free_markers(_strings(found), where)[0]
-        changed = {**found[i], **{key: _each_string(found[i][key], lambda s: s + marker)
-                                  for key in ("content", *REASONING) if key in found[i]}}
-        if "tool_calls" in changed:  # their arguments, not their names (a tool's result may name its call)
-            changed["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _each_string(
-                call["function"].get("arguments"), lambda s: s + marker)}} if isinstance(call.get("function"), dict)
-                else call for call in changed["tool_calls"]]
+        prompt, changed = before[len(bare):], self._marked(found[i], found, where)
         marked, _ = self.render([*found[:i], changed, *found[i + 1:]], where, size, tools=tools)
         first, last = _common(text, marked), len(text) - _common(text[::-1], marked[::-1])
+        if text.startswith(bare):
+            start = len(bare) + self._prompt_held(text[len(bare):], prompt)
+            parted = _common(text, upto)
+            if parted < start:
+                return None
+            end = parted + _overlap(upto[parted:], text[parted:])
+        elif marked != text:
+            head = prompt if prompt in text[:first] else next(
+                (m.group(2) for m in _specials_pattern(self._names, None).finditer(prompt)), prompt)
+            at = text.rfind(head, 0, first)
+            own, _ = self.render([*found[:i], changed], where, size, tools=tools)
+            tail = upto[len(upto) - _common(upto[::-1], own[::-1]):]
+            if at < 0 or not head:
+                return None
+            start, end = at + self._prompt_held(text[at:], prompt), last + _common(text[last:], tail)
+        else:
+            return None
         if end <= start or (marked != text and not start <= first <= last <= end):
             return None
         return start, self._ended(text, end)
+
+    @staticmethod
+    def _marked(message: dict[str, Any], found: list[dict[str, Any]], where: str) -> dict[str, Any]:
+        """``message`` with each of its texts (content, reasoning, calls' arguments; not the calls'
+        names, which a tool's result may repeat) ending in a character no message holds."""
+        marker = _free_markers(_strings(found), where)[0]
+        changed = {**message, **{key: _each_string(message[key], lambda s: s + marker)
+                                 for key in ("content", *REASONING) if key in message}}
+        if "tool_calls" in changed:
+            changed["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _each_string(
+                call["function"].get("arguments"), lambda s: s + marker)}} if isinstance(call.get("function"), dict)
+                else call for call in changed["tool_calls"]]
+        return changed
 
     def _ended(self, text: str, end: int) -> int:
         """A turn's ``end`` past the special token that ends it and the whitespace after it (the
