@@ -131,7 +131,7 @@ def test_bench_chat_refuses_a_processes_option_that_measures_nothing(argv, capsy
 
 
 def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
-    figures = _figures(capsys, ["dedup", "--mb", "0.1", "--rounds", "1", "--real-docs", "30"])
+    figures = _figures(capsys, ["dedup", "--mb", "0.1", "--rounds", "1", "--real-docs", "30", "--duplicated", "2000"])
     for corpus in ("planted", "installed packages"):
         quality = figures["quality"][corpus]
         assert quality["documents"] > 10 and 0 <= quality["found"] <= 1 and 0 <= quality["merged"] <= 1
@@ -142,3 +142,4 @@ def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
     assert set(figures["words"]) == {"ASCII", "as written", "web Unicode", "decomposed accents", "Chinese"}
     assert figures["words"]["ASCII"]["of_ascii"] == 1
     assert all(w["mb_per_s"] > 0 for w in figures["words"].values())
+    assert figures["duplicated"]["documents"] == 2000 and figures["duplicated"]["guarded_mb"] > 0

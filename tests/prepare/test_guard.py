@@ -906,3 +906,24 @@ def test_a_corpus_of_copies_says_what_the_guard_removed_beside_the_empty_split(t
     code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--dedup", "exact", "--quiet")
     assert code == 2 and "\n" not in err.strip(), err
     assert "all 1 documents went to the other split with --val-fraction 0.1 (the guard removed 299 others)" in err
+
+
+def test_meta_json_records_evaluation_and_val_urls_without_their_secrets():
+    signed = "https://reader:pa55word@example.org/{}.jsonl?X-Amz-Signature=s3cr3t"
+    config = PrepareConfig(inputs=("c.jsonl",), val_inputs=(signed.format("val"),),
+                           guard=GuardOptions(decontaminate=(signed.format("mmlu"), "local.jsonl")))
+    recorded = json.dumps(config.output_options())
+    assert "pa55word" not in recorded and "s3cr3t" not in recorded and "reader" not in recorded
+    assert config.output_options()["guard"]["decontaminate"] == ["https://example.org/mmlu.jsonl", "local.jsonl"]
+    assert config.output_options()["val_inputs"] == ["https://example.org/val.jsonl"]
+
+
+def test_a_sign_batch_of_short_documents_holds_a_bounded_number_of_them(tmp_path, monkeypatch):
+    from tokpack.prepare import signatures
+
+    sizes = []
+    sign = signatures.sign
+    monkeypatch.setattr(signatures, "sign", lambda texts, *rest: sizes.append(len(texts)) or sign(texts, *rest))
+    run(tmp_path, [f"line {i} of the same short kind" for i in range(6000)], "short", near_split=True)
+    most = signatures._BATCH_CHARS // signatures._DOCUMENT_CHARS  # each weighs its signing arrays, not its text
+    assert sum(sizes) == 6000 and max(sizes) <= most < 6000

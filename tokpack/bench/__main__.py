@@ -127,6 +127,9 @@ def _add_corpus(sub: Any) -> None:
                         "datasketch and datatrove, decontamination against a Python scan, its cost in a prepare")
     _sizes(dp, 16.0, "jsonl in MB for the speed runs", "300")
     dp.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians count (default: 3)")
+    dp.add_argument("--duplicated", type=int, default=100_000,
+                    help="one-line documents, each a near-copy of one of a tenth of them, whose guarded prepare's "
+                         "peak RSS is read (default: 100000)")
     dp.add_argument("--real-docs", type=int, default=800,
                     help="installed packages' licences and descriptions compared pair by pair (default: 800)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
@@ -187,7 +190,7 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     if args.what == "dedup":
         from .dedup import bench_dedup
 
-        return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs)
+        return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs, args.duplicated)
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
 

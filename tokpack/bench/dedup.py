@@ -286,19 +286,36 @@ def write_corpus(path: Path, docs: list[str]) -> Path:
     return path
 
 
-def peak_rss(corpus: Path, evaluation: Path, out: Path) -> float:
-    """The peak RSS in MB of a fresh ``python -m tokpack.prepare`` with every guard on."""
+def peak_rss(corpus: Path, evaluation: Path | None, out: Path) -> float:
+    """The peak RSS in MB of a fresh ``python -m tokpack.prepare`` with every guard on (none
+    without ``evaluation``)."""
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from this process's own peak.
     code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.process import peak_rss_mb; "
             "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
+    guard = [] if evaluation is None else [
+        "--near-split", "--dedup", "near", "--decontaminate", str(evaluation),
+        "--decontaminate-max-share", "1"]  # its texts are the corpus's own: memory, not a wipe-out
     done = subprocess.run([sys.executable, "-c", code, str(corpus), "--out-dir", str(out), "--quiet", "--force",
-                           "--near-split", "--dedup", "near", "--decontaminate", str(evaluation),
-                           "--decontaminate-max-share", "1"],  # its texts are the corpus's own: memory, not a wipe-out
-                          check=True, capture_output=True, text=True)
+                           *guard], check=True, capture_output=True, text=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float | None, real_docs: int) -> dict[str, Any]:
+def near_copies(count: int, seed: int = 0) -> list[str]:
+    """``count`` one-line documents of 12 to 40 words, each a near-copy (a word changed) of one of
+    a tenth of them: every document is duplicated."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(5000)]
+    bases = [[rng.choice(words) for _ in range(rng.randint(12, 40))] for _ in range(max(count // 10, 1))]
+    docs = []
+    for i in range(count):
+        changed = list(bases[i % len(bases)])
+        changed[rng.randrange(len(changed))] = f"c{i}"
+        docs.append(" ".join(changed))
+    return docs
+
+
+def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float | None, real_docs: int,
+                duplicated: int) -> dict[str, Any]:
     docs = planted(1)
     while sum(map(len, docs)) < megabytes * 1e6:
         docs = planted(len(docs) * 2)
@@ -319,6 +336,9 @@ def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float |
             big = planted(len(big) * 2, seed=2)
         corpus = write_corpus(tmp / "rss.jsonl", big)
     figures["peak_rss_mb"] = peak_rss(corpus, evaluation, tmp / "rss")
+    near = write_corpus(tmp / "near.jsonl", near_copies(duplicated))
+    figures["duplicated"] = {"documents": duplicated, "plain_mb": peak_rss(near, None, tmp / "near-plain"),
+                             "guarded_mb": peak_rss(near, evaluation, tmp / "near")}
     _report(figures, megabytes, rss_megabytes or megabytes)
     return figures
 
@@ -345,3 +365,6 @@ def _report(figures: dict[str, Any], megabytes: float, rss_megabytes: float) -> 
                 [[name, f"{c['cost']:+.1%}", c["range"]] for name, c in figures["prepare"].items()]))
     print(f"peak RSS of a {rss_megabytes:g} MB prepare with --near-split --dedup near --decontaminate: "
           f"{figures['peak_rss_mb']:.0f} MB")
+    d = figures["duplicated"]
+    print(f"peak RSS of {d['documents']:,} one-line documents, every one a near-copy: {d['plain_mb']:.0f} MB plain, "
+          f"{d['guarded_mb']:.0f} MB with every guard")

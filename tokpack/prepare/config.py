@@ -22,7 +22,7 @@ import numpy as np
 from ..chat import ChatRenderer, Renderer
 from ..corpus import ReadOptions
 from ..options import default_of, option
-from ..storage import is_url
+from ..storage import is_url, redact
 from ..tokenizer import encoding_key
 from ..tokenizer.fast import BACKENDS
 from .guard import Guard, GuardOptions
@@ -239,9 +239,13 @@ class PrepareConfig:
         return self.format != "llmc" and not self.shard_tokens
 
     def output_options(self) -> dict[str, Any]:
+        """The options meta.json records (and a run's fingerprint holds): a URL among them as
+        tokpack shows it, without user information or a web URL's query (a signed URL's key)."""
         chat = CHAT_OPTIONS if self.chat != Renderer.NONE else ()  # a text run's record stays as it was
-        guard = {"guard": dataclasses.asdict(self.guard)} if self.guard.active else {}
-        return {**{k: getattr(self, k) for k in OUTPUT_OPTIONS + chat}, **guard}
+        shown = {"val_inputs": list(map(redact, self.val_inputs))}
+        if self.guard.active:
+            shown["guard"] = {**dataclasses.asdict(self.guard), "decontaminate": list(map(redact, self.guard.decontaminate))}
+        return {**{k: getattr(self, k) for k in OUTPUT_OPTIONS + chat}, **shown}
 
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.errors, self.doc_sep, self.jsonl_key, self.text_column)

@@ -147,13 +147,10 @@ def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
     shares = [share_of(plan.files, plan.sizes, unit, plan.units) for unit in range(plan.units)]
     group = {f: i for i, (_, found) in enumerate(groups) for f in found}
     run = guard.Guard(options, plan.out, fingerprint, [(share, units.reads(plan, share)) for share in shares], reading,
-                      plan.workers, index, [_shown(s) for s in options.decontaminate], [_shown(str(f)) for f in plan.files],
+                      plan.workers, index, list(map(redact, options.decontaminate)),
+                      [redact(str(f)) for f in plan.files],
                       [group[f] for f in plan.files], len(groups))
     return dataclasses.replace(plan, guard=run, fingerprint=fingerprint)
-
-
-def _shown(path: str) -> str:
-    return redact(path) if is_url(path) else path
 
 
 def evaluation_index(options: guard.GuardOptions, errors: str, storage_options: dict[str, Any] | None) -> NgramIndex:
