@@ -743,12 +743,14 @@ class Template:
         """A turn's ``end`` past the special token that ends it and the whitespace after it (the
         model learns to stop), where only whitespace comes between and the turn does not end in
         one already."""
-        pattern = _specials_pattern(self._names, None)
         if not self.specials:
             return end
-        if any(text.endswith(name, 0, len(text[:end].rstrip())) for name in self._names):
+        kept = end
+        while kept and text[kept - 1].isspace():  # the turn's own trailing whitespace, not a copy of the text
+            kept -= 1
+        if any(text.endswith(name, 0, kept) for name in self._names):
             return _past_spaces(text, end)
-        ending = pattern.search(text, end)
+        ending = _specials_pattern(self._names, None).search(text, end)
         if ending is None or text[end:ending.start(2)].strip():
             return end
         return _past_spaces(text, ending.end(2))
