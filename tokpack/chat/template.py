@@ -703,25 +703,29 @@ class Template:
         if not before.startswith(bare):
             return None
         prompt, changed = before[len(bare):], self._marked(found[i], found, where)
-        marked, _ = self.render([*found[:i], changed, *found[i + 1:]], where, size, tools=tools)
-        first, last = _common(text, marked), len(text) - _common(text[::-1], marked[::-1])
+
+        def marked_diff() -> tuple[str, int, int]:
+            """The whole rendered with the turn's texts marked, and where it first and last differs."""
+            marked, _ = self.render([*found[:i], changed, *found[i + 1:]], where, size, tools=tools)
+            return marked, _common(text, marked), len(text) - _common(text[::-1], marked[::-1])
+
         if text.startswith(bare):
             start = len(bare) + self._prompt_held(text[len(bare):], prompt)
             parted = _common(text, upto)
             if parted < start:
                 return None
             end = parted + _overlap(upto[parted:], text[parted:])
-        elif marked != text:
+            marked, first, last = marked_diff()
+        else:
+            marked, first, last = marked_diff()
             head = prompt if prompt in text[:first] else next(
                 (m.group(2) for m in _specials_pattern(self._names, None).finditer(prompt)), prompt)
             at = text.rfind(head, 0, first)
+            if marked == text or at < 0 or not head:
+                return None
             own, _ = self.render([*found[:i], changed], where, size, tools=tools)
             tail = upto[len(upto) - _common(upto[::-1], own[::-1]):]
-            if at < 0 or not head:
-                return None
             start, end = at + self._prompt_held(text[at:], prompt), last + _common(text[last:], tail)
-        else:
-            return None
         if end <= start or (marked != text and not start <= first <= last <= end):
             return None
         return start, self._ended(text, end)

@@ -51,6 +51,15 @@ def pairs_of(ordered: np.ndarray, same: np.ndarray, count: int) -> np.ndarray:
     return np.unique(np.concatenate([ordered[:-1][same], head[1:][same]]) * count + np.concatenate([later, later]))
 
 
+def lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``keys`` would stand in ``sorted_keys`` (ascending), and whether it is there:
+    O(keys x log sorted_keys), whatever their sizes."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return at, sorted_keys[at] == keys
+
+
 def similar(fingerprints: np.ndarray, left: np.ndarray, right: np.ndarray, threshold: float) -> np.ndarray:
     """Which of the pairs (left[i], right[i]) agree on at least ``threshold`` of their bins."""
     need = int(np.ceil(threshold * fingerprints.shape[1] - 1e-9))

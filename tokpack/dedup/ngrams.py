@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..batching import batches
+from .clusters import lookup
 from .minhash import U64, WEIGHTS, Words, run_sums, salted, words
 
 _BATCH_CHARS = 1 << 22
@@ -117,7 +118,7 @@ class NgramIndex:
         hashes, owner = salted(sums, self.ngram), found.text[at]
         maybe = self._table[hashes >> self._shift]
         hashes, owner = hashes[maybe], owner[maybe]
-        found_at, match = _lookup(self.hashes, hashes)
+        found_at, match = lookup(self.hashes, hashes)
         return owner[match] * 65536 + self.sets[found_at[match]]
 
     def _short(self, found: Words) -> np.ndarray:
@@ -128,14 +129,14 @@ class NgramIndex:
             return np.empty(0, np.int64)
         m = self.min_words
         sums, start = run_sums(found, m)
-        maybe = _lookup(self.heads, salted(sums, m))[1]
+        maybe = lookup(self.heads, salted(sums, m))[1]
         start, total = start[maybe], sums[maybe]
         owner, keys = found.text[start], []
         for k in range(m, self.lengths[-1] + 1):  # total: the sum of the k words from each start
             whole = start + k - 1 < len(found.text)
             whole[whole] = found.text[start[whole] + k - 1] == owner[whole]
             if k in self.lengths:
-                found_at, match = _lookup(known, salted(total[whole], k))
+                found_at, match = lookup(known, salted(total[whole], k))
                 keys.append(owner[whole][match] * 65536 + sets[found_at[match]])
             more = start + k < len(found.hashes)
             total[more] += found.hashes[start[more] + k] * WEIGHTS[k]
@@ -174,11 +175,3 @@ def _wholes(found: Words, kept: np.ndarray, m: int) -> tuple[np.ndarray, np.ndar
         if k + 1 == m:
             head = salted(total, m)
     return salted(total, count), head
-
-
-def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of ``keys`` would stand in ``sorted_keys``, and whether it is there."""
-    if not len(sorted_keys):
-        return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return at, sorted_keys[at] == keys

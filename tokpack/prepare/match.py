@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..dedup.clusters import components, pairs_of, similar
+from ..dedup.clusters import components, lookup, pairs_of, similar
 from ..format import MATCH
 from ..storage.local import open_new, remove_own, tmp_path
 
@@ -83,7 +83,7 @@ class _Column:
 
 
 def _matched(folder: Path, blocks: Iterator[np.ndarray], width: int, count: int,
-             joined: Any) -> np.ndarray:
+             joined: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """The pairs of documents that share a band's hash, routed through spill files (``_route``),
     those that ``joined`` keeps."""
     found = np.empty(0, np.int64)
@@ -117,18 +117,13 @@ def _documents(bands: list[Rows], offsets: np.ndarray, skipped: np.ndarray | Non
         for lo in range(0, len(band), _ROWS):
             hi = min(lo + _ROWS, len(band))
             docs = np.arange(offsets[unit] + lo, offsets[unit] + hi)
-            keep = slice(None) if skipped is None or not len(skipped) else ~_among(docs, skipped)
+            keep = slice(None) if skipped is None or not len(skipped) else ~lookup(skipped, docs)[1]
             values = np.asarray(band[lo:hi])[keep]
             entries = np.empty(values.size, dtype=ENTRY)
             entries["hash"] = values.ravel()
             entries["doc"] = np.repeat(docs[keep], width)
             entries["band"] = np.tile(np.arange(width, dtype=np.uint16), len(values))
             yield entries
-
-
-def _among(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
-    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
-    return sorted_values[at] == values
 
 
 def _read(path: Path) -> Iterator[np.ndarray]:
