@@ -143,3 +143,10 @@ def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
     assert figures["words"]["ASCII"]["of_ascii"] == 1
     assert all(w["mb_per_s"] > 0 for w in figures["words"].values())
     assert figures["duplicated"]["documents"] == 2000 and figures["duplicated"]["guarded_mb"] > 0
+
+
+def test_bench_dedup_refuses_too_few_duplicated_documents(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["dedup", "--mb", "0.01", "--duplicated", "9"])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and err.startswith("tokpack: --duplicated 9 must be at least 10") and "\n" not in err

@@ -190,6 +190,8 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     if args.what == "dedup":
         from .dedup import bench_dedup
 
+        if args.duplicated < 10:  # a tenth of them are the texts the rest are near-copies of
+            raise ValueError(f"--duplicated {args.duplicated} must be at least 10 documents; try 100000")
         return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs, args.duplicated)
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
