@@ -102,7 +102,7 @@ def test_the_prepare_wing_and_the_ground_it_stands_on_never_import_torch_or_the_
 
 
 def test_no_tokpack_module_imports_itself_back():
-    graph = _graph()
+    graph = _graph(typing_too=True)  # a circle through type-only imports is a circle of the design
     edges = {m: [(t, w) for t, w, _ in targets if t in graph and t != m] for m, targets in graph.items()}
     state: dict[str, int] = {}
     stack: list[tuple[str, str]] = []

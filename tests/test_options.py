@@ -95,13 +95,14 @@ def test_the_prepare_flags_are_the_config_fields(capsys):
     from dataclasses import fields
 
     from tokpack.prepare.__main__ import main
-    from tokpack.prepare.guard import GuardOptions
+    from tokpack.prepare import GuardOptions, LaunchOptions
 
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--guard " not in help_text
-    for f in [f for f in fields(PrepareConfig) if f.name != "guard"] + list(fields(GuardOptions)):
+    assert "--guard " not in help_text and "--launch " not in help_text
+    tables = ("guard", "launch")
+    for f in [f for f in fields(PrepareConfig) if f.name not in tables] + [*fields(GuardOptions), *fields(LaunchOptions)]:
         flag = "inputs" if f.name == "inputs" else f"--{f.name.replace('_', '-')}"
         assert flag in help_text, flag
         assert " ".join(f.metadata["help"].split())[:40] in help_text, f.name

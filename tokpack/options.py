@@ -18,6 +18,7 @@ import dataclasses
 import tomllib
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,9 +85,28 @@ def option(default: Any, help: str, choices: tuple[str, ...] | None = None, **fi
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices}, **field_args)
 
 
+def _moved(cls: type, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` with each top-level key that moved into a table (``cls.MOVED``) put there, with a
+    warning: a config written for the old place keeps working for a release."""
+    moved = getattr(cls, "MOVED", {})
+    if not any(key in moved for key in data):
+        return data
+    data = {k: dict(v) if k in moved.values() and isinstance(v, dict) else v for k, v in data.items()}
+    for key in [k for k in data if k in moved]:
+        table = data.setdefault(moved[key], {})
+        if not isinstance(table, dict) or key in table:
+            raise ValueError(f"{key} is given both at the top of {source} and in its [{moved[key]}] table; keep the "
+                             "one in the table")
+        table[key] = data.pop(key)
+        warnings.warn(f"{key} at the top of {source} belongs in its [{moved[key]}] table now; the old place is read "
+                      "until the next release", FutureWarning, stacklevel=4)
+    return data
+
+
 def _values(cls: type, data: dict[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
     """``data`` with every key known and every value checked against its annotation."""
     hints = typing.get_type_hints(cls)
+    data = _moved(cls, data, source) if not prefix else data
     valid = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in valid:
@@ -104,7 +124,7 @@ def build_config(cls: type[C], config_path: str | Path | None, overrides: dict[s
 
     An override whose name is a field of a nested config (``n_layer`` for ``model``) sets it there.
     """
-    values = load_toml(config_path) if config_path else {}
+    values = _moved(cls, load_toml(config_path), str(config_path)) if config_path else {}
     _values(cls, values, str(config_path))  # a wrong value in the file is refused even where a flag replaces it
     hints = typing.get_type_hints(cls)
     for key, value in overrides.items():
@@ -116,7 +136,7 @@ def build_config(cls: type[C], config_path: str | Path | None, overrides: dict[s
         table = next((name for name, t in hints.items() if dataclasses.is_dataclass(t)
                       and key in {f.name for f in dataclasses.fields(t)}), None)
         if table is None:
-            raise ValueError(f"unknown option {key!r}; valid options: {', '.join(hints)}")
+            raise ValueError(f"unknown option {key!r}; valid options: {', '.join(f.name for f in dataclasses.fields(cls))}")
         values.setdefault(table, {})[key] = value
     return from_dict(cls, values, str(config_path) if config_path else "the command line")
 

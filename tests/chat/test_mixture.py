@@ -91,18 +91,18 @@ def test_a_mixture_of_processes_is_one_processs_folder(inputs, tmp_path, capsys,
 
 def test_a_unit_whose_record_misnames_its_conversations_inputs_is_redone(inputs, tmp_path):
     from tokpack.format import UNIT_RECORD
-    from tokpack.prepare import PrepareConfig
+    from tokpack.prepare import LaunchOptions, PrepareConfig
     from tokpack.prepare.plan import processes_plan
     from tokpack.prepare.units import run_unit, this_run
 
     root, spec, smol, identity, val = inputs[:5]
     config = PrepareConfig(inputs=(str(smol), str(identity), str(val)), chat="nanochat", encoding=str(spec),
-                           val_inputs=(str(val),), mixture=(f"{identity}=2",), unit_mb=0.01, processes=2,
+                           val_inputs=(str(val),), mixture=(f"{identity}=2",), unit_mb=0.01, launch=LaunchOptions(processes=2),
                            out_dir=str(tmp_path / "out"), quiet=True)
     plan = processes_plan(config, 0.0)
     (tmp_path / "out").mkdir()
     unit = plan.units - 1
-    run_unit(plan, unit)
+    run_unit(plan, unit, None)
     raw = (tmp_path / "out" / UNIT_RECORD.format(unit)).read_bytes()
     record = json.loads(raw)
     sources = record["chat"]["sources"]

@@ -306,6 +306,41 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
     assert outside.read_bytes() == b"not yours"
 
 
+def _matched_by(out: Path) -> dict[str, tuple[int, int]]:
+    """Each part of the match in ``out``: the first unit of the task that matched it, and when."""
+    from tokpack.format import PAIRS
+    from tokpack.prepare.match import Kind, PARTS
+
+    records = {f"{kind}{p:02d}": out / PAIRS.format(kind, p, "json") for kind in Kind for p in range(PARTS)}
+    return {part: (json.loads(path.read_text())["by"], path.stat().st_mtime_ns) for part, path in records.items()}
+
+
+def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_one_is_redone(tmp_path):
+    docs, _ = corpus(300, seed=3)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.03"]
+    assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    out = tmp_path / "tasks"
+    tasks = ["--tasks", "4", "--task"]
+    assert main([*common, "--out-dir", str(out), *tasks, "2"]) == 0
+    matched = _matched_by(out)
+    own = {by for by, _ in matched.values()}
+    assert len(matched) == 32 and len(own) == 1 and own != {0}  # every part, all by the first task to run
+    assert main([*common, "--out-dir", str(out), *tasks, "0"]) == 0
+    assert _matched_by(out) == matched  # read, not matched again
+    # A matcher killed after a part's pairs and before its record: that part alone is redone.
+    from tokpack.format import PAIRS
+
+    (out / PAIRS.format("near", 5, "json")).unlink()
+    (out / PAIRS.format("copies", 3, "bin")).write_bytes(b"\0" * 8)  # and one whose pairs do not hash as recorded
+    assert main([*common, "--out-dir", str(out), *tasks, "3"]) == 0
+    again = _matched_by(out)
+    redone = {part for part in matched if again[part] != matched[part]}
+    assert redone == {"near05", "copies03"} and {again[part][0] for part in redone} != own
+    assert main([*common, "--out-dir", str(out), *tasks, "1"]) == 0
+    assert _files(out) == _files(tmp_path / "one")  # the pairs go with the signatures
+
+
 def _forge(out: Path, unit: int, name: str, change) -> None:
     """Change a unit's signature file (``change`` edits docs in place, returns hits) and its record to match."""
     path = out / SIGN.format(unit, name)
@@ -441,6 +476,32 @@ def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
             assert "val: not guarded against near-copies" in shown and "train not decontaminated" in shown
 
 
+def _matched(folder, bands, hashes, prints, threshold=0.8, first=0):
+    """``match.matched`` of units given as arrays: each unit's entries routed into its part files
+    as signing routes them, and matched into a fresh folder."""
+    from tokpack.prepare import match
+
+    signed, routed, counts = folder / "signed", [], []
+    signed.mkdir(parents=True)
+    for u, (band, text) in enumerate(zip(bands, hashes)):
+        files = {}
+        for kind, values in ((match.Kind.COPIES, np.asarray(text)[:, None]), (match.Kind.NEAR, np.asarray(band))):
+            if prints is None and kind == match.Kind.NEAR:
+                continue
+            for part, entries in match.routed(kind, values, np.arange(len(text))):
+                path = signed / f"{u}.{part.name}"
+                path.write_bytes(entries.tobytes())
+                files[part.name] = (path, hashlib.sha256(entries.tobytes()).hexdigest())
+        routed.append(files)
+        counts.append(len(text))
+    out = folder / "matched"
+    out.mkdir()
+    found = match.matched(out, routed, counts, prints, threshold, bands[0].shape[1] if prints is not None else 0,
+                          "the signatures' digest", first)
+    assert all(p.name.startswith(".tokpack-sign-pairs-") for p in out.iterdir())  # no spill file is left
+    return found
+
+
 @pytest.mark.parametrize("spill_bytes, fanout", [(4096, 64), (1024, 2)])
 def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, monkeypatch, spill_bytes, fanout):
     from tokpack.dedup.clusters import clusters
@@ -453,15 +514,15 @@ def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, mo
     cuts = [0, 90, 91, 300]  # three units, one of a single document, pairs straddling them
     bands = [signed.bands[a:b] for a, b in zip(cuts, cuts[1:])]
     hashes = [text[a:b] for a, b in zip(cuts, cuts[1:])]
-    whole = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
+    whole = _matched(tmp_path / "whole", bands, hashes, signed.fingerprints)
     monkeypatch.setattr(match, "_SPILL_BYTES", spill_bytes)
     monkeypatch.setattr(match, "_FANOUT", fanout)
     routed = []
     route = match._route
     monkeypatch.setattr(match, "_route", lambda *a: routed.append(len(files := route(*a))) or files)
-    spread = match.matched(tmp_path, bands, hashes, signed.fingerprints, 0.8)
+    spread = _matched(tmp_path / "spread", bands, hashes, signed.fingerprints)
     assert len(routed) > 1 and 1 < max(routed) <= fanout  # files too large were routed again
-    assert all(np.array_equal(a, b) for a, b in zip(whole, spread)) and not list(tmp_path.iterdir())
+    assert all(np.array_equal(a, b) for a, b in zip(whole, spread))
     copies = {(docs.index(d), b) for b, d in enumerate(docs) if docs.index(d) < b}
     assert {divmod(int(k), len(docs)) for k in spread[1]} == copies and copies
     nodes, first = match.firsts(spread[0], len(docs))
@@ -469,7 +530,7 @@ def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, mo
     labels[nodes] = first
     assert np.array_equal(labels, clusters(signed.fingerprints, signed.bands, 0.8)) and len(nodes) >= len(planted)
     # Without near-duplicates the text hashes alone are matched: the copies.
-    only = match.matched(tmp_path, [b[:, :0] for b in bands], hashes, None, 0.8)
+    only = _matched(tmp_path / "only", bands, hashes, None)
     assert np.array_equal(only[0], spread[1]) and np.array_equal(only[1], spread[1])
 
 
@@ -543,12 +604,12 @@ def test_the_splits_own_val_may_be_named_as_an_evaluation_set(tmp_path):
 def test_a_documents_verdict_is_found_in_any_order_of_lookups(members, data):
     # The verdicts of the members (sorted numbers) looked up by (read, document): in order, again,
     # or going back, members and their neighbours, each answer is what a plain table gives.
-    from tokpack.prepare.guard import Verdict, _Decided
+    from tokpack.prepare.guard import Verdict, Verdicts
 
     numbers = np.array(sorted(members), dtype=np.int64)
     verdicts = np.array([1 + n % 3 for n in numbers.tolist()], dtype=np.uint8)
     starts = [0, 20, 40]
-    decided = _Decided(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False)
+    decided = Verdicts(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False, None)
     table = dict(zip(numbers.tolist(), verdicts.tolist()))
     near = sorted({max(0, n + d) for n in members for d in (-1, 0, 1)}) or [0]
     for number in data.draw(st.lists(st.one_of(st.sampled_from(near), st.integers(0, 70)), max_size=40)):
@@ -891,7 +952,7 @@ def test_a_later_copys_bands_are_not_matched_again(tmp_path, monkeypatch):
     route = match._route
     monkeypatch.setattr(match, "_route", lambda folder, blocks, *rest: route(
         folder, (routed.append(len(b)) or b for b in blocks), *rest))
-    near, copies = match.matched(tmp_path, [signed.bands], [text], signed.fingerprints, 0.8)
+    near, copies = _matched(tmp_path, [signed.bands], [text], signed.fingerprints)
     distinct = len(set(docs))
     assert sum(routed) == len(docs) + distinct * 32  # every text hash, then the bands of each text's first copy
     assert len(np.unique(copies % len(docs))) == len(docs) - distinct

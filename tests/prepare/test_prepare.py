@@ -15,7 +15,7 @@ import torch
 from helpers import (kill, make_docs, megatron_indexed, paused_at, peak_rss_mb_of_prepare, prepare_cmd,
                      run_module, write_docs, write_spec, write_tiktoken_file, write_web_jsonl)
 from tokpack.storage import files as storage_files
-from tokpack.prepare import plan as prepare_plan
+from tokpack.prepare import launch
 from tokpack.prepare import writers
 from tokpack.format import INDEX_DTYPE, read_meta
 from tokpack.split import open_split, open_tokens
@@ -79,7 +79,7 @@ def test_every_document_is_encode_ordinary_of_the_whole(tmp_path, eot):
 
 
 def test_output_is_byte_identical_for_any_thread_count_and_piece_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare_plan, "default_workers", lambda: 4)  # 3 threads even on 2 cores
+    monkeypatch.setattr(launch, "cores", lambda: 4)  # 3 threads even on 2 cores
     corpus = write_docs(tmp_path / "c", make_docs(30, words=600))
     runs = [_folder_bytes(_run(tmp_path, corpus, out=f"o{w}-{pc}", workers=w, piece_chars=pc))
             for w, pc in [(1, 1 << 18), (2, 1 << 18), (3, 40), (1, 7)]]
@@ -453,7 +453,7 @@ def test_shard_tokens_cut_any_split_into_shards_that_every_reader_reads(tmp_path
 
 
 def test_more_workers_than_cores_are_capped_with_one_warning(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prepare_plan, "default_workers", lambda: 2)
+    monkeypatch.setattr(launch, "cores", lambda: 2)
     corpus = write_docs(tmp_path / "c", make_docs(20))
     assert main([str(corpus), "--out-dir", str(tmp_path / "out"), "--workers", "1000"]) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if "--workers" in line]

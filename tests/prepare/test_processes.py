@@ -56,19 +56,21 @@ def test_text_is_one_processs_folder_for_any_count(corpus, tmp_path, capsys, opt
 
 
 def test_an_absurd_process_count_runs_as_many_as_the_machine_has_cores(corpus, tmp_path, capsys):
-    from tokpack.prepare import PrepareConfig, prepare
-    from tokpack.prepare.plan import default_workers
+    from tokpack.prepare import LaunchOptions, PrepareConfig, prepare
+    from tokpack.prepare.launch import MAX_TASKS, cores
 
     one = tmp_path / "one"
     assert main([str(corpus), "--out-dir", str(one), "--quiet"]) == 0
-    code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "many", "--quiet", "--processes", "1000000")
-    cores = default_workers()
-    assert code == 0 and f"--processes 1,000,000 is more than this machine's {cores} cores: running {cores}" in err
+    code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "absurd", "--quiet", "--processes", "1000000")
+    assert code == 2 and f"--processes 1,000,000 must lie in 1..{MAX_TASKS:,}" in err and "Traceback" not in err
+    assert not (tmp_path / "absurd").exists()
+    code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "many", "--quiet", "--processes", str(MAX_TASKS))
+    assert code == 0 and f"--processes {MAX_TASKS:,} is more than this machine's {cores()} cores: running {cores()}" in err
     assert _files(tmp_path / "many") == _files(one)
     with pytest.warns(UserWarning, match="more than this machine's"):
         stats = prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp_path / "api"), quiet=True,
-                                      processes=cores + 1))["stats"]
-    assert stats["processes"] == cores
+                                      launch=LaunchOptions(processes=cores() + 1)))["stats"]
+    assert stats["processes"] == cores()
 
 
 def test_shards_follow_one_processs_units_even_when_fewer_than_the_processes(corpus, tmp_path, capsys):
@@ -109,7 +111,7 @@ def test_a_failing_task_is_its_one_line_and_leaves_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("given,reason", [
-    (("--processes", "0"), "must be at least 1"),
+    (("--processes", "0"), "--processes 0 must lie in 1..65,536"),
     (("--processes", "2", "--tasks", "2", "--task", "0"), "does not take --tasks, --task"),
     (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x"), "the run must be sharded"),
     (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x", "--format", "llmc", "--near-split"),
@@ -218,9 +220,9 @@ def test_an_unguarded_script_runs_processes(corpus, tmp_path):
     # A user's script, no __main__ guard: the tasks are fresh interpreters that never import it.
     script = tmp_path / "make_data.py"
     script.write_text(textwrap.dedent(f"""
-        from tokpack.prepare import PrepareConfig, prepare
-        result = prepare(PrepareConfig(inputs=({str(corpus)!r},), out_dir={str(tmp_path / 'out')!r}, processes=2,
-                                       quiet=True))
+        from tokpack.prepare import LaunchOptions, PrepareConfig, prepare
+        result = prepare(PrepareConfig(inputs=({str(corpus)!r},), out_dir={str(tmp_path / 'out')!r}, quiet=True,
+                                       launch=LaunchOptions(processes=2)))
         print(result["splits"]["train"]["documents"])
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -103,7 +103,7 @@ def test_a_publish_killed_mid_upload_is_refused_by_readers_and_rerun_to_the_same
     recorded = len(bucket.list_objects_v2(Bucket=BUCKET, Prefix="killed/.tokpack-unit-")["Contents"])
     done = []
     real = units.run_unit
-    monkeypatch.setattr(units, "run_unit", lambda plan, unit: done.append(unit) or real(plan, unit))
+    monkeypatch.setattr(units, "run_unit", lambda plan, unit, verdicts: done.append(unit) or real(plan, unit, verdicts))
     assert main([str(corpus), "--out-dir", url, *SHARDED]) == 0  # the killed run's lock: its pid is gone
     redone = len(done)
     published = _objects(bucket, "killed")

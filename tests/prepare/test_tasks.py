@@ -13,7 +13,6 @@ from helpers import cli_run, kill, make_docs, paused_at, prepare_cmd, write_docs
 from tokpack.format import LOCK_NAME, read_meta
 from tokpack.prepare import PrepareConfig
 from tokpack.prepare.__main__ import main
-from tokpack.prepare.tasks import place
 from tokpack.split import open_split
 from tokpack.verify import verify_folder
 
@@ -72,7 +71,7 @@ def test_a_slurm_array_gives_the_task_and_a_changed_input_redoes_its_unit(corpus
     monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")  # --array=1-2
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
-    assert place(PrepareConfig(inputs=(str(own),))) == (0, 2)
+    assert PrepareConfig(inputs=(str(own),)).launch.place() == (0, 2)
     assert main(args) == 0 and not (out / "meta.json").exists()
     first = sorted(own.iterdir())[0]
     text = first.read_text()
@@ -90,12 +89,13 @@ def test_a_slurm_array_gives_the_task_and_a_changed_input_redoes_its_unit(corpus
 
 
 BAD = {  # the fragment of the one line -> the extra options
-    "--tasks 0 must be at least 1": ["--tasks", "0", "--task", "0"],
+    "--tasks 0 must lie in 1..65,536": ["--tasks", "0", "--task", "0"],
     "--task 4 must lie in 0..3": ["--tasks", "4", "--task", "4"],
     "--task 1 must lie in 0..--tasks - 1; give --tasks N too": ["--task", "1"],
     "--finalize writes meta.json of a run of independent tasks": ["--finalize"],
     "needs this task's --task (0..3)": ["--tasks", "4"],
-    "--tasks 1,000,000,000 is more than the": ["--tasks", "1000000000", "--task", "7"],  # no O(tasks) scan first
+    "--tasks 1,000,000,000 must lie in 1..65,536": ["--tasks", "1000000000", "--task", "7"],  # no O(tasks) scan first
+    "--tasks 60,000 is more than the": ["--tasks", "60000", "--task", "7"],
 }
 
 

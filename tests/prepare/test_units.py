@@ -106,11 +106,11 @@ def _interrupted_after(monkeypatch, finished):
     """Make the next in-process run stop like a kill once ``finished`` units are done."""
     real, calls = units.run_unit, []
 
-    def run_unit(plan, unit):
+    def run_unit(plan, unit, verdicts):
         if len(calls) == finished:
             raise KeyboardInterrupt
         calls.append(unit)
-        return real(plan, unit)
+        return real(plan, unit, verdicts)
 
     monkeypatch.setattr(units, "run_unit", run_unit)
     return calls

@@ -165,14 +165,14 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     """The figures of the bench ``args.what``, its files in ``tmp``. Each bench imports its own
     modules, so torch (two seconds of a start here) loads only for those that use it."""
     if args.what == "prepare":
-        from ..prepare.plan import default_workers
+        from ..prepare.launch import cores
         from .prepare import bench_prepare
 
         if args.ray and not args.processes:
             raise ValueError("--ray runs the --processes commands on Ray; pass --processes N with it")
         if any(count < 1 for count in args.processes):
             raise ValueError(f"--processes {' '.join(map(str, args.processes))}: each count must be at least 1")
-        return bench_prepare(args.mb, args.rss_mb, args.workers or default_workers(), args.repeat,
+        return bench_prepare(args.mb, args.rss_mb, args.workers or cores(), args.repeat,
                              not args.no_peers, args.torchrun, args.tokenizer, args.encoding, args.processes, args.ray)
     if args.what == "tokenizer":
         from .tokenizer import bench_tokenizer

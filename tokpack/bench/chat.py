@@ -294,7 +294,7 @@ def _alone(enc: Any, source: Path) -> Callable[[], None]:
     prepare's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..prepare.plan import default_workers
+    from ..prepare.launch import cores
 
     with open(source) as f:
         texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
@@ -304,7 +304,7 @@ def _alone(enc: Any, source: Path) -> Callable[[], None]:
         return lambda: enc.encode_batch(chunks)
 
     def threaded() -> None:
-        with ThreadPoolExecutor(default_workers()) as pool:
+        with ThreadPoolExecutor(cores()) as pool:
             list(pool.map(enc.encode_batch, [[chunk] for chunk in chunks]))
 
     return threaded
@@ -390,7 +390,7 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
     sized = _processes_size(processes, processes_megabytes)
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
-    from ..prepare.plan import default_workers
+    from ..prepare.launch import cores
 
     spec, source = nanochat_tokenizer(tmp / "tok"), tmp / "chats.jsonl"
     count = synthetic_chats(source, megabytes)
@@ -434,7 +434,7 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
     # CPU, all threads: on c cores a run of C CPU-seconds takes C / c seconds at best.
     cpu = [least_cpu_and_wall(fn, 1)[0] for fn in (ours, nanochat_loop)]
     print(f"CPU seconds (every thread): prepare --chat nanochat {cpu[0]:.2f}, nanochat's loop {cpu[1]:.2f}; on "
-          f"{default_workers()} cores a prepare of this CPU reaches at most {default_workers() * cpu[1] / cpu[0]:.2f}x")
+          f"{cores()} cores a prepare of this CPU reaches at most {cores() * cpu[1] / cpu[0]:.2f}x")
     return {"prepare_cpu_vs_nanochat": round(cpu[0] / cpu[1], 3),
             **_report(times, row_times, count, megabytes, identical, same_rows, padding,
                       counts["padding"] / max(1, counts["tokens"]), (dataset.long_documents, cropped), rss,

@@ -279,6 +279,42 @@ def prepare_cost(corpus: Path, tmp: Path, rounds: int) -> dict[str, Any]:
             for name in times if name != "plain"}
 
 
+def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...] = (1, 4, 16)) -> dict[int, dict[str, Any]]:
+    """The guard stage of ``--tasks N`` (sign, match, decide), a process each, as many at once as
+    this machine has cores, on one corpus: the parts of the match each task matched (from the parts' records) and
+    the CPU seconds of the stage in all the tasks (their start-up and plan aside), flat in N where
+    no unit is signed and no part matched twice."""
+    from ..format import PAIRS
+    from ..prepare.launch import cores
+    from ..prepare.match import Kind, PARTS
+
+    figures = {}
+    for n in counts:
+        out = tmp / f"shared-{n}"
+        out.mkdir()
+        code = ("import sys; from tokpack.bench.dedup import _guard; from tokpack.prepare import LaunchOptions, "
+                "PrepareConfig; from tokpack.prepare.plan import make_plan; from tokpack.prepare.tasks import units_of; "
+                f"n, task = {n}, int(sys.argv[1]); config = PrepareConfig(inputs=({str(corpus)!r},), "
+                f"out_dir={str(out)!r}, quiet=True, unit_mb=0.25, workers=1, "
+                "launch=LaunchOptions(tasks=n, task=task), guard=_guard(near_split=True, dedup='near')); "
+                "plan = make_plan(config, n, 0.0, independent=True); import time; cpu = time.process_time(); "
+                "plan.guard.run(units_of(plan, task, n).start); "
+                "print(plan.units, units_of(plan, task, n).start, time.process_time() - cpu)")
+        told = []
+        for wave in range(0, n, cores()):  # as many at once as there are cores: the work, not a crowd's waits
+            running = [subprocess.Popen([sys.executable, "-c", code, str(task)], stdout=subprocess.PIPE, text=True)
+                       for task in range(wave, min(wave + cores(), n))]
+            told += [process.communicate()[0].split() for process in running]
+            if any(process.returncode for process in running):
+                raise RuntimeError(f"a task of {n} failed")
+        firsts = [int(start) for _, start, _ in told]
+        by = [json.loads((out / PAIRS.format(kind, p, "json")).read_text())["by"]
+              for kind in Kind for p in range(PARTS)]
+        figures[n] = {"units": int(told[0][0]), "parts": len(by), "most_by_one_task": max(map(by.count, firsts)),
+                      "cpu_s": sum(float(cpu) for _, _, cpu in told)}
+    return figures
+
+
 def write_corpus(path: Path, docs: list[str]) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for doc in docs:
@@ -328,6 +364,7 @@ def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float |
         "words": word_pass(docs[:2000], rounds),
         "decontamination": decontamination(docs, rounds),
         "prepare": prepare_cost(corpus, tmp, rounds),
+        "shared": shared_match(corpus, tmp),
     }
     evaluation = write_corpus(tmp / "evaluation.jsonl", docs[:50])
     if rss_megabytes:
@@ -363,6 +400,10 @@ def _report(figures: dict[str, Any], megabytes: float, rss_megabytes: float) -> 
                 [["tokpack", d["hits"], f"{d['ratio']:.1f}", d["range"]]]))
     print(_table([f"prepare of {megabytes:g} MB jsonl", "extra time", "range of time ratios"],
                 [[name, f"{c['cost']:+.1%}", c["range"]] for name, c in figures["prepare"].items()]))
+    print(_table([f"guard stage of --tasks N, {megabytes:g} MB", "units", "parts matched",
+                   "most by one task", "CPU s, all tasks"],
+                  [[n, f["units"], f["parts"], f["most_by_one_task"], f"{f['cpu_s']:.2f}"]
+                   for n, f in figures["shared"].items()]))
     print(f"peak RSS of a {rss_megabytes:g} MB prepare with --near-split --dedup near --decontaminate: "
           f"{figures['peak_rss_mb']:.0f} MB")
     d = figures["duplicated"]

@@ -87,9 +87,11 @@ UNIT_INDEX = ".{split}.idx.u{unit:05d}"
 UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
 UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
 SIGN = ".tokpack-sign-{:05d}.{}"  # a unit's signatures of a guarded run (--near-split, --dedup, --decontaminate)
-SIGN_GLOB = ".tokpack-sign-[0-9][0-9][0-9][0-9][0-9].*"
-SIGN_NAME = re.compile(r"\.tokpack-sign-\d{5}\.(?:json|docs|prints|bands|hits)")
-MATCH = ".tokpack-match-{:05d}"  # a guarded run's spill file while matching, only ever at its temporary name
+PAIRS = ".tokpack-sign-pairs-{}{:02d}.{}"  # the pairs one part of the match found, its record, its claim
+SIGN_GLOB = ".tokpack-sign-*"
+SIGN_NAME = re.compile(r"\.tokpack-sign-(?:\d{5}\.(?:json|docs|prints|hits|lock|(?:copies|near)\d{2})"
+                       r"|pairs-(?:copies|near)\d{2}\.(?:bin|json|lock))")
+MATCH = ".tokpack-match-{}-{:05d}"  # a guarded run's spill file while matching, only ever at its temporary name
 # A remote folder being published: the probe that proves the credentials may write.
 PROBE = ".tokpack-probe-{}"  # + a random hex token
 PROBE_NAME = re.compile(r"\.tokpack-probe-[0-9a-f]{32}")

@@ -13,6 +13,8 @@ See docs/prepare.md.
 """
 
 from .config import PrepareConfig
+from .guard import GuardOptions
+from .launch import LaunchOptions
 from .run import prepare
 
-__all__ = ["PrepareConfig", "prepare"]
+__all__ = ["GuardOptions", "LaunchOptions", "PrepareConfig", "prepare"]

@@ -22,6 +22,7 @@ from ..options import add_options, build_config
 from ..tokenizer import load_encoding
 from .config import PrepareConfig
 from .guard import GuardOptions
+from .launch import LaunchOptions
 from .process import fix_mmap_threshold
 from .run import prepare
 
@@ -60,8 +61,9 @@ def summary(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("prepare", __doc__)
     p.add_argument("inputs", nargs="*", help=PrepareConfig.__dataclass_fields__["inputs"].metadata["help"])
-    add_options(p, PrepareConfig, skip=("inputs", "guard"))
+    add_options(p, PrepareConfig, skip=("inputs", "guard", "launch"))
     add_options(p, GuardOptions)
+    add_options(p, LaunchOptions)
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json, or its folder (needs tokpack[hf]); "
                    "instead of --encoding")
     add_config_option(p)

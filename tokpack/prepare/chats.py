@@ -25,6 +25,7 @@ from ..corpus import parse_record, records
 from ..tokenizer import encoded_batches
 from .cluster import Entry
 from .config import Plan
+from .guard import Verdicts
 from .holdout import conversation_hash, document_key
 from .mixture import mix, staging_writers
 from .writers import SplitWriter
@@ -49,10 +50,10 @@ def _records(plan: Plan, entries: list[Entry]) -> Iterator[tuple[int, str, Any]]
 
 
 def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], only: str | None,
-                   counts: dict[str, int], read: int) -> Iterator[Conversation]:
+                   counts: dict[str, int], read: int, verdicts: Verdicts | None) -> Iterator[Conversation]:
     """Each conversation, rendered, with its split: ``only``, or by the hash of its messages'
     roles and contents, so the same whatever the tokenizer or rendering; where the guard moves or
-    drops it (by ``read``, the run's read this is, and its record's number), as it says."""
+    drops it (``verdicts``, by ``read``, the run's read this is, and its record's number), as it says."""
     key = document_key(plan.config.seed)
     for number, (source, where, value) in enumerate(_records(plan, entries)):
         try:
@@ -67,14 +68,15 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Entry], onl
         split: str | None = only
         if split is None:
             split = "val" if plan.holdout.is_val(conversation_hash(key, found)) else "train"
-        if plan.guard is not None and (split := plan.guard.split(read, number, split)) is None:
+        if verdicts is not None and (split := verdicts.split(read, number, split)) is None:
             continue
         counts["conversations"] += 1
         yield Conversation(pieces, split, source, sum(map(len, pieces.texts)))
 
 
 def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWriter], only: str | None,
-                   counts: dict[str, int], read: int, kinds: dict[str, array.array] | None = None) -> None:
+                   counts: dict[str, int], read: int, verdicts: Verdicts | None,
+                   kinds: dict[str, array.array] | None = None) -> None:
     """Every conversation of ``entries`` into its split's writer (``only``: all into that split);
     ``counts`` gains the conversations read, skipped as bad, cut to ``max_tokens``, and left out
     for having nothing to train on once cut; ``kinds``, the input of each one written."""
@@ -85,7 +87,7 @@ def tokenize_chats(plan: Plan, entries: list[Entry], writers: dict[str, SplitWri
     def encode(batch: list[Conversation]) -> Encoded:
         return renderer.encode(plan.enc, plan.dtype, [conversation.pieces for conversation in batch])
 
-    stream = _conversations(plan, renderer, entries, only, counts, read)
+    stream = _conversations(plan, renderer, entries, only, counts, read, verdicts)
     for batch, encoded in encoded_batches(stream, encode, workers, plan.config.piece_chars, in_flight,
                                           size=lambda conversation: conversation.chars):
         counts["cropped"] += int(np.count_nonzero(encoded.cut))
@@ -113,7 +115,7 @@ def _write(batch: list[Conversation], encoded: Encoded, splits: list[str | None]
 
 
 def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writers: dict[str, SplitWriter],
-                counts: dict[str, Any], first_read: int) -> None:
+                counts: dict[str, Any], first_read: int, verdicts: Verdicts | None) -> None:
     """A unit's conversations into ``writers``, in input order, or, in a mixture, rendered into
     temporary files first and copied out in mixture order (``counts["mixture"]`` its report).
     ``first_read``: the run's number of the unit's first read."""
@@ -122,16 +124,18 @@ def write_chats(plan: Plan, passes: list[tuple[str | None, list[Entry]]], writer
         # them recorded, and the run's process mixes every unit's at the finish (folder.mixed).
         kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
         for i, (only, entries) in enumerate(passes):
-            tokenize_chats(plan, entries, writers, only, counts, first_read + i, kinds)
+            tokenize_chats(plan, entries, writers, only, counts, first_read + i, verdicts, kinds)
         if kinds is not None:
             counts["sources"] = {split: runs(kind) for split, kind in kinds.items()}
         return
-    staged = staging_writers(plan)
+    mixture = plan.mixture
+    assert mixture is not None
+    staged = staging_writers(plan.out, plan.dtype, plan.enc.eot_token)
     try:
         kinds = {s: array.array("I") for s in staged}
         for i, (only, entries) in enumerate(passes):
-            tokenize_chats(plan, entries, staged, only, counts, first_read + i, kinds)
-        counts["mixture"] = mix(plan, staged, kinds, writers)
+            tokenize_chats(plan, entries, staged, only, counts, first_read + i, verdicts, kinds)
+        counts["mixture"] = mix(mixture, plan.dtype, staged, kinds, writers)
     finally:
         for writer in staged.values():
             writer.discard()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..storage import is_url, redact
 from ..tokenizer import encoding_key
 from ..tokenizer.fast import BACKENDS
 from .guard import Guard, GuardOptions
+from .launch import LaunchOptions
 
 if TYPE_CHECKING:
     from ..format import InputsInfo
@@ -112,20 +113,12 @@ class PrepareConfig:
     spool_dir: str | None = option(None, "with a URL as --out-dir, the local folder a unit's shards wait in until "
                                    "they are uploaded (default: the system's temporary folder)")
     force: bool = option(False, "overwrite an existing prepared folder or another tool's token files")
-    task: int | None = option(None, "this task's number, 0 to --tasks - 1, of a run shared by independent tasks "
-                              "(default: SLURM_ARRAY_TASK_ID less SLURM_ARRAY_TASK_MIN in a Slurm array)")
-    tasks: int | None = option(None, "how many independent tasks share the run, each any time, in any order, "
-                               "rerun at will (default: SLURM_ARRAY_TASK_COUNT in a Slurm array)")
-    processes: int = option(1, "run as N tasks, each a process of this machine (a Ray task with --ray), and "
-                            "finish the folder: the same files as one process; where the cost is Python "
-                            "(conversations) every core (1: one process, its threads)")
-    ray: str | None = option(None, "run the --processes tasks on a Ray cluster (tokpack[ray]): HOST:PORT, its head's "
-                             "GCS address; auto, the one this machine belongs to; local, one started here for the run "
-                             "(default: none, this machine's processes)")
-    finalize: bool = option(False, "write meta.json of a run of --tasks once every unit is done (the task that "
-                            "finishes the last unit does it too)")
     quiet: bool = option(False, "no progress bar or summary")
     guard: GuardOptions = option(GuardOptions(), "the split guard, dedup and decontamination: a [guard] table")
+    launch: LaunchOptions = option(LaunchOptions(), "how the run is launched: a [launch] table")
+
+    # Keys that moved into a table: a config file's top-level one still works, with a warning.
+    MOVED: ClassVar[dict[str, str]] = {name: "launch" for name in LaunchOptions.__dataclass_fields__}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(map(str, self.inputs)))
@@ -167,12 +160,7 @@ class PrepareConfig:
         if self.format == "megatron" and self.shard_tokens:
             raise ValueError(f"--format megatron writes one .bin/.idx pair a split, not shards of "
                              f"{self.shard_tokens} tokens; drop --shard-tokens")
-        if self.tasks is not None and self.tasks < 1:
-            raise ValueError(f"--tasks {self.tasks} must be at least 1")
-        if self.task is not None and (self.tasks is None or not 0 <= self.task < self.tasks):
-            raise ValueError(f"--task {self.task} must lie in 0..{'--tasks - 1' if self.tasks is None else self.tasks - 1}"
-                             f"{'; give --tasks N too' if self.tasks is None else ''}")
-        self._check_processes(remote_out)
+        self._check_launch(remote_out)
         if self.shard_tokens < 0:
             raise ValueError(f"--shard-tokens {self.shard_tokens} is negative; use 0 for the default, or N > 0")
         if not self.unit_mb > 0:
@@ -188,23 +176,9 @@ class PrepareConfig:
             raise ValueError("--near-split keeps near-duplicates on one side of the split, and --val-tokens cuts val "
                              "from the end of the input by position; give val as --val-inputs, or drop one of them")
 
-    def _check_processes(self, remote_out: bool) -> None:
-        """--processes runs the tasks of its run itself, into a local folder (the URL of a run on
-        one machine is published from its spool), or on Ray into a shared disk or a URL."""
-        if self.processes < 1:
-            raise ValueError(f"--processes {self.processes} must be at least 1")
-        host, _, port = (self.ray or "").rpartition(":")
-        if self.ray is not None and self.ray not in ("auto", "local") and not (host and port.isascii() and port.isdigit()):
-            raise ValueError(f"--ray {self.ray!r} is not HOST:PORT (the head's GCS address, as ray start --head "
-                             "prints it), auto or local")
-        if self.processes == 1 and self.ray is None:
-            return
-        given = [flag for flag, used in (("--tasks", self.tasks is not None), ("--task", self.task is not None),
-                                         ("--finalize", self.finalize)) if used]
-        if given:
-            raise ValueError(f"--processes {self.processes} runs every task of the run and finishes the folder itself; "
-                             f"it does not take {', '.join(given)}: drop one")
-        if remote_out and self.ray is not None and (self.one_file_a_split() or self.guard.active):
+    def _check_launch(self, remote_out: bool) -> None:
+        """Ray's workers share no disk with this process: with a URL, each uploads its own units."""
+        if remote_out and self.launch.ray is not None and (self.one_file_a_split() or self.guard.active):
             raise ValueError("--ray with a URL --out-dir has each task upload its own units from its worker, so the "
                              "run must be sharded (--format llmc or --shard-tokens N: a split written as one file is "
                              "joined on one disk) and unguarded (the signatures of --near-split, --dedup and "

@@ -292,7 +292,7 @@ def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any
     file descriptors a unit."""
     flat = dataclasses.replace(plan, sharded=False, units=1)  # the files one process writes
     folder = LocalFolder(plan.out)  # the records named plain files of a unit's pattern; links are refused
-    staged, writers = staging_writers(flat), {}
+    staged, writers = staging_writers(plan.out, plan.dtype, plan.enc.eot_token), {}
     try:
         kinds = {split: array.array("I") for split in staged}
         for part in parts:  # in input order, as one process stages them
@@ -301,7 +301,8 @@ def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any
                     kinds[split].extend(array.array("I", [kind]) * count)
                 _stage(folder, part["splits"][split], writer, plan.dtype)
         writers = units.open_writers(flat, 0)
-        report = mix(flat, staged, kinds, writers)
+        assert plan.mixture is not None
+        report = mix(plan.mixture, plan.dtype, staged, kinds, writers)
         splits = {split: units.closed(flat, writer) for split, writer in writers.items()}
     except BaseException:
         for writer in writers.values():

@@ -25,8 +25,8 @@ See docs/dedup.md.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +37,9 @@ import numpy as np
 from ..dedup.clusters import similar
 from ..dedup.minhash import Shingling
 from ..dedup.ngrams import NgramIndex
-from ..format import GUARD_REMOVED, Removed, split_threshold
+from ..format import GUARD_REMOVED, SIGN, Removed, split_threshold
 from ..options import default_of, option
+from ..storage.local import claimed
 from .holdout import Rule
 from .match import firsts, matched
 from .process import roomy_heap
@@ -149,8 +150,10 @@ class GuardOptions:
 
 
 class Guard:
-    """A guarded run's verdicts, decided once every unit is signed (by whichever task gets there):
-    where each moved or dropped document goes, by the run's read and its number in the read.
+    """A guarded run's stage before its first unit: every unit signed and matched (whichever
+    task gets to a unit or a part of the match first does it, the others read it), and the
+    verdicts decided: where each moved or dropped document goes, by the run's read and its
+    number in the read. The plan holds the guard; the stage's ``run`` gives the verdicts.
 
     Args:
         options: the run's ``[guard]`` options.
@@ -170,81 +173,51 @@ class Guard:
         self.options, self.out, self.fingerprint, self.units = options, out, fingerprint, units
         self.reading, self.workers, self.index, self.sets = reading, workers, index, sets
         self.files, self.groups, self.inputs = files, groups, inputs
-        self._lock = threading.Lock()
-        self._decided: _Decided | None = None
 
     @property
     def shingling(self) -> Shingling | None:
         return self.options.shingling() if self.options.near else None
 
-    def ready(self, unit: int) -> None:
-        """Every unit signed (``unit`` first, then those after it, so tasks of consecutive units
-        each start with their own) and the verdicts decided."""
-        with self._lock:
-            if self._decided is not None:
-                return
-            count = len(self.units)
-            signed: dict[int, Signed] = {}
-            with roomy_heap():
-                for u in [*range(unit, count), *range(unit)]:
+    def run(self, first: int = 0) -> Verdicts:
+        """Every unit signed (``first`` first, then those after it, so tasks of consecutive units
+        each start with their own), matched (from ``first``'s share of the parts on) and decided."""
+        count = len(self.units)
+        signed: dict[int, Signed] = {}
+        with roomy_heap():
+            # Its own units first, then any no task is signing; then those others are signing.
+            for waits in (False, True):
+                for u in [*range(first, count), *range(first)]:
+                    if u in signed:
+                        continue
                     found = self._load(u)
                     if found is None:
-                        share, reads = self.units[u]
-                        sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index, self.workers,
-                                  self.fingerprint)
-                        found = self._load(u)
+                        with claimed(self.out / SIGN.format(u, "lock"), waits) as mine:
+                            if not mine:
+                                continue
+                            found = self._load(u)  # signed while this task waited
+                            if found is None:
+                                share, reads = self.units[u]
+                                sign_unit(self.out, u, share, reads, self.reading, self.shingling, self.index,
+                                          self.workers, self.fingerprint)
+                                found = self._load(u)
                     if found is None:
                         raise ValueError(f"the signatures of {self.out} changed while the run read them; run the "
                                          "same command again")
                     signed[u] = found
-            self._decided = self._decide([signed[u] for u in range(count)])
-
-    def split(self, read: int, doc: int, own: str) -> str | None:
-        """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
-        None: dropped."""
-        assert self._decided is not None, "ready() first"
-        verdict = self._decided.verdict(read, doc)
-        return own if verdict is None else None if verdict == Verdict.DROP else verdict.name.lower()
-
-    def check_input(self, unit: int, digest: str) -> None:
-        """Refuse a unit whose input is not what its documents were signed from."""
-        assert self._decided is not None, "ready() first"
-        if digest != self._decided.inputs[unit]:
-            raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
-                             "from other bytes); run the same command again")
-
-    def record(self) -> dict[str, Any]:
-        """meta.json's account of the guard: its rules and what it moved and dropped."""
-        self.ready(0)
-        assert self._decided is not None
-        return self._decided.record
-
-    def report(self, split: str) -> Iterator[dict[str, Any]]:
-        """The report of ``split``: each document the guard moved into it or removed from it, or
-        found near copies (or copies) of, or evaluation n-grams in, in stored order."""
-        self.ready(0)
-        assert self._decided is not None
-        return self._decided.rows(split, self.files, self.sets)
-
-    def removed(self, split: str) -> dict[str, int]:
-        """How many documents the guard removed from ``split``, by why (``format.Removed``'s labels)."""
-        self.ready(0)
-        assert self._decided is not None
-        _, _, why, val = self._decided.outcome
-        counts = np.bincount(why[val == (split == "val")], minlength=len(Removed))
-        return {str(Removed(code).label): int(n) for code, n in enumerate(counts.tolist()) if code and n}
+        return self._decide([signed[u] for u in range(count)], first)
 
     def _load(self, unit: int) -> Signed | None:
         share = self.units[unit][0]
         return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e[0]] for e in share},
                          len(self.sets))
 
-    def _decide(self, units: list[Signed]) -> _Decided:
+    def _decide(self, units: list[Signed], first: int) -> Verdicts:
         docs = _Rows([s.docs for s in units])
         prints = _Rows([s.prints for s in units]) if self.options.near else None
         joined_at = self.options.joined_at()
-        near, copies = matched(self.out, [s.bands for s in units], [s.docs.column("hash") for s in units], prints,
-                               joined_at)
+        digest = hashlib.sha256("".join([self.fingerprint, *(s.digest for s in units)]).encode()).hexdigest()
+        near, copies = matched(self.out, [s.routed for s in units], [len(s.docs) for s in units], prints, joined_at,
+                               self.options.bands if self.options.near else 0, digest, first)
         dedup = near  # --dedup near removes at the threshold itself, whatever the split joined
         if prints is not None and self.options.dedup == Dedup.NEAR and joined_at < self.options.threshold:
             dedup = near[similar(prints, near // docs.count, near % docs.count, self.options.threshold)]
@@ -264,9 +237,9 @@ class Guard:
                 entry["too_short"] = self.index.skipped.get(at, 0)
             self._bounded(docs, info["val"].astype(bool), val, why, record["decontaminate"]["files"])
         moved = np.flatnonzero(verdicts)
-        return _Decided(starts, number[moved], verdicts[moved].astype(np.uint8), record,
+        return Verdicts(starts, number[moved], verdicts[moved].astype(np.uint8), record,
                         [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
-                        not self.reading.chat)
+                        not self.reading.chat, self)
 
     def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
                  files: list[dict[str, Any]]) -> None:
@@ -331,17 +304,42 @@ class _Outcome(NamedTuple):
     val: np.ndarray
 
 
-class _Decided:
-    """The verdicts (``starts``, ``numbers``, ``verdicts``: the lookup of a read's document), the
-    record for meta.json, the units' input hashes, and what the reports are made of."""
+class Verdicts:
+    """The guard stage's outcome: each read's documents' verdicts (``starts``, ``numbers``,
+    ``verdicts``: the lookup of a read's document), the record for meta.json, the units' input
+    hashes, and what the reports are made of."""
 
     def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
-                 inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool):
+                 inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool,
+                 guard: Guard):
         self.numbers, self.verdicts, self.record, self.inputs = numbers, verdicts, record, inputs
-        self.outcome, self.docs, self.prints = outcome, docs, prints
+        self.outcome, self.docs, self.prints, self.guard = outcome, docs, prints, guard
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
         self._starts = starts.tolist()  # each read's first document number
         self._gap = (0, -1)  # numbers known to hold no verdict: [lo, hi)
+
+    def split(self, read: int, doc: int, own: str) -> str | None:
+        """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
+        None: dropped."""
+        verdict = self.verdict(read, doc)
+        return own if verdict is None else None if verdict == Verdict.DROP else verdict.name.lower()
+
+    def check_input(self, unit: int, digest: str) -> None:
+        """Refuse a unit whose input is not what its documents were signed from."""
+        if digest != self.inputs[unit]:
+            raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
+                             "from other bytes); run the same command again")
+
+    def report(self, split: str) -> Iterator[dict[str, Any]]:
+        """The report of ``split``: each document the guard moved into it or removed from it, or
+        found near copies (or copies) of, or evaluation n-grams in, in stored order."""
+        return self.rows(split, self.guard.files, self.guard.sets)
+
+    def removed(self, split: str) -> dict[str, int]:
+        """How many documents the guard removed from ``split``, by why (``format.Removed``'s labels)."""
+        _, _, why, val = self.outcome
+        counts = np.bincount(why[val == (split == "val")], minlength=len(Removed))
+        return {str(Removed(code).label): int(n) for code, n in enumerate(counts.tolist()) if code and n}
 
     def verdict(self, read: int, doc: int) -> Verdict | None:
         """The verdict of document ``doc`` of read ``read``, or None (it stays in its own split).

@@ -20,16 +20,14 @@ from __future__ import annotations
 import array
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..format import MASK_DTYPE
 from ..storage import InputFile
 from .writers import SplitWriter, split_writers
-
-if TYPE_CHECKING:
-    from .config import Plan
 
 UNMIXED = "{split}.unmixed"  # the name the rendered conversations are held at, temporary
 # The order is held in memory, an entry a (conversation, epoch) shuffled as a list, as TaskMixture
@@ -83,12 +81,13 @@ class Mixture:
         return listed[np.array(places, dtype=np.int64)]
 
 
-def staging_writers(plan: Plan) -> dict[str, SplitWriter]:
-    """A writer a split for the conversations before they are mixed, at temporary names only."""
+def staging_writers(out: Path, dtype: np.dtype, eot_token: int) -> dict[str, SplitWriter]:
+    """A writer a split in ``out`` for the conversations before they are mixed, at temporary names
+    only."""
     def staged(split: str) -> SplitWriter:
         held = UNMIXED.format(split=split)
-        return SplitWriter(plan.out, split, plan.dtype, "none", plan.enc.eot_token, None, f"{held}.idx",
-                           f"{held}.bin", masked=True, mask_name=f"{held}.mask")
+        return SplitWriter(out, split, dtype, "none", eot_token, None, f"{held}.idx", f"{held}.bin", masked=True,
+                           mask_name=f"{held}.mask")
 
     return split_writers(staged)
 
@@ -104,18 +103,16 @@ def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray,
     return tokens, mask, np.stack([starts, np.append(starts[1:], len(tokens))])
 
 
-def mix(plan: Plan, staged: dict[str, SplitWriter], kinds: dict[str, array.array],
+def mix(mixture: Mixture, dtype: np.dtype, staged: dict[str, SplitWriter], kinds: dict[str, array.array],
         writers: dict[str, SplitWriter]) -> dict[str, Any]:
-    """Each split's staged conversations into its writer in mixture order; meta.json's report:
-    each input's epochs and, split by split, its conversations, tokens and supervised tokens
-    written, and its share of the supervised tokens."""
-    mixture = plan.mixture
-    assert mixture is not None
+    """Each split's staged conversations (tokens of ``dtype``) into its writer in mixture order;
+    meta.json's report: each input's epochs and, split by split, its conversations, tokens and
+    supervised tokens written, and its share of the supervised tokens."""
     report: dict[str, Any] = {"seed": mixture.seed, "inputs": [{"input": n, "epochs": e} for n, e in
                                                                  zip(mixture.names, mixture.epochs)]}
     for split, held in staged.items():
         held.close()
-        tokens, mask, (starts, ends) = _read(held, plan.dtype)
+        tokens, mask, (starts, ends) = _read(held, dtype)
         source = np.frombuffer(kinds[split], dtype=np.uint32) if len(kinds[split]) else np.zeros(0, np.uint32)
         tally = np.zeros((len(mixture.names), 3), dtype=np.int64)  # conversations, tokens, supervised
         out = writers[split]

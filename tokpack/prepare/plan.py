@@ -24,19 +24,14 @@ from ..format import InputsInfo
 from ..inputs import resolve_groups
 from ..options import default_of
 from ..storage import InputFile, is_url, redact
-from ..storage.local import remove_leftovers
 from ..tokenizer import Encoder, load_encoding, token_dtype
-from . import guard, holdout, signatures, units
+from . import guard, holdout, launch, signatures, units
 from .cluster import share_of
 from .config import Plan, PrepareConfig
 from .folder import check_out_dir
 from .mixture import Mixture
 
 SAMPLE_CORPUS = Path("data/sample-corpus")
-
-
-def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def write_sample_corpus(folder: Path = SAMPLE_CORPUS) -> Path:
@@ -91,7 +86,6 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
     dtype = token_dtype(enc, config.dtype)
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    remove_leftovers(out)  # of a run killed after its meta.json: they would hold the folder back
     # Fail fast, before the corpus is read; checked again once the folder is locked (an independent
     # task first looks whether its run is finished already: then there is nothing to refuse).
     if not independent:
@@ -100,17 +94,17 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     sizes = {p: p.size() for p in files}
     total = sum(sizes.values())
     if world > max(total, 1):  # a unit is a byte range of the input: more than one a byte leaves some empty
-        what = (f"--processes {world:,}" if config.processes > 1 else f"--tasks {world:,}" if independent else
+        what = (f"--processes {world:,}" if config.launch.processes > 1 else f"--tasks {world:,}" if independent else
                 f"{world:,} processes")
         raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
                          f"give at most {max(total, 1):,}")
     sharded = not config.one_file_a_split() or world > 1 or independent
     # --processes' units are joined into one process's files at the finish (a mixture's in mixture
     # order), Megatron's pair too.
-    if config.mixture and sharded and not (config.processes > 1 and config.one_file_a_split()):
+    if config.mixture and sharded and not (config.launch.processes > 1 and config.one_file_a_split()):
         raise ValueError("--mixture writes each split in one order, into one file: drop --tasks, --shard-tokens, "
                          "--format llmc or torchrun (--processes N writes it as one process does)")
-    if config.format == "megatron" and sharded and config.processes == 1:
+    if config.format == "megatron" and sharded and config.launch.processes == 1:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
     count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
@@ -176,12 +170,12 @@ def processes_plan(config: PrepareConfig, started: float) -> Plan:
     """The plan of a ``--processes`` run, the same in each of its processes. Its units are one
     process's where one process writes shards (so the folder is that process's, and either
     resumes the other); a split written as one file gets one a process at least, joined at the end."""
-    world = config.processes if config.one_file_a_split() else 1
+    world = config.launch.processes if config.one_file_a_split() else 1
     plan = make_plan(config, world, started, independent=True)
-    if plan.units < config.processes:
-        share = plan.inputs["bytes"] / 1e6 / config.processes
+    if plan.units < config.launch.processes:
+        share = plan.inputs["bytes"] / 1e6 / config.launch.processes
         warnings.warn(f"the run is {plan.units} units of --unit-mb {config.unit_mb:g}, so only {plan.units} of "
-                      f"--processes {config.processes} have work; pass --unit-mb {share:.3g} or less to give every "
+                      f"--processes {config.launch.processes} have work; pass --unit-mb {share:.3g} or less to give every "
                       "process one (the shards then follow the units)", stacklevel=3)
     return plan
 
@@ -245,7 +239,7 @@ def _warn_unused(config: PrepareConfig, files: tuple[Path, ...]) -> None:
 
 
 def _workers(asked: int) -> int:
-    cores = default_workers()
+    cores = launch.cores()
     if asked > cores:
         # Each worker holds pieces in flight: beyond the cores they cost memory and add no speed.
         warnings.warn(f"--workers {asked} is more than the {cores} cores this process may use; using {cores}",

@@ -78,6 +78,8 @@ class Publisher:
         self.stale: set[str] = set()
         self.token = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}".encode()
         self.locked = False
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload")
+        self._uploading: Future[None] | None = None
         # The local run is made in a folder of this name, so that llm.c shards, named after their
         # folder, have the names a local run into a folder of that name gives them.
         last = self.where.rstrip("/").rsplit("/", 1)[-1]
@@ -168,24 +170,17 @@ class Publisher:
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
         self.folder.put(plan.out / name, name)
 
-    def made(self, plan: Plan, wanted: range) -> list[UnitRecord]:
-        """The units ``wanted`` of a sharded run in the spool ``plan.out``: each kept where it is
-        uploaded already, else tokenized and uploaded while the next one is tokenized (two units'
-        shards in the spool at most); their records."""
-        parts: list[UnitRecord] = []
-        uploading: Future[None] | None = None
-        with ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload") as uploader:
-            for unit in wanted:
-                part = self.kept(plan, unit)
-                if part is None:
-                    part = units.run_unit(plan, unit)
-                    if uploading is not None:
-                        uploading.result()
-                    uploading = uploader.submit(self.upload, plan, part)
-                parts.append(part)
-            if uploading is not None:
-                uploading.result()
-        return parts
+    def keep(self, plan: Plan, record: UnitRecord) -> None:
+        """A finished unit uploaded while the next one is tokenized (two units' shards in the spool
+        at most)."""
+        self.done()
+        self._uploading = self._uploader.submit(self.upload, plan, record)
+
+    def done(self) -> None:
+        """The last unit given to ``keep`` uploaded."""
+        if self._uploading is not None:
+            uploading, self._uploading = self._uploading, None
+            uploading.result()
 
     def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
         """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``

@@ -3,7 +3,8 @@ of the unit that any task of the run may write and every task reads.
 
     .tokpack-sign-00003.docs     a document each: split hash, number in its read, input, own split
     .tokpack-sign-00003.prints   16-bit fingerprints, ``hashes`` a document
-    .tokpack-sign-00003.bands    64-bit band hashes, ``bands`` a document
+    .tokpack-sign-00003.copies07 the text hashes in part 7 of the match's hash ranges (``match.ENTRY``)
+    .tokpack-sign-00003.near07   the band hashes in part 7 of its band ranges, ``bands`` a document in all
     .tokpack-sign-00003.hits     (document, evaluation set) of each n-gram hit
     .tokpack-sign-00003.json     the record, written last: the run's fingerprint, the unit, the
                                  sha256 of its input and of each file above
@@ -11,8 +12,10 @@ of the unit that any task of the run may write and every task reads.
 A unit's signatures are a function of its input and the run's options, so whichever task writes
 them writes the same bytes; a record of another run, or whose files do not hash as recorded, is
 signed again. Each file goes to a temporary name first and the record last, so a killed task
-leaves no record whose files are not whole. 22 + 2 x hashes + 8 x bands bytes a document (790 at
-the defaults), whatever the tokenizer.
+leaves no record whose files are not whole. The text and band hashes are written already cut into
+the match's parts (``match.Part``), so the task that matches a part reads that part of every unit
+and nothing else. 40 + 2 x hashes + 18 x bands bytes a document (1,128 at the defaults), whatever
+the tokenizer.
 
 See docs/dedup.md.
 """
@@ -37,6 +40,7 @@ from ..dedup.ngrams import NgramIndex
 from ..format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
 from ..storage.local import open_new, remove_own, tmp_path
 from ..tokenizer import encoded_batches
+from . import match
 from .cluster import Entry
 from .holdout import Holdout, Rule, conversation_hash, document_hash, document_key, hash_small
 from .input_hash import input_sha256
@@ -66,10 +70,11 @@ class Signed(NamedTuple):
 
     docs: Stored  # DOC, a document
     prints: Stored  # uint16 (documents, hashes)
-    bands: Stored  # uint64 (documents, bands)
+    routed: dict[str, tuple[Path, str]]  # each part's entries of its hashes (``match.Part.name``), and their sha256
     hits: np.ndarray  # HIT
     slots: list[int]  # how many numbers each read of the unit gives out
     input_sha256: str
+    digest: str  # of its record, which hashes every file above
 
 
 def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, str, bytes | None, int]]:
@@ -118,7 +123,7 @@ def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | 
         digest = hashing.submit(input_sha256, share, stop)
         parts: dict[str, Any] = {}
         try:
-            for name in ("docs", "prints", "bands", "hits"):
+            for name in _names(shingling):
                 parts[name] = _Part(out / SIGN.format(unit, name))
             slots = _sign_reads(reads, reading, shingling, index, workers, parts)
             files = {name: part.close() for name, part in parts.items()}
@@ -174,13 +179,28 @@ def _sign(batch: list[tuple[int, str, bytes | None, int]], read: int, only: str 
             index.hits(texts, found) if index is not None else [])
 
 
+def _parts(shingling: Shingling | None) -> list[match.Part]:
+    return match.parts(shingling.bands if shingling is not None else 0)
+
+
+def _names(shingling: Shingling | None) -> list[str]:
+    """The files of a unit's signatures but its record."""
+    return ["docs", "prints", "hits", *(part.name for part in _parts(shingling))]
+
+
 def _write(signed: tuple[np.ndarray, Any, list[frozenset[int]]], parts: dict[str, Any], done: int) -> int:
-    """A signed batch into the unit's files; the documents written so far."""
+    """A signed batch into the unit's files, its hashes cut into the match's parts; the documents
+    written so far."""
     docs, signatures, hits = signed
     parts["docs"].write(docs)
+    local = np.arange(done, done + len(docs), dtype=np.int64)
+    routed = [(match.Kind.COPIES, docs["hash"][:, None])]
     if signatures is not None:
         parts["prints"].write(signatures.fingerprints)
-        parts["bands"].write(signatures.bands)
+        routed.append((match.Kind.NEAR, signatures.bands))
+    for kind, values in routed:
+        for part, entries in match.routed(kind, values, local):
+            parts[part.name].write(entries)
     found = [(done + i, s) for i, sets in enumerate(hits) for s in sorted(sets)]
     if found:
         parts["hits"].write(np.array(found, dtype=HIT))
@@ -218,17 +238,21 @@ def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | Non
     """The signatures of ``unit`` if its record is this run's, its files are as recorded and what
     they hold names only its own input ``files`` and evaluation sets (``sets`` of them), else None."""
     try:
-        record = load_json((out / SIGN.format(unit, "json")).read_bytes(), f"{out}'s signatures of unit {unit}",
-                           "they are signed again")
+        raw = (out / SIGN.format(unit, "json")).read_bytes()
+        record = load_json(raw, f"{out}'s signatures of unit {unit}", "they are signed again")
         if not (isinstance(record, dict) and record.get("fingerprint") == fingerprint and record.get("unit") == unit
                 and isinstance(record.get("input_sha256"), str) and isinstance(record.get("slots"), list)
                 and all(type(s) is int and s >= 0 for s in record["slots"]) and isinstance(record.get("files"), dict)):
             return None
-        sizes = {name: _checked(out / SIGN.format(unit, name), record["files"].get(name))
-                 for name in ("docs", "prints", "bands", "hits")}
+        routed = {p.name for p in _parts(shingling)}
+        sizes = {name: _checked(out / SIGN.format(unit, name), record["files"].get(name), name not in routed)
+                 for name in _names(shingling)}
         k, b = (shingling.hashes, shingling.bands) if shingling is not None else (0, 0)
         n, extra = divmod(sizes["docs"], DOC.itemsize)
-        if extra or sizes["prints"] != n * k * 2 or sizes["bands"] != n * b * 8 or sizes["hits"] % HIT.itemsize:
+        entries = {kind: sum(sizes[p.name] for p in _parts(shingling) if p.kind == kind) for kind in match.Kind}
+        if extra or sizes["prints"] != n * k * 2 or sizes["hits"] % HIT.itemsize \
+                or entries[match.Kind.COPIES] != n * match.ENTRY.itemsize \
+                or entries[match.Kind.NEAR] != n * b * match.ENTRY.itemsize:
             return None
         docs = Stored(out / SIGN.format(unit, "docs"), DOC, (n,))
         hits = Stored(out / SIGN.format(unit, "hits"), HIT, (sizes["hits"] // HIT.itemsize,))[:]
@@ -237,8 +261,9 @@ def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | Non
     except (OSError, ValueError, TypeError, KeyError):
         return None
     return Signed(docs, Stored(out / SIGN.format(unit, "prints"), np.dtype(np.uint16), (n, k)),
-                  Stored(out / SIGN.format(unit, "bands"), np.dtype(np.uint64), (n, b)), hits, record["slots"],
-                  record["input_sha256"])
+                  {name: (out / SIGN.format(unit, name), record["files"][name]["sha256"]) for name in routed}, hits,
+                  record["slots"],
+                  record["input_sha256"], hashlib.sha256(raw).hexdigest())
 
 
 class Stored:
@@ -283,10 +308,15 @@ class Stored:
         return out[self.field] if self.field else out
 
 
-def _checked(path: Path, entry: Any) -> int:
-    """A signature file's size, if its size and sha256 are as recorded."""
-    if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
+def _checked(path: Path, entry: Any, opened: bool = True) -> int:
+    """A signature file's size, if its size and sha256 are as recorded; not ``opened``, its size as
+    recorded: a part of the match's entries is read, and checked, by the one task that matches it,
+    not opened by every task."""
+    if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and entry["bytes"] >= 0
+            and isinstance(entry.get("sha256"), str)):
         raise ValueError(f"{path.name} is not recorded")
+    if not opened:
+        return entry["bytes"]
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link is no file of ours
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size

@@ -20,46 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from ..distributed import launched_world
-from ..format import META_NAME, Meta, UnitRecord, read_meta
+from ..format import UnitRecord, read_meta
 from ..storage import is_url
+from ..storage.local import remove_leftovers
 from . import units
 from .config import Plan, PrepareConfig
 from .folder import OutputFolder, check_out_dir, publish_parts, retire
-from .plan import processes_plan
+from .guard import Verdicts
+from .meta import meta_of
+from .plan import input_folders, processes_plan
 from .remote import Publisher, Spool, spooled
-
-
-def place(config: PrepareConfig, environ: dict[str, str] | None = None) -> tuple[int, int] | None:
-    """(task, tasks) from the options, else from a Slurm array's environment; None for a run of
-    one process or of torchrun's."""
-    env = os.environ if environ is None else environ
-    task, tasks = config.task, config.tasks
-    if tasks is None and "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
-        try:
-            first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-            task, tasks = int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
-        except ValueError:
-            raise ValueError("SLURM_ARRAY_TASK_ID, _MIN and _COUNT in the environment are not whole numbers; "
-                             "pass --task and --tasks") from None
-        if not 0 <= task < tasks:
-            raise ValueError(f"the Slurm array gives task {task} of {tasks} (a stepped --array?); pass --task and "
-                             "--tasks")
-    if tasks is None:
-        if config.finalize:
-            raise ValueError("--finalize writes meta.json of a run of independent tasks; give its --tasks N too")
-        return None
-    if launched_world() > 1:
-        raise ValueError("--tasks runs without a process group; launch the tasks without torchrun")
-    if task is None and not config.finalize:
-        raise ValueError(f"--tasks {tasks} needs this task's --task (0..{tasks - 1}), or --finalize")
-    return (-1 if task is None else task), tasks
 
 
 def finished(plan: Plan) -> dict[str, Any] | None:
@@ -74,32 +49,36 @@ def finished(plan: Plan) -> dict[str, Any] | None:
     return meta if same else None
 
 
-def _ready(plan: Plan) -> None:
-    """Check the folder and clear what an older run published; another run's units refuse the task."""
+def ready(plan: Plan, shared: bool = False) -> None:
+    """The folder readied, once, by the process that holds it: what a run killed after its
+    meta.json left behind goes; the folder is checked; units of another run are dropped (or, where
+    other tasks of this run may be at work in it, ``shared``, refused); and before a run whose
+    units publish their files as they finish, an older meta.json and its files go."""
     out, config = plan.out, plan.config
-    with OutputFolder(out, clean=False):  # other tasks' files in the making stay
-        check_out_dir(out, config.force, plan.files, [], ours=units.recorded_files(out))
-        foreign = units.foreign(out, plan.fingerprint)
-        if foreign:
-            raise ValueError(f"{out} holds {len(foreign)} units of a run with other options or inputs (its tasks "
-                             "must share every option and see the same inputs); use the same options, or "
-                             "another --out-dir")
-        if (out / META_NAME).exists():
-            retire(out, keep=units.recorded_files(out))
+    remove_leftovers(out)
+    check_out_dir(out, config.force, plan.files, input_folders(config), ours=units.recorded_files(out))
+    if shared and (foreign := units.foreign(out, plan.fingerprint)):
+        raise ValueError(f"{out} holds {len(foreign)} units of a run with other options or inputs (its tasks "
+                         "must share every option and see the same inputs); use the same options, or "
+                         "another --out-dir")
+    units.drop_foreign(out, plan.fingerprint)  # a killed run of other options: its shards must not stay
+    if plan.sharded:
+        # From the first unit on, the folder is being rewritten: an older meta.json and its files
+        # must not describe it.
+        retire(out, keep=units.recorded_files(out))
 
 
-def run(plan: Plan, task: int, tasks: int, finalize: bool,
-        meta_of: Callable[[Plan, list[UnitRecord]], Meta]) -> dict[str, Any] | None:
-    """This task's units (task -1: none), then meta.json (``meta_of`` the units' records) if every
-    unit is done; the folder's meta.json, or None while units are missing (``finalize``: one line
-    naming them)."""
+def run(plan: Plan, task: int, tasks: int, finalize: bool) -> dict[str, Any] | None:
+    """This task's units (task -1: none), then meta.json if every unit is done; the folder's
+    meta.json, or None while units are missing (``finalize``: one line naming them)."""
     done = finished(plan)
     if done is not None:
         return done
     if task >= 0:
-        _ready(plan)
-        work(plan, task, tasks)
-    return _finalize(plan, finalize, meta_of)
+        with OutputFolder(plan.out, clean=False):  # other tasks' files in the making stay
+            ready(plan, shared=True)
+        work(plan, units_of(plan, task, tasks))
+    return _finalize(plan, finalize)
 
 
 def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lambda: True) -> None:
@@ -114,7 +93,7 @@ def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lam
         return
     plan = quiet_plan(config)
     if cleared():
-        work(plan, task, config.processes)
+        work(plan, units_of(plan, task, config.launch.processes))
 
 
 def quiet_plan(config: PrepareConfig) -> Plan:
@@ -134,7 +113,7 @@ def publish_task(config: PrepareConfig, task: int) -> None:
     with Spool(config.spool_dir) as spool:
         plan = quiet_plan(spooled(config, spool, folder))
         with OutputFolder(plan.out):
-            folder.made(plan, units_of(plan, task, config.processes))
+            work(plan, units_of(plan, task, config.launch.processes), folder)
 
 
 def units_of(plan: Plan, task: int, tasks: int) -> range:
@@ -142,14 +121,54 @@ def units_of(plan: Plan, task: int, tasks: int) -> range:
     return range(task * plan.units // tasks, (task + 1) * plan.units // tasks)
 
 
-def work(plan: Plan, task: int, tasks: int) -> None:
-    """Task ``task``'s units, each kept if recorded and intact."""
-    for unit in units_of(plan, task, tasks):
-        if units.load(plan, unit) is None:
-            units.run_unit(plan, unit)
+class Sink(Protocol):
+    """Where a run's finished units go: kept in its folder, or uploaded from a spool."""
+
+    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
+        """The record of ``unit`` where a run finished it already and it is intact, else None."""
+        ...
+
+    def keep(self, plan: Plan, record: UnitRecord) -> None:
+        """A unit just finished (its files in ``plan.out``)."""
+        ...
+
+    def done(self) -> None:
+        """Every unit given to ``keep`` is kept."""
+        ...
 
 
-def _finalize(plan: Plan, explicit: bool, meta_of: Callable[[Plan, list[UnitRecord]], Meta]) -> dict[str, Any] | None:
+class Here:
+    """The run's folder itself: a sharded run's recorded units are kept."""
+
+    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
+        return units.load(plan, unit) if plan.sharded else None
+
+    def keep(self, plan: Plan, record: UnitRecord) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
+def work(plan: Plan, wanted: range, sink: Sink = Here()) -> tuple[dict[int, UnitRecord], Verdicts | None]:
+    """The units ``wanted`` of the run, the one loop whoever launches it: the guard stage first
+    (a guarded run's verdicts, from the first unit's share of the work on), then each unit kept
+    if ``sink`` holds it intact, else tokenized into it. Their records, and the verdicts."""
+    verdicts = plan.guard.run(wanted.start if wanted else 0) if plan.guard is not None else None
+    done = {}
+    try:
+        for unit in wanted:
+            record = sink.kept(plan, unit)
+            if record is None:
+                record = units.run_unit(plan, unit, verdicts)
+                sink.keep(plan, record)
+            done[unit] = record
+    finally:
+        sink.done()
+    return done, verdicts
+
+
+def _finalize(plan: Plan, explicit: bool) -> dict[str, Any] | None:
     if not explicit and not units.all_recorded(plan.out, plan.fingerprint, plan.units):
         return None
     with contextlib.ExitStack() as stack:
@@ -170,6 +189,7 @@ def _finalize(plan: Plan, explicit: bool, meta_of: Callable[[Plan, list[UnitReco
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
-        meta = meta_of(plan, parts)  # type: ignore[arg-type]
-        publish_parts(plan.out, meta, parts, merge=True)  # type: ignore[arg-type]
+        kept = [part for part in parts if part is not None]
+        meta = meta_of(plan, kept, plan.guard.run() if plan.guard is not None else None)
+        publish_parts(plan.out, meta, kept, merge=True)
         return meta

@@ -49,6 +49,7 @@ from . import signatures
 from .cluster import Entry, share_of
 from .chats import CHAT_COUNTS, chat_counts, write_chats
 from .config import LLMC_SHARD_TOKENS, Plan
+from .guard import Verdicts
 from .input_hash import InputTap, input_sha256
 from .writers import DocumentBuffer, HashingWriter, ShardLayout, SplitWriter, split_writers, write_json_atomic
 
@@ -274,18 +275,16 @@ def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
     return None
 
 
-def run_unit(plan: Plan, unit: int) -> UnitRecord:
-    """Tokenize one unit of the input. In a sharded run its record is written and its shards
-    published at once, its index kept as a hidden part; else its files stay temporary for the
-    leader to rename."""
+def run_unit(plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord:
+    """Tokenize one unit of the input, each document where the guard's ``verdicts`` send it (a
+    guarded run's). In a sharded run its record is written and its shards published at once, its
+    index kept as a hidden part; else its files stay temporary for the leader to rename."""
     share = share_of(plan.files, plan.sizes, unit, plan.units)
     passes = reads(plan, share)
     # Where the unit reads its input once, in order, and all of it whole files, the reader hashes
     # what it reads. Anything else is hashed in a thread of its own while the unit is tokenized,
     # where it fills the pipeline's idle start and end instead of coming before it.
     tap = InputTap(share) if len(passes) == 1 and not plan.single and InputTap.fits(share) else None
-    if plan.guard is not None:
-        plan.guard.ready(unit)  # every unit signed and matched: its documents' verdicts known
     stop = threading.Event()  # a failed unit does not wait for its input to be hashed
     with ThreadPoolExecutor(1, thread_name_prefix="tokpack-input-hash") as hashing:
         digest = tap.hexdigest if tap else hashing.submit(input_sha256, share, stop).result
@@ -295,15 +294,15 @@ def run_unit(plan: Plan, unit: int) -> UnitRecord:
             writers = open_writers(plan, unit)
             if plan.chat is not None:
                 write_chats(plan, [(only, tap.share if tap else entries) for only, entries in passes], writers, counts,
-                            unit * len(passes))
+                            unit * len(passes), verdicts)
             for i, (only, entries) in enumerate(passes if plan.chat is None else ()):
                 tokenize(_encoded(plan, tap.share if tap else entries), writers,
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
-                         only, unit * len(passes) + i)
+                         only, unit * len(passes) + i, verdicts)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
             read = digest()
-            if plan.guard is not None:
-                plan.guard.check_input(unit, read)
+            if verdicts is not None:
+                verdicts.check_input(unit, read)
             return finish(plan, unit, read, writers, counts if plan.chat is not None else None)
         except BaseException:
             stop.set()
@@ -384,10 +383,10 @@ def closed(plan: Plan, writer: SplitWriter) -> UnitPart:
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
-             plan: Plan, total_bytes: int, only: str | None = None, read: int = 0) -> None:
+             plan: Plan, total_bytes: int, only: str | None, read: int, verdicts: Verdicts | None) -> None:
     """Every piece into its split's writer: a lone document by its cut, others by their hash, or
-    all into split ``only``; where the plan's guard moves or drops a document (looked up by
-    ``read``, the run's read this is, and the document's number), as it says."""
+    all into split ``only``; where the guard's ``verdicts`` move or drop a document (looked up by
+    ``read``, the run's read this is, and the document's number), as they say."""
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=plan.config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
     try:
@@ -408,8 +407,8 @@ def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, Spli
             buffer.add(raw, tokens)
             if piece.last:
                 split: str | None = only or ("val" if plan.holdout.is_val(buffer.hash.digest()) else "train")
-                if plan.guard is not None:
-                    split = plan.guard.split(read, piece.doc, split)
+                if verdicts is not None:
+                    split = verdicts.split(read, piece.doc, split)
                 if split is not None:
                     buffer.drain_into(writers[split])
                 buffer.reset()

@@ -67,6 +67,24 @@ def remove_own(path: Path) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def claimed(path: Path, waits: bool) -> Iterator[bool]:
+    """Whether this process holds the claim ``path`` (an advisory lock on a file of tokpack's,
+    which the kernel releases if the process dies): taken at once, or, with ``waits``, once the
+    process that holds it lets go. Tasks of a run claim a piece of shared work so that each does
+    a piece once, and a dead task's piece is done by the next one that asks."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if waits else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def remove_leftovers(folder: Path) -> list[str]:
     """What a run killed after publishing meta.json left in a whole folder: unit records, index
     parts, temporaries and its lock. Only while no run holds the lock: a running prepare's

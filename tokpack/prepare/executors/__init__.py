@@ -23,10 +23,10 @@ __all__ = ["Executor", "Here", "TaskLost", "choose"]
 
 def choose(config: PrepareConfig) -> Executor:
     """The executor ``config`` asks for: Ray's with ``--ray``, else this machine's processes."""
-    if config.ray is not None:
+    if config.launch.ray is not None:
         from .ray import RayTasks
 
-        return RayTasks(config.ray)
+        return RayTasks(config.launch.ray)
     from .local import LocalProcesses
 
     return LocalProcesses()

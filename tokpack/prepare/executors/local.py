@@ -30,7 +30,7 @@ from typing import IO, Any
 from ...cli import run_cli
 from ...options import from_dict
 from ..config import PrepareConfig
-from ..plan import default_workers
+from ..launch import cores
 from ..process import fix_mmap_threshold
 from ..tasks import run_task
 from .base import Here, TaskLost
@@ -133,7 +133,7 @@ def _go(process: subprocess.Popen[bytes]) -> None:
 
 def _threads_each(config: PrepareConfig, tasks: int) -> int:
     """A process's encoding threads: ``--workers`` as asked, else its share of the cores."""
-    return config.workers or max(1, default_workers() // tasks)
+    return config.workers or max(1, cores() // tasks)
 
 
 def _plain(config: PrepareConfig) -> dict[str, Any]:
