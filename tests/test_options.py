@@ -63,6 +63,26 @@ def test_nested_tables_are_checked_and_flags_reach_them(tmp_path):
         build_config(PrepareConfig, cfg, {})
 
 
+def test_launch_keys_live_in_their_table_and_the_old_top_level_keys_still_work_with_a_warning(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[launch]\nprocesses = 3\n")
+    assert build_config(PrepareConfig, cfg, {}).launch.processes == 3
+    assert build_config(PrepareConfig, None, {"tasks": 4, "task": 1}).launch.place() == (1, 4)  # flags reach it
+    cfg.write_text("tasks = 4\nfinalize = true\n[guard]\nnear_split = true\n")
+    with pytest.warns(FutureWarning, match=rf"tasks, finalize at the top of {cfg} belong in its \[launch\] table now"):
+        config = build_config(PrepareConfig, cfg, {"task": 2})
+    assert (config.launch.tasks, config.launch.task, config.launch.finalize) == (4, 2, True)
+    cfg.write_text("processes = 2\n[launch]\nprocesses = 3\n")
+    with pytest.raises(ValueError, match=rf"processes is given both at the top of {cfg} and in its \[launch\] table"):
+        build_config(PrepareConfig, cfg, {})
+    cfg.write_text("[launch]\nprocess = 3\n")
+    with pytest.raises(ValueError, match=r"unknown key 'launch.process' in .*valid keys: processes, ray"):
+        build_config(PrepareConfig, cfg, {})
+    cfg.write_text("[launch]\nprocesses = 2\ntasks = 4\n")  # the group's own rule, checked where it is given
+    with pytest.raises(ValueError, match=r"--processes 2 runs every task of the run .* does not take --tasks"):
+        build_config(PrepareConfig, cfg, {})
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_toml(tmp_path / "none.toml")

@@ -92,14 +92,17 @@ def _moved(cls: type, data: dict[str, Any], source: str) -> dict[str, Any]:
     if not any(key in moved for key in data):
         return data
     data = {k: dict(v) if k in moved.values() and isinstance(v, dict) else v for k, v in data.items()}
-    for key in [k for k in data if k in moved]:
+    keys = [k for k in data if k in moved]
+    for key in keys:
         table = data.setdefault(moved[key], {})
         if not isinstance(table, dict) or key in table:
             raise ValueError(f"{key} is given both at the top of {source} and in its [{moved[key]}] table; keep the "
                              "one in the table")
         table[key] = data.pop(key)
-        warnings.warn(f"{key} at the top of {source} belongs in its [{moved[key]}] table now; the old place is read "
-                      "until the next release", FutureWarning, stacklevel=4)
+    tables = sorted({moved[key] for key in keys})
+    warnings.warn(f"{', '.join(keys)} at the top of {source} belong{'s' * (len(keys) == 1)} in its "
+                  f"{', '.join(f'[{t}]' for t in tables)} table now; the old place is read until the next release",
+                  FutureWarning, stacklevel=4)
     return data
 
 
