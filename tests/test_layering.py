@@ -101,6 +101,44 @@ def test_the_prepare_wing_and_the_ground_it_stands_on_never_import_torch_or_the_
     assert not problems, "\n".join(problems)
 
 
+# The prepare wing's rooms in the order a run goes through them: a room may use those before it,
+# never one after (the plan decides, the guard reads the plan, tokenizing reads the verdicts, the
+# finish reads the units). The task contract and the run stand above the stages.
+PREPARE_ROOMS = ("config", "memory", "plan", "guard", "tokenize", "publish", "tasks", "run")
+EXECUTORS_MAY_USE = ("config", "memory", "tasks", "executors")  # the task contract alone
+
+
+def _room(module: str) -> str | None:
+    """A prepare module's room: its first name below ``tokpack.prepare`` (None for the package's face and command)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tokpack", "prepare"] and parts[2] != "__main__" else None
+
+
+def test_the_prepare_stages_only_use_earlier_ones_and_executors_only_the_task_contract():
+    problems = []
+    for module, targets in _graph(typing_too=True).items():
+        room = _room(module)
+        if room is None:
+            continue
+        for target, where, _ in targets:
+            used = _room(target)
+            if used is None or used == room:
+                continue
+            if room == "executors":
+                if used not in EXECUTORS_MAY_USE:
+                    problems.append(f"{where}: the executor {module} uses {target}, not the task contract")
+            elif used == "executors":
+                if room != "run":
+                    problems.append(f"{where}: {module} uses the executors; only the run launches them")
+            elif PREPARE_ROOMS.index(used) > PREPARE_ROOMS.index(room):
+                problems.append(f"{where}: {module} ({room}) uses {target}, a later stage ({used})")
+    assert not problems, "\n".join(problems)
+    assert set(PREPARE_ROOMS) | {"executors", "__init__", "__main__"} >= \
+        {p.stem if p.suffix == ".py" else p.name for p in (PACKAGE / "prepare").iterdir() if p.name != "__pycache__"}
+    # The rule sees what it looks for.
+    assert _room("tokpack.prepare.guard.match") == "guard" and _room("tokpack.prepare.__main__") is None
+
+
 def test_no_tokpack_module_imports_itself_back():
     graph = _graph(typing_too=True)  # a circle through type-only imports is a circle of the design
     edges = {m: [(t, w) for t, w, _ in targets if t in graph and t != m] for m, targets in graph.items()}

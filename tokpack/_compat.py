@@ -16,10 +16,16 @@ import warnings
 from types import ModuleType
 from typing import Any
 
+# The prepare wing's modules as they were before its rooms (0.2), and where each now lives.
+_PREPARE = {"units": "publish.ledger", "cluster": "plan.shares", "folder": "publish.folder", "writers": "tokenize.writers",
+            "chats": "tokenize.chats", "signatures": "guard.signatures", "match": "guard.match", "holdout": "plan.holdout",
+            "mixture": "plan.mixture", "input_hash": "plan.input_hash", "remote": "publish.remote", "process": "memory",
+            "launch": "config.launch"}
 MOVED = {
     **{f"tokpack.{name}": f"tokpack.data.{name}"
        for name in ("runtime", "samplers", "permutation", "windows", "documents", "mixing", "streams", "loader")},
-    **{f"tokpack.{name}": f"tokpack.prepare.{name}" for name in ("units", "folder", "writers", "cluster")},
+    **{f"tokpack.{old}": f"tokpack.prepare.{new}" for old, new in _PREPARE.items() if old in ("units", "folder", "writers", "cluster")},
+    **{f"tokpack.prepare.{old}": f"tokpack.prepare.{new}" for old, new in _PREPARE.items()},
     "tokpack.preparation": "tokpack.prepare.run",
     "tokpack.gpt": "tokpack.models",
     "tokpack.config": "tokpack.options",

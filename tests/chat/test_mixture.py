@@ -93,7 +93,8 @@ def test_a_unit_whose_record_misnames_its_conversations_inputs_is_redone(inputs,
     from tokpack.format import UNIT_RECORD
     from tokpack.prepare import LaunchOptions, PrepareConfig
     from tokpack.prepare.plan import processes_plan
-    from tokpack.prepare.units import run_unit, this_run
+    from tokpack.prepare.publish.ledger import keep, this_run
+    from tokpack.prepare.tokenize import run_unit
 
     root, spec, smol, identity, val = inputs[:5]
     config = PrepareConfig(inputs=(str(smol), str(identity), str(val)), chat="nanochat", encoding=str(spec),
@@ -102,7 +103,7 @@ def test_a_unit_whose_record_misnames_its_conversations_inputs_is_redone(inputs,
     plan = processes_plan(config, 0.0)
     (tmp_path / "out").mkdir()
     unit = plan.units - 1
-    run_unit(plan, unit, None)
+    keep(plan, run_unit(plan, unit, None))
     raw = (tmp_path / "out" / UNIT_RECORD.format(unit)).read_bytes()
     record = json.loads(raw)
     sources = record["chat"]["sources"]

@@ -102,7 +102,7 @@ def test_a_failing_rank_fails_every_rank_and_no_meta_appears(tmp_path, corpus):
 
 @pytest.mark.parametrize("count", [2, 3, 7])
 def test_units_cut_jsonl_at_line_starts_and_cover_every_record_once(corpus, count):
-    from tokpack.prepare.cluster import share_of
+    from tokpack.prepare.plan.shares import share_of
     from tokpack.corpus import ReadOptions, documents
     from tokpack.inputs import resolve_inputs
 
@@ -136,7 +136,7 @@ def _each_rank(world, fn):
     """fn(Ranks) on ``world`` thread ranks; each rank's result or error line, in rank order."""
     import threading
 
-    from tokpack.prepare.cluster import Ranks
+    from tokpack.prepare.executors.torchrun import Ranks
 
     board, barrier, results = [None] * world, threading.Barrier(world), [None] * world
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from helpers import kill, make_docs, paused_at, prepare_cmd, write_docs
-from tokpack.prepare import folder as folder_module
+from tokpack.prepare.publish import folder as folder_module
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.prepare.__main__ import main
 from tokpack.verify import verify_folder

@@ -23,8 +23,8 @@ from tokpack.bench.chat import chat_documents
 from tokpack.format import SIGN, read_meta
 from tokpack.prepare import PrepareConfig, prepare
 from tokpack.prepare.__main__ import main
-from tokpack.prepare.guard import GuardOptions
-from tokpack.prepare.signatures import DOC, HIT
+from tokpack.prepare import GuardOptions
+from tokpack.prepare.guard.signatures import DOC, HIT
 from tokpack.tokenizer import load_encoding
 from tokpack.inspect import describe_guard
 from tokpack.verify import verify_folder
@@ -286,7 +286,7 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
     os.symlink(outside, out / SIGN.format(3, "docs"))
     # Files whose record is forged to match them, naming what their unit does not hold.
     from tokpack.dedup.minhash import Shingling
-    from tokpack.prepare.signatures import load_unit
+    from tokpack.prepare.guard.signatures import load_unit
 
     def loads(unit: int, files: set[int]) -> bool:
         record = json.loads((out / SIGN.format(unit, "json")).read_text())
@@ -309,7 +309,7 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
 def _matched_by(out: Path) -> dict[str, tuple[int, int]]:
     """Each part of the match in ``out``: the first unit of the task that matched it, and when."""
     from tokpack.format import PAIRS
-    from tokpack.prepare.match import Kind, PARTS
+    from tokpack.prepare.guard.match import Kind, PARTS
 
     records = {f"{kind}{p:02d}": out / PAIRS.format(kind, p, "json") for kind in Kind for p in range(PARTS)}
     return {part: (json.loads(path.read_text())["by"], path.stat().st_mtime_ns) for part, path in records.items()}
@@ -416,7 +416,8 @@ def test_the_guard_table_of_a_config_file(tmp_path, capsys):
 
 def test_the_reports_list_each_move_and_removal_and_verify_and_inspect_read_them(tmp_path, capsys, monkeypatch):
     from tokpack.inspect import main as inspect_main
-    from tokpack.prepare import guard, match
+    from tokpack.prepare import guard
+    from tokpack.prepare.guard import match
     from tokpack.verify import VerifyError, verify_folder
 
     monkeypatch.setattr(guard, "_BLOCK", 7)  # documents counted in blocks, and matched in many spill files
@@ -479,7 +480,7 @@ def test_evaluate_says_how_val_was_guarded(tmp_path, capsys):
 def _matched(folder, bands, hashes, prints, threshold=0.8, first=0):
     """``match.matched`` of units given as arrays: each unit's entries routed into its part files
     as signing routes them, and matched into a fresh folder."""
-    from tokpack.prepare import match
+    from tokpack.prepare.guard import match
 
     signed, routed, counts = folder / "signed", [], []
     signed.mkdir(parents=True)
@@ -506,7 +507,7 @@ def _matched(folder, bands, hashes, prints, threshold=0.8, first=0):
 def test_matching_spread_over_spill_files_finds_what_one_file_finds(tmp_path, monkeypatch, spill_bytes, fanout):
     from tokpack.dedup.clusters import clusters
     from tokpack.dedup.minhash import Shingling, sign
-    from tokpack.prepare import match
+    from tokpack.prepare.guard import match
 
     docs, planted = corpus(300, seed=12)
     signed = sign(docs, Shingling())
@@ -942,7 +943,7 @@ def test_the_split_joins_below_the_threshold_and_dedup_removes_only_at_it(tmp_pa
 def test_a_later_copys_bands_are_not_matched_again(tmp_path, monkeypatch):
     from tokpack.dedup.clusters import clusters
     from tokpack.dedup.minhash import Shingling, sign
-    from tokpack.prepare import match
+    from tokpack.prepare.guard import match
 
     docs, _ = corpus(50, seed=33)
     docs = docs + [docs[7]] * 2000 + docs[:3]  # a text copied 2,000 times, and three copied once
@@ -980,7 +981,7 @@ def test_meta_json_records_evaluation_and_val_urls_without_their_secrets():
 
 
 def test_a_sign_batch_of_short_documents_holds_a_bounded_number_of_them(tmp_path, monkeypatch):
-    from tokpack.prepare import signatures
+    from tokpack.prepare.guard import signatures
 
     sizes = []
     sign = signatures.sign

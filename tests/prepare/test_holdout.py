@@ -112,7 +112,7 @@ def test_a_val_input_reached_by_another_path_never_leaks_into_train(tmp_path, sp
 
 @pytest.mark.parametrize("size", [0, 1, 2047, 2048, 2049, 4095, 4096, 10_000])
 def test_a_text_hashed_in_small_pieces_decides_its_split_as_hashed_whole(size):
-    from tokpack.prepare.holdout import document_hash, document_key, hash_small
+    from tokpack.prepare.plan.holdout import document_hash, document_key, hash_small
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     pieces, whole = document_hash(document_key(7)), document_hash(document_key(7))

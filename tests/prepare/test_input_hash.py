@@ -12,9 +12,10 @@ import pytest
 
 from helpers import make_docs, write_docs
 from tokpack.format import read_meta
-from tokpack.prepare import PrepareConfig, input_hash, prepare
-from tokpack.prepare.cluster import share_of
-from tokpack.prepare.input_hash import InputTap, input_sha256
+from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare.plan import input_hash
+from tokpack.prepare.plan.shares import share_of
+from tokpack.prepare.plan.input_hash import InputTap, input_sha256
 from tokpack.storage import LocalFile
 
 

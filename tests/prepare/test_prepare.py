@@ -15,8 +15,8 @@ import torch
 from helpers import (kill, make_docs, megatron_indexed, paused_at, peak_rss_mb_of_prepare, prepare_cmd,
                      run_module, write_docs, write_spec, write_tiktoken_file, write_web_jsonl)
 from tokpack.storage import files as storage_files
-from tokpack.prepare import launch
-from tokpack.prepare import writers
+from tokpack.prepare.config import launch
+from tokpack.prepare.tokenize import writers
 from tokpack.format import INDEX_DTYPE, read_meta
 from tokpack.split import open_split, open_tokens
 from tokpack.data.documents import DocumentDataset
@@ -397,7 +397,7 @@ def test_parquet_and_zstd_inputs_prepare_like_jsonl(tmp_path):
 
 @pytest.mark.parametrize("total", [2 * 1000 + 1, 3 * 1000 + 499, 3 * 1000 + 500, 1000, 999])
 def test_a_writers_last_shard_is_never_under_half_the_shard_size(tmp_path, total):
-    from tokpack.prepare.writers import ShardLayout, ShardWriter
+    from tokpack.prepare.tokenize.writers import ShardLayout, ShardWriter
 
     tokens = np.random.default_rng(total).integers(0, 50257, total).astype(np.uint16)
     writer = ShardWriter(tmp_path, ShardLayout("t_train_", 0, 1000, header=True), np.dtype(np.uint16))

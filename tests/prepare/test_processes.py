@@ -57,7 +57,7 @@ def test_text_is_one_processs_folder_for_any_count(corpus, tmp_path, capsys, opt
 
 def test_an_absurd_process_count_runs_as_many_as_the_machine_has_cores(corpus, tmp_path, capsys):
     from tokpack.prepare import LaunchOptions, PrepareConfig, prepare
-    from tokpack.prepare.launch import MAX_TASKS, cores
+    from tokpack.prepare.config.launch import MAX_TASKS, cores
 
     one = tmp_path / "one"
     assert main([str(corpus), "--out-dir", str(one), "--quiet"]) == 0

@@ -13,9 +13,9 @@ import numpy as np
 
 from helpers import RangeServer, cli_run, kill, make_docs, paused_at, prepare_cmd, write_docs
 from tokpack import TokenWindows, build_loader
-from tokpack.prepare import units
+from tokpack.prepare import tokenize
 from tokpack.prepare.__main__ import main
-from tokpack.prepare.remote import SPOOL_MARK, SPOOL_PREFIX
+from tokpack.format import SPOOL_MARK, SPOOL_PREFIX
 from tokpack.split import open_split
 
 BUCKET = "published"
@@ -102,8 +102,8 @@ def test_a_publish_killed_mid_upload_is_refused_by_readers_and_rerun_to_the_same
         open_split(url, "train", cache_dir=tmp_path / "cache")
     recorded = len(bucket.list_objects_v2(Bucket=BUCKET, Prefix="killed/.tokpack-unit-")["Contents"])
     done = []
-    real = units.run_unit
-    monkeypatch.setattr(units, "run_unit", lambda plan, unit, verdicts: done.append(unit) or real(plan, unit, verdicts))
+    real = tokenize.run_unit
+    monkeypatch.setattr(tokenize, "run_unit", lambda plan, unit, verdicts: done.append(unit) or real(plan, unit, verdicts))
     assert main([str(corpus), "--out-dir", url, *SHARDED]) == 0  # the killed run's lock: its pid is gone
     redone = len(done)
     published = _objects(bucket, "killed")

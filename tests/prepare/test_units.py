@@ -13,7 +13,7 @@ import pytest
 
 from helpers import kill, make_docs, paused_at, write_docs
 from tokpack.format import read_meta
-from tokpack.prepare import units
+from tokpack.prepare import tokenize
 from tokpack.prepare.__main__ import main
 from tokpack.verify import verify_folder
 
@@ -104,7 +104,7 @@ def test_a_flat_run_after_a_killed_sharded_one_leaves_no_stray_shards(tmp_path, 
 
 def _interrupted_after(monkeypatch, finished):
     """Make the next in-process run stop like a kill once ``finished`` units are done."""
-    real, calls = units.run_unit, []
+    real, calls = tokenize.run_unit, []
 
     def run_unit(plan, unit, verdicts):
         if len(calls) == finished:
@@ -112,7 +112,7 @@ def _interrupted_after(monkeypatch, finished):
         calls.append(unit)
         return real(plan, unit, verdicts)
 
-    monkeypatch.setattr(units, "run_unit", run_unit)
+    monkeypatch.setattr(tokenize, "run_unit", run_unit)
     return calls
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tokpack.format import SHARD_HEADER_BYTES
-from tokpack.prepare import writers
-from tokpack.prepare.writers import HashingWriter, ShardLayout, ShardWriter, SplitWriter
+from tokpack.prepare.tokenize import writers
+from tokpack.prepare.tokenize.writers import HashingWriter, ShardLayout, ShardWriter, SplitWriter
 
 
 def test_buffered_writes_give_the_bytes_and_hash_of_every_write_in_order(tmp_path):

@@ -165,7 +165,7 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
     """The figures of the bench ``args.what``, its files in ``tmp``. Each bench imports its own
     modules, so torch (two seconds of a start here) loads only for those that use it."""
     if args.what == "prepare":
-        from ..prepare.launch import cores
+        from ..prepare.config.launch import cores
         from .prepare import bench_prepare
 
         if args.ray and not args.processes:

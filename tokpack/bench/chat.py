@@ -294,7 +294,7 @@ def _alone(enc: Any, source: Path) -> Callable[[], None]:
     prepare's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..prepare.launch import cores
+    from ..prepare.config.launch import cores
 
     with open(source) as f:
         texts = [part["text"] if isinstance(part, dict) else part for line in f for m in json.loads(line)["messages"]
@@ -390,7 +390,7 @@ def bench_chat(tmp: Path, megabytes: float, rss_megabytes: float | None, block_s
     sized = _processes_size(processes, processes_megabytes)
     from ..data.loader import build_loader
     from ..data.packing import PackedDocuments
-    from ..prepare.launch import cores
+    from ..prepare.config.launch import cores
 
     spec, source = nanochat_tokenizer(tmp / "tok"), tmp / "chats.jsonl"
     count = synthetic_chats(source, megabytes)

@@ -44,7 +44,7 @@ from ..dedup.minhash import Shingling, folded, sign, words
 from ..dedup.ngrams import NgramIndex
 from ..format import INDEX_DTYPE
 from ..prepare import PrepareConfig, prepare
-from ..prepare.process import fix_mmap_threshold
+from ..prepare.memory import fix_mmap_threshold
 from ..tokenizer import load_encoding
 from .peers import missing, quiet
 from .timing import interleaved, ratio, ratio_range
@@ -165,7 +165,7 @@ def prepared_texts(folder: Path, split: str, decode: Callable[[list[int]], str])
 
 
 def _guard(**options: Any) -> Any:
-    from ..prepare.guard import GuardOptions
+    from ..prepare import GuardOptions
 
     return GuardOptions(**options)
 
@@ -285,8 +285,8 @@ def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...] = (1, 4, 16)) 
     the CPU seconds of the stage in all the tasks (their start-up and plan aside), flat in N where
     no unit is signed and no part matched twice."""
     from ..format import PAIRS
-    from ..prepare.launch import cores
-    from ..prepare.match import Kind, PARTS
+    from ..prepare.config.launch import cores
+    from ..prepare.guard.match import Kind, PARTS
 
     figures = {}
     for n in counts:
@@ -298,7 +298,7 @@ def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...] = (1, 4, 16)) 
                 f"out_dir={str(out)!r}, quiet=True, unit_mb=0.25, workers=1, "
                 "launch=LaunchOptions(tasks=n, task=task), guard=_guard(near_split=True, dedup='near')); "
                 "plan = make_plan(config, n, 0.0, independent=True); import time; cpu = time.process_time(); "
-                "plan.guard.run(units_of(plan, task, n).start); "
+                "from tokpack.prepare import guard; guard.stage(plan, units_of(plan, task, n).start); "
                 "print(plan.units, units_of(plan, task, n).start, time.process_time() - cpu)")
         told = []
         for wave in range(0, n, cores()):  # as many at once as there are cores: the work, not a crowd's waits

@@ -32,9 +32,9 @@ from typing import Any
 from .. import corpus
 from ..cli import table
 from ..prepare import PrepareConfig, prepare
-from ..prepare.holdout import document_hash, document_key
-from ..prepare.input_hash import input_sha256
-from ..prepare.writers import WRITEBACK_BYTES, HashingWriter
+from ..prepare.plan.holdout import document_hash, document_key
+from ..prepare.plan.input_hash import input_sha256
+from ..prepare.tokenize.writers import WRITEBACK_BYTES, HashingWriter
 from ..storage import LocalFile
 from ..tokenizer import load_encoding
 from ..tokenizer.fast import SplintrBackend

@@ -192,8 +192,9 @@ class Meta(TypedDict):
 
 
 class UnitPart(TypedDict):
-    """One split of a finished unit: its counts and files, its index part, and (in a one-unit
-    run, whose files stay temporary until the leader publishes them) the renames still to make."""
+    """One split of a finished unit: its counts and files, its index part, and (while its files are
+    temporary: until the ledger keeps the unit, or the leader publishes a one-unit run) the
+    renames still to make."""
 
     info: SplitInfo
     idx: FileEntry

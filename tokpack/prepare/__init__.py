@@ -12,9 +12,7 @@ when ``WORLD_SIZE`` > 1.
 See docs/prepare.md.
 """
 
-from .config import PrepareConfig
-from .guard import GuardOptions
-from .launch import LaunchOptions
+from .config import GuardOptions, LaunchOptions, PrepareConfig
 from .run import prepare
 
 __all__ = ["GuardOptions", "LaunchOptions", "PrepareConfig", "prepare"]

@@ -20,10 +20,8 @@ from typing import Any
 from ..cli import add_config_option, parser, run_cli
 from ..options import add_options, build_config
 from ..tokenizer import load_encoding
-from .config import PrepareConfig
-from .guard import GuardOptions
-from .launch import LaunchOptions
-from .process import fix_mmap_threshold
+from .config import GuardOptions, LaunchOptions, PrepareConfig
+from .memory import fix_mmap_threshold
 from .run import prepare
 
 

@@ -33,19 +33,20 @@ from ..cli import USER_ERRORS
 from ..distributed import process_group
 from ..format import UNIT_RECORD, Meta, UnitRecord, every_file
 from ..storage import is_url, redact
-from . import tasks, units
-from .cluster import Ranks, share_of
-from .config import Plan, PrepareConfig
+from . import guard, tasks
+from .config import Launch, PrepareConfig
 from .executors import Here, TaskLost, choose
-from .folder import OutputFolder, flattened, merged_indexes, mixed, publish_parts
+from .executors.torchrun import Ranks
 from .guard import Verdicts
-from .input_hash import input_sha256
-from .launch import Launch
-from .meta import meta_of
-from .plan import make_plan, processes_plan
-from .process import children_peak_rss_mb, peak_rss_mb
-from .remote import Publisher, Spool, spooled
-from .writers import remove_temporaries
+from .memory import children_peak_rss_mb, peak_rss_mb
+from .plan import Plan, make_plan, processes_plan
+from .plan.input_hash import input_sha256
+from .plan.shares import share_of
+from .publish import ledger
+from .publish.folder import OutputFolder, flattened, merged_indexes, mixed, publish_parts
+from .publish.meta import meta_of
+from .publish.remote import Publisher, Spool, spooled
+from .tokenize.writers import remove_temporaries
 
 LISTING_S = 2.0  # how often a run on Ray lists its remote folder for the units uploaded
 SHORT_SPLIT = 256  # a split with fewer tokens is shorter than any useful training or evaluation window
@@ -88,7 +89,7 @@ def _prepare_task(config: PrepareConfig, started: float) -> dict[str, Any]:
     plan = make_plan(config, place.tasks, started, independent=True)
     meta = tasks.run(plan, place.task, place.tasks, config.launch.finalize)
     if meta is None:
-        done = len(units.recorded(plan.out, plan.fingerprint))
+        done = len(ledger.recorded(plan.out, plan.fingerprint))
         return {"stats": {"seconds": time.perf_counter() - started, "out_dir": str(plan.out), "leader": True,
                           "units_done": done, "units": plan.units, "task": place.task, "tasks": place.tasks}}
     return _result(meta, plan, started, True)
@@ -142,8 +143,8 @@ class _ProcessesRun:
         if self.config.one_file_a_split():
             hashing = held.enter_context(ThreadPoolExecutor(1, thread_name_prefix="tokpack-input-hash"))
             self.whole = hashing.submit(input_sha256, share_of(plan.files, plan.sizes, 0, 1), self.stop)
-        self.shares = [sum((plan.sizes[f] if hi is None else hi) - lo for f, lo, hi in
-                           share_of(plan.files, plan.sizes, unit, plan.units)) for unit in range(plan.units)]
+        self.shares = [sum((plan.sizes[f] if hi is None else hi) - lo for f, lo, hi in plan.share(unit))
+                       for unit in range(plan.units)]
         self.bar = held.enter_context(tqdm(total=sum(self.shares), unit="B", unit_scale=True, file=sys.stderr,
                                            disable=self.config.quiet or None,
                                            desc=f"tokpack.prepare ({self.config.launch.processes} processes)"))
@@ -159,20 +160,20 @@ class _ProcessesRun:
     def tick(self) -> None:
         """The bar at the input bytes of the units recorded, read from the records' names alone."""
         if self.plan is not None:
-            done = sum(self.shares[u] for u in units.numbered(self.plan.out) if u < len(self.shares))
+            done = sum(self.shares[u] for u in ledger.numbered(self.plan.out) if u < len(self.shares))
             self.bar.update(done - self.bar.n)
 
     def finish(self) -> Meta:
         plan = self.plan
         assert plan is not None
         self.tick()
-        parts = [units.load(plan, unit, proven=True) for unit in range(plan.units)]
+        parts = [ledger.load(plan, unit, proven=True) for unit in range(plan.units)]
         kept = [part for part in parts if part is not None]
         if len(kept) < len(parts):
             lost = [unit for unit, part in enumerate(parts) if part is None]
             raise TaskLost(f"units {lost[:8]} of {plan.out} are not as their tasks recorded them; run the same "
                            "command again: it redoes them")
-        verdicts = self.verdicts if self.verdicts is not None or plan.guard is None else plan.guard.run()
+        verdicts = self.verdicts if self.verdicts is not None else guard.stage(plan)
         if self.whole is None:
             meta = meta_of(plan, kept, verdicts)
             publish_parts(plan.out, meta, kept, merge=True)
@@ -183,7 +184,7 @@ class _ProcessesRun:
             part = flattened(plan.out, kept, self.whole.result(), plan.dtype, self.config.format == "megatron")
         meta = meta_of(plan, [part], verdicts)
         publish_parts(plan.out, meta, [part], merge=False)
-        units.drop_own(plan.out, plan.fingerprint)  # the units' files, joined now
+        ledger.drop_own(plan.out, plan.fingerprint)  # the units' files, joined now
         return meta
 
     def failed(self, exc: BaseException) -> None:
@@ -194,7 +195,7 @@ class _ProcessesRun:
             return
         remove_temporaries(self.plan.out, every_run=True)
         if isinstance(exc, USER_ERRORS) and not isinstance(exc, TaskLost):
-            units.drop_own(self.plan.out, self.plan.fingerprint)
+            ledger.drop_own(self.plan.out, self.plan.fingerprint)
 
 
 def _processes_result(meta: Meta, plan: Plan, started: float) -> dict[str, Any]:
@@ -333,7 +334,7 @@ def _run(plan: Plan, ranks: Ranks) -> Meta:
         except USER_ERRORS:
             remove_temporaries(plan.out)
             if ranks.leader:  # its units and signatures: a killed or terminated run keeps them instead
-                units.drop_own(plan.out, plan.fingerprint)
+                ledger.drop_own(plan.out, plan.fingerprint)
             raise
         except BaseException:
             remove_temporaries(plan.out)  # the leader's folder does it too; the other ranks' files are theirs

@@ -27,14 +27,14 @@ from typing import Any, Protocol
 
 from ..format import UnitRecord, read_meta
 from ..storage import is_url
-from ..storage.local import remove_leftovers
-from . import units
-from .config import Plan, PrepareConfig
-from .folder import OutputFolder, check_out_dir, publish_parts, retire
+from . import guard, tokenize
+from .config import PrepareConfig
 from .guard import Verdicts
-from .meta import meta_of
-from .plan import input_folders, processes_plan
-from .remote import Publisher, Spool, spooled
+from .plan import Plan, input_folders, processes_plan
+from .publish import ledger
+from .publish.folder import OutputFolder, check_out_dir, publish_parts, retire
+from .publish.meta import meta_of
+from .publish.remote import Publisher, Spool, spooled
 
 
 def finished(plan: Plan) -> dict[str, Any] | None:
@@ -50,22 +50,21 @@ def finished(plan: Plan) -> dict[str, Any] | None:
 
 
 def ready(plan: Plan, shared: bool = False) -> None:
-    """The folder readied, once, by the process that holds it: what a run killed after its
-    meta.json left behind goes; the folder is checked; units of another run are dropped (or, where
-    other tasks of this run may be at work in it, ``shared``, refused); and before a run whose
-    units publish their files as they finish, an older meta.json and its files go."""
+    """The folder readied, once, by the process that holds it (``OutputFolder``): it is checked;
+    units of another run are dropped (or, where other tasks of this run may be at work in it,
+    ``shared``, refused); and before a run whose units publish their files as they finish, an
+    older meta.json and its files go."""
     out, config = plan.out, plan.config
-    remove_leftovers(out)
-    check_out_dir(out, config.force, plan.files, input_folders(config), ours=units.recorded_files(out))
-    if shared and (foreign := units.foreign(out, plan.fingerprint)):
+    check_out_dir(out, config.force, plan.files, input_folders(config), ours=ledger.recorded_files(out))
+    if shared and (foreign := ledger.foreign(out, plan.fingerprint)):
         raise ValueError(f"{out} holds {len(foreign)} units of a run with other options or inputs (its tasks "
                          "must share every option and see the same inputs); use the same options, or "
                          "another --out-dir")
-    units.drop_foreign(out, plan.fingerprint)  # a killed run of other options: its shards must not stay
+    ledger.drop_foreign(out, plan.fingerprint)  # a killed run of other options: its shards must not stay
     if plan.sharded:
         # From the first unit on, the folder is being rewritten: an older meta.json and its files
         # must not describe it.
-        retire(out, keep=units.recorded_files(out))
+        retire(out, keep=ledger.recorded_files(out))
 
 
 def run(plan: Plan, task: int, tasks: int, finalize: bool) -> dict[str, Any] | None:
@@ -128,8 +127,9 @@ class Sink(Protocol):
         """The record of ``unit`` where a run finished it already and it is intact, else None."""
         ...
 
-    def keep(self, plan: Plan, record: UnitRecord) -> None:
-        """A unit just finished (its files in ``plan.out``)."""
+    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
+        """A unit just finished (its files in ``plan.out``, at their temporary names), kept: its
+        record as kept."""
         ...
 
     def done(self) -> None:
@@ -137,31 +137,31 @@ class Sink(Protocol):
         ...
 
 
-class Here:
-    """The run's folder itself: a sharded run's recorded units are kept."""
+class LocalSink:
+    """The run's folder itself: a sharded run's units are published as they finish, and kept by
+    a rerun; a flat run's one unit waits for the leader to publish it."""
 
     def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
-        return units.load(plan, unit) if plan.sharded else None
+        return ledger.load(plan, unit) if plan.sharded else None
 
-    def keep(self, plan: Plan, record: UnitRecord) -> None:
-        pass
+    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
+        return ledger.keep(plan, record) if plan.sharded else record
 
     def done(self) -> None:
         pass
 
 
-def work(plan: Plan, wanted: range, sink: Sink = Here()) -> tuple[dict[int, UnitRecord], Verdicts | None]:
+def work(plan: Plan, wanted: range, sink: Sink = LocalSink()) -> tuple[dict[int, UnitRecord], Verdicts | None]:
     """The units ``wanted`` of the run, the one loop whoever launches it: the guard stage first
     (a guarded run's verdicts, from the first unit's share of the work on), then each unit kept
     if ``sink`` holds it intact, else tokenized into it. Their records, and the verdicts."""
-    verdicts = plan.guard.run(wanted.start if wanted else 0) if plan.guard is not None else None
+    verdicts = guard.stage(plan, wanted.start if wanted else 0)
     done = {}
     try:
         for unit in wanted:
             record = sink.kept(plan, unit)
             if record is None:
-                record = units.run_unit(plan, unit, verdicts)
-                sink.keep(plan, record)
+                record = sink.keep(plan, tokenize.run_unit(plan, unit, verdicts))
             done[unit] = record
     finally:
         sink.done()
@@ -169,7 +169,7 @@ def work(plan: Plan, wanted: range, sink: Sink = Here()) -> tuple[dict[int, Unit
 
 
 def _finalize(plan: Plan, explicit: bool) -> dict[str, Any] | None:
-    if not explicit and not units.all_recorded(plan.out, plan.fingerprint, plan.units):
+    if not explicit and not ledger.all_recorded(plan.out, plan.fingerprint, plan.units):
         return None
     with contextlib.ExitStack() as stack:
         try:
@@ -181,7 +181,7 @@ def _finalize(plan: Plan, explicit: bool) -> dict[str, Any] | None:
         done = finished(plan)
         if done is not None:
             return done
-        parts = [units.load(plan, unit) for unit in range(plan.units)]
+        parts = [ledger.load(plan, unit) for unit in range(plan.units)]
         missing = [unit for unit, part in enumerate(parts) if part is None]
         if missing and not explicit:
             return None  # a recorded unit whose input changed since: its task does it again
@@ -190,6 +190,6 @@ def _finalize(plan: Plan, explicit: bool) -> dict[str, Any] | None:
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
         kept = [part for part in parts if part is not None]
-        meta = meta_of(plan, kept, plan.guard.run() if plan.guard is not None else None)
+        meta = meta_of(plan, kept, guard.stage(plan))
         publish_parts(plan.out, meta, kept, merge=True)
         return meta

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..format import LOCK_NAME, META_NAME, SIGN_GLOB, SIGN_NAME, TMP_SUFFIX, UNIT_INDEX_GLOB, UNIT_RECORD_GLOB, plain_name
 from . import Missing
@@ -53,6 +54,18 @@ def replacing(path: Path) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def json_bytes(obj: Any) -> bytes:
+    """meta.json's and a record's bytes: one spelling, so a published folder is the local one."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    with replacing(path) as f:
+        f.write(json_bytes(obj))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def remove_own(path: Path) -> bool:

@@ -30,8 +30,8 @@ from typing import IO, Any
 from ...cli import run_cli
 from ...options import from_dict
 from ..config import PrepareConfig
-from ..launch import cores
-from ..process import fix_mmap_threshold
+from ..config.launch import cores
+from ..memory import fix_mmap_threshold
 from ..tasks import run_task
 from .base import Here, TaskLost
 

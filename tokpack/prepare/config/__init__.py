@@ -1,11 +1,10 @@
-"""What a prepare run is asked (``PrepareConfig``) and what it decides once (``Plan``).
+"""What a prepare run is asked: ``PrepareConfig``, every option with its help, the groups as
+checked values of their own (``[guard]``: ``GuardOptions``; ``[launch]``: ``LaunchOptions``).
 
     python -m tokpack.prepare --config configs/sample.toml     # any PrepareConfig key in TOML
 
-``PrepareConfig`` holds the options as given, each with its help: the command's flags and the TOML
-keys both come from it. ``prepare()`` turns them into one frozen ``Plan`` (the encoder, dtype,
-end-of-text rule, input files, output folder, whether the run is sharded and into how many units)
-that every stage of the run reads instead of deciding again.
+The command's flags and the TOML keys both come from these dataclasses. ``make_plan``
+(``tokpack.prepare.plan``) turns a config into the run's one ``Plan``.
 
 See docs/prepare.md.
 """
@@ -14,25 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import numpy as np
+from ...chat import Renderer
+from ...corpus import ReadOptions
+from ...options import default_of, option
+from ...storage import is_url, redact
+from ...tokenizer import encoding_key
+from ...tokenizer.fast import BACKENDS
+from .guard import Dedup, GuardOptions
+from .launch import Launch, LaunchOptions
 
-from ..chat import ChatRenderer, Renderer
-from ..corpus import ReadOptions
-from ..options import default_of, option
-from ..storage import is_url, redact
-from ..tokenizer import encoding_key
-from ..tokenizer.fast import BACKENDS
-from .guard import Guard, GuardOptions
-from .launch import LaunchOptions
-
-if TYPE_CHECKING:
-    from ..format import InputsInfo
-    from ..tokenizer import Encoder
-    from .holdout import Holdout
-    from .mixture import Mixture
+__all__ = ["Dedup", "GuardOptions", "Launch", "LaunchOptions", "PrepareConfig"]
 
 LLMC_SHARD_TOKENS = 100_000_000  # llm.c's shard size
 EOT_MODES = ("auto", "append", "prepend", "none")
@@ -223,36 +215,3 @@ class PrepareConfig:
 
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.errors, self.doc_sep, self.jsonl_key, self.text_column)
-
-
-@dataclass(frozen=True, eq=False, kw_only=True)
-class Plan:
-    """A run's decisions, made once in ``prepare()`` and handed to every stage."""
-
-    config: PrepareConfig
-    enc: Encoder  # on the backend the run encodes with
-    dtype: np.dtype
-    eot: str  # append, prepend or none: "auto" resolved
-    single: bool  # one document, cut by position rather than split by hash
-    files: tuple[Path, ...]
-    sizes: dict[Path, int]
-    inputs: InputsInfo  # meta.json's description of the inputs
-    out: Path
-    sharded: bool  # units publish their shards as they finish, with records a rerun keeps
-    units: int
-    fingerprint: str  # of the inputs and every option that changes the output
-    workers: int
-    started: float
-    holdout: Holdout  # the val rule
-    read: ReadOptions
-    chat: ChatRenderer | None = None  # how conversations are rendered (--chat), or None for text
-    mixture: Mixture | None = None  # the order conversations are written in (--mixture), or None: input order
-    guard: Guard | None = None  # documents moved or dropped (--near-split, --dedup, --decontaminate)
-
-    def encoding_threads(self) -> tuple[int, int]:
-        """(threads, batches in flight) of the encoding pipeline, batches of ``piece_chars``. An
-        encoder that threads itself gets batches from two threads: while one batch's last documents
-        keep a few of its threads busy, the other batch fills the rest (from one thread, that tail
-        left cores idle: tokenizers' path ran 8 % slower); larger batches held more text at no
-        gain. Any other runs in ``workers`` threads, two batches in flight each."""
-        return (2, 2) if self.enc.parallel else (self.workers, 2 * self.workers)

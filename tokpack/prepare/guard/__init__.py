@@ -26,39 +26,27 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dedup.clusters import similar
-from ..dedup.minhash import Shingling
-from ..dedup.ngrams import NgramIndex
-from ..format import GUARD_REMOVED, SIGN, Removed, split_threshold
-from ..options import default_of, option
-from ..storage.local import claimed
-from .holdout import Rule
+from ...dedup.clusters import similar
+from ...dedup.minhash import Shingling
+from ...format import GUARD_REMOVED, SIGN, Removed
+from ...storage.local import claimed
+from ..config import Dedup, GuardOptions
+from ..memory import roomy_heap
+from ..plan import Plan
+from ..plan.holdout import Rule
 from .match import firsts, matched
-from .process import roomy_heap
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
 
-
-# The largest standard error of the similarity estimate at the threshold: 256 bins at 0.8 err by
-# 0.025, 64 by 0.05; fewer cannot tell 0.8 from 0.7.
-MAX_ERROR = 0.05
-
-
-class Dedup(enum.StrEnum):
-    """Which duplicates are written once: ``NONE``, every document kept; ``EXACT``, copies of the
-    same text; ``NEAR``, near-duplicates too (``--threshold``)."""
-
-    NONE = "none"
-    EXACT = "exact"
-    NEAR = "near"
+def stage(plan: Plan, first: int = 0) -> Verdicts | None:
+    """The guard stage of a run: its verdicts (``Guard.run`` from unit ``first`` on), or None for a
+    run without a guard."""
+    return Guard(plan).run(first) if plan.guard is not None else None
 
 
 class Verdict(enum.IntEnum):
@@ -69,110 +57,25 @@ class Verdict(enum.IntEnum):
     DROP = 3
 
 
-@dataclass(frozen=True)
-class GuardOptions:
-    """The split guard, dedup and decontamination options (the ``[guard]`` table of a config)."""
-
-    near_split: bool = option(False, "keep near-duplicates on one side of the split: each cluster goes where its "
-                              "first document does, so val holds no near-copy of a train document (with "
-                              "--val-inputs, a val document's train near-copies are removed)")
-    dedup: str = option("none", "write duplicates once, the first in stored order: exact, copies of the same text; "
-                        "near, near-duplicates too (default: none, keep all)", tuple(Dedup))
-    threshold: float = option(0.8, "the estimated Jaccard similarity of word n-grams from which two documents are "
-                              "near-duplicates, in (0, 1]")
-    ngram: int = option(5, "words a shingle of the near-duplicate signatures (FineWeb's 5)")
-    hashes: int = option(256, "MinHash bins a document's signature")
-    bands: int = option(32, "LSH bands the bins are cut into: candidates share a band")
-    decontaminate: tuple[str, ...] = option((), "evaluation files (text, .jsonl, .parquet, local or URLs) whose word "
-                                            "n-grams no train document may hold; such a document is dropped")
-    decontaminate_key: str = option("text", "the text field (.jsonl) or column (.parquet) of --decontaminate's files")
-    decontaminate_ngram: int = option(13, "words of a matched run (GPT-3's 13); a shorter evaluation text is "
-                                      "matched whole")
-    decontaminate_min_words: int = option(3, "the fewest words of an evaluation text that is matched; a shorter "
-                                          "one (an answer such as 'Yes' or '4') is counted in meta.json, not matched")
-    decontaminate_max_share: float = option(0.2, "the largest share of train documents --decontaminate may remove; "
-                                            "a run that would remove more stops, naming the evaluation file and "
-                                            "its shortest texts, in (0, 1]")
-    report_only: bool = option(False, "with --decontaminate, count the train documents that hold an evaluation "
-                               "n-gram in meta.json and keep them")
-
-    def __post_init__(self) -> None:
-        if self.dedup not in tuple(Dedup):
-            raise ValueError(f"--dedup {self.dedup!r} is not one of {', '.join(Dedup)}")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"--threshold {self.threshold} must lie in (0, 1]; try 0.8")
-        for flag, n, usual in (("--ngram", self.ngram, 5), ("--decontaminate-ngram", self.decontaminate_ngram, 13),
-                               ("--decontaminate-min-words", self.decontaminate_min_words, 3)):
-            if not 1 <= n <= 64:
-                raise ValueError(f"{flag} {n} must lie in 1..64 words; try {usual}")
-        if not 0.0 < self.decontaminate_max_share <= 1.0:
-            raise ValueError(f"--decontaminate-max-share {self.decontaminate_max_share} must lie in (0, 1]; try "
-                             "0.2, or 1 to remove whatever the evaluation sets match")
-        self.shingling()  # hashes and bands checked
-        self._used()
-        error = math.sqrt(self.threshold * (1 - self.threshold) / self.hashes)
-        if error > MAX_ERROR:  # the estimate's standard error at the threshold, where it decides
-            enough = math.ceil(self.threshold * (1 - self.threshold) / MAX_ERROR ** 2 / self.bands) * self.bands
-            raise ValueError(f"--hashes {self.hashes} estimates a similarity of {self.threshold:g} with a standard "
-                             f"error of {error:.2f}, too coarse to tell near-duplicates from others; pass --hashes "
-                             f"{enough} or more (256, the default, errs by {math.sqrt(0.16 / 256):.3f} at 0.8)")
-
-    def _used(self) -> None:
-        """Refuse a setting that this combination of options would not read."""
-        for needs, names, given in (
-                ("--near-split or --dedup near", ("threshold", "ngram", "hashes", "bands"), self.near),
-                ("--decontaminate FILE", ("decontaminate_key", "decontaminate_ngram", "decontaminate_min_words",
-                                          "decontaminate_max_share", "report_only"), bool(self.decontaminate))):
-            unused = [f"--{name.replace('_', '-')}" for name in names
-                      if getattr(self, name) != default_of(GuardOptions, name)]
-            if unused and not given:
-                raise ValueError(f"{' and '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} only with "
-                                 f"{needs}, which this run does not ask for: pass it, or drop {' and '.join(unused)}")
-
-    @property
-    def active(self) -> bool:
-        return self.near_split or self.dedup != Dedup.NONE or bool(self.decontaminate)
-
-    @property
-    def near(self) -> bool:
-        return self.near_split or self.dedup == Dedup.NEAR
-
-    def joined_at(self) -> float:
-        """The estimated similarity from which two documents are joined: lower for the split
-        (``format.split_threshold``), where missing a pair leaks and joining one too many does not."""
-        return split_threshold(self.threshold, self.hashes) if self.near_split else self.threshold
-
-    def shingling(self) -> Shingling:
-        try:
-            return Shingling(self.ngram, self.hashes, self.bands)
-        except ValueError as exc:
-            raise ValueError(f"--hashes {self.hashes} --bands {self.bands}: {exc}") from None
-
-
 class Guard:
     """A guarded run's stage before its first unit: every unit signed and matched (whichever
     task gets to a unit or a part of the match first does it, the others read it), and the
     verdicts decided: where each moved or dropped document goes, by the run's read and its
-    number in the read. The plan holds the guard; the stage's ``run`` gives the verdicts.
+    number in the read. The plan holds the rules; the stage's ``run`` gives the verdicts.
 
     Args:
-        options: the run's ``[guard]`` options.
-        out: the folder the units' signatures are written to.
-        fingerprint: the run's, which a unit's signatures must carry.
-        units: each unit's input share and its reads (``units.reads``), in unit order.
-        reading: how documents are read, numbered and split.
-        workers: signing threads.
-        index: the evaluation sets' n-grams, or None; ``sets`` their names as given.
-        files: each input file's name, as its report names it; ``groups``, the input it was given in.
-        inputs: how many inputs were given (meta.json counts dropped documents by input).
+        plan: the run's plan, whose ``guard`` holds the rules.
     """
 
-    def __init__(self, options: GuardOptions, out: Path, fingerprint: str, units: list[tuple[list[Any], list[Any]]],
-                 reading: Reading, workers: int, index: NgramIndex | None, sets: list[str], files: list[str],
-                 groups: list[int], inputs: int):
-        self.options, self.out, self.fingerprint, self.units = options, out, fingerprint, units
-        self.reading, self.workers, self.index, self.sets = reading, workers, index, sets
-        self.files, self.groups, self.inputs = files, groups, inputs
+    def __init__(self, plan: Plan):
+        rules = plan.guard
+        assert rules is not None, "a plan with a guard"
+        self.options, self.out, self.fingerprint, self.workers = rules.options, plan.out, plan.fingerprint, plan.workers
+        self.units = [(plan.share(unit), plan.reads(unit)) for unit in range(plan.units)]
+        self.reading = Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
+                               {f: i for i, f in enumerate(plan.files)})
+        self.index, self.sets, self.files, self.groups, self.inputs = (rules.index, rules.sets, rules.files,
+                                                                      rules.groups, rules.inputs)
 
     @property
     def shingling(self) -> Shingling | None:
@@ -208,7 +111,7 @@ class Guard:
 
     def _load(self, unit: int) -> Signed | None:
         share = self.units[unit][0]
-        return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e[0]] for e in share},
+        return load_unit(self.out, unit, self.fingerprint, self.shingling, {self.reading.files[e.file] for e in share},
                          len(self.sets))
 
     def _decide(self, units: list[Signed], first: int) -> Verdicts:

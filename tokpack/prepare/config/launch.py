@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..distributed import launched_world
-from ..options import option
+from ...distributed import launched_world
+from ...options import option
 
 # More tasks than this is a typo, not a run: each is a process or a scheduler's job.
 MAX_TASKS = 1 << 16

@@ -9,27 +9,109 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
-import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..cli import error_line
-from ..chat import ChatRenderer, Nanochat, Renderer
-from ..corpus import ReadOptions, documents, is_jsonl, is_parquet, is_records, is_single_document
-from ..dedup.minhash import WORD_RULE
-from ..dedup.ngrams import NgramIndex
-from ..format import InputsInfo
-from ..inputs import resolve_groups
-from ..options import default_of
-from ..storage import InputFile, is_url, redact
-from ..tokenizer import Encoder, load_encoding, token_dtype
-from . import guard, holdout, launch, signatures, units
-from .cluster import share_of
-from .config import Plan, PrepareConfig
-from .folder import check_out_dir
+import numpy as np
+
+from ...chat import ChatRenderer, Nanochat, Renderer
+from ...cli import error_line
+from ...corpus import ReadOptions, documents, is_jsonl, is_parquet, is_records, is_single_document
+from ...dedup.minhash import WORD_RULE
+from ...dedup.ngrams import NgramIndex
+from ...format import InputsInfo
+from ...inputs import resolve_groups
+from ...options import default_of
+from ...storage import InputFile, is_url, redact
+from ...tokenizer import Encoder, load_encoding, token_dtype
+from ..config import GuardOptions, PrepareConfig
+from ..config import launch
+from . import holdout
+from .holdout import Holdout
 from .mixture import Mixture
+from .shares import Share, share_of
+
+
+class GuardRules(NamedTuple):
+    """What the guard stage is given (``--near-split``, ``--dedup``, ``--decontaminate``): its
+    options, the evaluation sets' n-grams (None without ``--decontaminate``) and their names as
+    reports name them, each input file's name and the input it was given in, and the count of
+    inputs given (meta.json counts dropped documents by input)."""
+
+    options: GuardOptions
+    index: NgramIndex | None
+    sets: list[str]
+    files: list[str]
+    groups: list[int]
+    inputs: int
+
+
+class Read(NamedTuple):
+    """One read of a unit's input: its ``shares`` in input order, every document into ``split``,
+    or (None) each where its hash sends it. The guard signs, and the tokenize stage writes, a
+    unit's documents read by the same list, each numbered by its place in its read."""
+
+    split: str | None
+    shares: list[Share]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Plan:
+    """A run's decisions, made once in ``prepare()`` and handed to every stage."""
+
+    config: PrepareConfig
+    enc: Encoder  # on the backend the run encodes with
+    dtype: np.dtype
+    eot: str  # append, prepend or none: "auto" resolved
+    single: bool  # one document, cut by position rather than split by hash
+    files: tuple[Path, ...]
+    sizes: dict[Path, int]
+    inputs: InputsInfo  # meta.json's description of the inputs
+    out: Path
+    sharded: bool  # units publish their shards as they finish, with records a rerun keeps
+    units: int
+    fingerprint: str  # of the inputs and every option that changes the output
+    workers: int
+    started: float
+    holdout: Holdout  # the val rule
+    read: ReadOptions
+    chat: ChatRenderer | None = None  # how conversations are rendered (--chat), or None for text
+    mixture: Mixture | None = None  # the order conversations are written in (--mixture), or None: input order
+    guard: GuardRules | None = None  # documents moved or dropped (--near-split, --dedup, --decontaminate)
+
+    def encoding_threads(self) -> tuple[int, int]:
+        """(threads, batches in flight) of the encoding pipeline, batches of ``piece_chars``. An
+        encoder that threads itself gets batches from two threads: while one batch's last documents
+        keep a few of its threads busy, the other batch fills the rest (from one thread, that tail
+        left cores idle: tokenizers' path ran 8 % slower); larger batches held more text at no
+        gain. Any other runs in ``workers`` threads, two batches in flight each."""
+        return (2, 2) if self.enc.parallel else (self.workers, 2 * self.workers)
+
+    def share(self, unit: int) -> list[Share]:
+        """Unit ``unit``'s share of the input."""
+        return share_of(self.files, self.sizes, unit, self.units)
+
+    def reads(self, unit: int) -> list[Read]:
+        """The reads of unit ``unit``: all its input at once, or, by file, the val inputs'
+        documents into val and the others into train (``--val-inputs``), each in input order.
+        Every unit has as many: the run's number of read ``i`` of unit ``u`` is ``u * len + i``."""
+        share = self.share(unit)
+        if self.holdout.kind != "inputs":
+            return [Read(None, share)]
+        val = self.holdout.files
+        return [Read("val", [e for e in share if e.file in val]), Read("train", [e for e in share if e.file not in val])]
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """A digest of ``settings``: a unit's record, and its signatures, are this run's where it matches."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+
 
 SAMPLE_CORPUS = Path("data/sample-corpus")
 
@@ -86,11 +168,6 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     enc = load_encoding(config.encoding, config.eot_token, config.special_text, eot == "prepend")
     dtype = token_dtype(enc, config.dtype)
     out = Path(config.out_dir or ("data/sample" if not config.inputs else f"data/{files[0].name.split('.')[0]}"))
-    # Fail fast, before the corpus is read; checked again once the folder is locked (an independent
-    # task first looks whether its run is finished already: then there is nothing to refuse).
-    if not independent:
-        check_out_dir(out, config.force, files, input_folders(config),
-                      ours=units.recorded_files(out) if out.is_dir() else set())
     sizes = {p: p.size() for p in files}
     total = sum(sizes.values())
     if world > max(total, 1):  # a unit is a byte range of the input: more than one a byte leaves some empty
@@ -111,20 +188,20 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     inputs = _describe_inputs(groups, sizes)
     enc, chat = _renderer(config, enc)
     # A rendering's own facts (a template's sha256, whatever file it came from) decide a unit's bytes too.
-    fingerprint = units.fingerprint({"options": config.output_options(), "units": count, "eot": eot,
-                                     "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
-                                     **({"chat": chat.describe()} if chat is not None else {})})
+    digest = fingerprint({"options": config.output_options(), "units": count, "eot": eot,
+                          "inputs": inputs["listing_sha256"], "val_files": sorted(map(str, val_files)),
+                          **({"chat": chat.describe()} if chat is not None else {})})
     plan = Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
-                sharded=sharded, units=count, fingerprint=fingerprint, workers=_workers(config.workers),
+                sharded=sharded, units=count, fingerprint=digest, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
                 chat=chat, mixture=Mixture.of(config.mixture, groups, config.seed))
     return _guarded(plan, groups) if config.guard.active else plan
 
 
 def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
-    """The plan with its guard: the evaluation sets' n-grams read now; the units' documents are
-    signed and matched once the folder is ready, by the tasks that run them."""
+    """The plan with its guard's rules: the evaluation sets' n-grams read now; the units' documents
+    are signed and matched once the folder is ready, by the tasks that run them."""
     options = plan.config.guard
     if plan.single and options.decontaminate:
         raise ValueError(f"--decontaminate removes train documents, and {plan.files[0]} is one document; pass "
@@ -134,20 +211,15 @@ def _guarded(plan: Plan, groups: list[tuple[str, list[InputFile]]]) -> Plan:
     index = evaluation_index(options, plan.config.errors, plan.config.storage_options) if options.decontaminate else None
     # The evaluation sets' contents, and the rule that reads words, decide which documents are
     # dropped: a rerun with other sets, or by another rule, redoes the units.
-    fingerprint = units.fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None,
-                                     "words": WORD_RULE})
-    reading = signatures.Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
-                                 {f: i for i, f in enumerate(plan.files)})
-    shares = [share_of(plan.files, plan.sizes, unit, plan.units) for unit in range(plan.units)]
+    digest = fingerprint({"run": plan.fingerprint, "evaluation_sets": index.digest() if index else None,
+                          "words": WORD_RULE})
     group = {f: i for i, (_, found) in enumerate(groups) for f in found}
-    run = guard.Guard(options, plan.out, fingerprint, [(share, units.reads(plan, share)) for share in shares], reading,
-                      plan.workers, index, list(map(redact, options.decontaminate)),
-                      [redact(str(f)) for f in plan.files],
-                      [group[f] for f in plan.files], len(groups))
-    return dataclasses.replace(plan, guard=run, fingerprint=fingerprint)
+    rules = GuardRules(options, index, list(map(redact, options.decontaminate)), [redact(str(f)) for f in plan.files],
+                       [group[f] for f in plan.files], len(groups))
+    return dataclasses.replace(plan, guard=rules, fingerprint=digest)
 
 
-def evaluation_index(options: guard.GuardOptions, errors: str, storage_options: dict[str, Any] | None) -> NgramIndex:
+def evaluation_index(options: GuardOptions, errors: str, storage_options: dict[str, Any] | None) -> NgramIndex:
     """The n-grams of ``--decontaminate``'s files: a text file's lines, a record's text field."""
     sets = []
     for given in options.decontaminate:
@@ -188,8 +260,8 @@ def _renderer(config: PrepareConfig, enc: Encoder) -> tuple[Encoder, ChatRendere
         return enc, Nanochat(enc.specials, config.max_tokens)
     if config.chat != Renderer.TEMPLATE:
         return enc, None
-    from ..chat.template import Template  # jinja2 only where a template is used
-    from ..tokenizer.templates import read_template
+    from ...chat.template import Template
+    from ...tokenizer.templates import read_template
 
     if config.chat_template is not None:
         source, origin = read_template(Path(config.chat_template)), config.chat_template
@@ -248,7 +320,7 @@ def _workers(asked: int) -> int:
 
 
 def _holdout(config: PrepareConfig, files: tuple[InputFile, ...], val_files: list[InputFile], enc: Encoder,
-             eot: str) -> holdout.Holdout:
+             eot: str) -> Holdout:
     if config.val_inputs:
         return holdout.by_inputs(val_files, config.val_inputs)
     if config.val_tokens:

@@ -27,13 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..format import (DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME,
-                      UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta)
-from ..storage import Missing, is_url
-from ..storage.folder import Folder, as_folder
-from . import units
-from .config import Plan, PrepareConfig
-from .writers import json_bytes
+from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta
+from ...storage import Missing, is_url
+from ...storage.folder import Folder, as_folder
+from ...storage.local import json_bytes
+from ..config import PrepareConfig
+from ..plan import Plan
+from . import ledger
 
 _OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK_NAME)}|{UNIT_RECORD_NAME.pattern}|"
                   rf"{UNIT_INDEX_NAME.pattern}|{PROBE_NAME.pattern}")
@@ -147,10 +147,10 @@ class Publisher:
     def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
         """The unit's uploaded record if it is this run's, its input unchanged and its files there
         at their sizes; its index part is fetched into the spool for the merge."""
-        record = units.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
+        record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
         if record is None:
             return None
-        for entry in units.record_files(record):  # type: ignore[arg-type]
+        for entry in ledger.record_files(record):  # type: ignore[arg-type]
             try:
                 if self.folder.size(entry["file"]) != entry["bytes"]:
                     return None
@@ -162,7 +162,7 @@ class Publisher:
 
     def upload(self, plan: Plan, record: UnitRecord) -> None:
         """A finished unit's files, then its record; its shards then leave the spool."""
-        for entry in units.record_files(record):  # type: ignore[arg-type]
+        for entry in ledger.record_files(record):  # type: ignore[arg-type]
             local = plan.out / entry["file"]
             self.folder.put(local, entry["file"])
             if not entry["file"].startswith("."):  # a shard; the index parts stay for the merge
@@ -170,11 +170,13 @@ class Publisher:
         name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
         self.folder.put(plan.out / name, name)
 
-    def keep(self, plan: Plan, record: UnitRecord) -> None:
-        """A finished unit uploaded while the next one is tokenized (two units' shards in the spool
-        at most)."""
+    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
+        """A finished unit kept in the spool, then uploaded while the next one is tokenized (two
+        units' shards in the spool at most)."""
+        kept = ledger.keep(plan, record)
         self.done()
-        self._uploading = self._uploader.submit(self.upload, plan, record)
+        self._uploading = self._uploader.submit(self.upload, plan, kept)
+        return kept
 
     def done(self) -> None:
         """The last unit given to ``keep`` uploaded."""

@@ -37,10 +37,9 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..dedup.clusters import components, lookup, pairs_of, similar
-from ..format import MATCH, PAIRS, load_json
-from ..storage.local import claimed, open_new, remove_own, tmp_path
-from .writers import write_json_atomic
+from ...dedup.clusters import components, lookup, pairs_of, similar
+from ...format import MATCH, PAIRS, load_json
+from ...storage.local import claimed, open_new, remove_own, tmp_path, write_json_atomic
 
 ENTRY = np.dtype([("hash", "<u8"), ("doc", "<i8"), ("band", "<u2")])
 PARTS = 16  # parts of each kind: the most tasks that can share a match

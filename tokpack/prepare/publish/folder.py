@@ -25,16 +25,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME,
-                      SPLITS, every_file, read_meta)
-from ..format.megatron import write_index
-from ..storage.local import LocalFolder, remove_own
-from ..storage import InputFile
-from ..verify import VerifyError, verify_folder
-from . import signatures, units
-from .config import Plan
-from .mixture import mix, staging_writers
-from .writers import HashingWriter, SplitWriter, remove_temporaries, write_json_atomic
+from ...format import BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS, every_file, read_meta
+from ...format.megatron import write_index
+from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_json_atomic
+from ...storage import InputFile
+from ...verify import VerifyError, verify_folder
+from .. import tokenize
+from ..guard import signatures
+from ..plan import Plan
+from ..tokenize.chats import mix, staging_writers
+from ..tokenize.writers import HashingWriter, SplitWriter, remove_temporaries
+from . import ledger
 
 # Files other tools write into a data folder; never overwritten without --force.
 TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
@@ -45,8 +46,9 @@ class OutputFolder:
 
     Created with any missing parents, and locked for the whole run (an advisory ``flock`` on
     ``.tokpack.lock``, released by the kernel if the run is killed, so a stale lock never
-    blocks); a second run into it fails at once naming the holder. Temporary files that killed
-    runs left behind are removed. If the run fails, every folder it created is removed again.
+    blocks); a second run into it fails at once naming the holder. What a run killed after its
+    meta.json left behind, and temporary files that killed runs left, are removed. If the run
+    fails, every folder it created is removed again.
     """
 
     def __init__(self, path: Path, clean: bool = True):
@@ -62,6 +64,7 @@ class OutputFolder:
             raise ValueError(f"cannot create output folder {self.path} ({exc.strerror}); "
                              "choose a writable --out-dir") from None
         self.created = missing  # deepest first
+        remove_leftovers(self.path)  # of a run killed after its meta.json: they would hold the folder back
         try:
             self._acquire()
         except BaseException:
@@ -223,7 +226,7 @@ def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], 
         renames += merged_indexes(out, meta, parts)
     publish(out, meta, renames)
     if merge:
-        units.clear(out)
+        ledger.clear(out)
     else:  # the units' files are the caller's to remove (a --processes run joined them)
         signatures.clear(out)
 
@@ -300,10 +303,10 @@ def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any
                 for kind, count in part["chat"]["sources"][split]:  # checked with the record
                     kinds[split].extend(array.array("I", [kind]) * count)
                 _stage(folder, part["splits"][split], writer, plan.dtype)
-        writers = units.open_writers(flat, 0)
+        writers = tokenize.open_writers(flat, 0)
         assert plan.mixture is not None
         report = mix(plan.mixture, plan.dtype, staged, kinds, writers)
-        splits = {split: units.closed(flat, writer) for split, writer in writers.items()}
+        splits = {split: tokenize.closed(flat, writer) for split, writer in writers.items()}
     except BaseException:
         for writer in writers.values():
             writer.discard()

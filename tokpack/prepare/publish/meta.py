@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..corpus import is_parquet, parquet_row_groups
-from ..format import FORMAT_VERSION, GUARD_REPORT, SPLITS, FileEntry, Meta, SplitInfo, UnitRecord
-from ..version import __version__
-from . import holdout
-from .chats import CHAT_COUNTS
-from .config import Plan
-from .guard import Verdicts
-from .writers import HashingWriter
+from ...corpus import is_parquet, parquet_row_groups
+from ...format import FORMAT_VERSION, GUARD_REPORT, SPLITS, FileEntry, Meta, SplitInfo, UnitRecord
+from ...version import __version__
+from ..guard import Verdicts
+from ..plan import Plan
+from ..plan.holdout import Holdout
+from ..tokenize.chats import CHAT_COUNTS
+from ..tokenize.writers import HashingWriter
 
 
 def meta_of(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None) -> Meta:
@@ -99,7 +99,7 @@ def _with_row_groups(plan: Plan, splits: dict[str, SplitInfo]) -> dict[str, Spli
     return splits
 
 
-def _combined(parts: list[UnitRecord], rule: holdout.Holdout, guard: Verdicts | None) -> dict[str, SplitInfo]:
+def _combined(parts: list[UnitRecord], rule: Holdout, guard: Verdicts | None) -> dict[str, SplitInfo]:
     """meta.json's splits from every unit's part, in input order (the index comes at publishing);
     a split left empty is refused, naming what emptied it."""
     splits = {}

@@ -15,14 +15,14 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..corpus import is_parquet
-from ..storage import InputFile, read_buffer_bytes
-from .cluster import Entry
+from ...corpus import is_parquet
+from ...storage import InputFile, read_buffer_bytes
+from .shares import Share
 
 _BLOCK = 1 << 20
 
 
-def input_sha256(share: list[Entry], stop: threading.Event | None = None) -> str:
+def input_sha256(share: list[Share], stop: threading.Event | None = None) -> str:
     """sha256 of the input bytes a unit's documents come from: whole files, or a jsonl range from
     the byte before ``lo`` (which decides where the first line starts) to the end of the last line
     starting before ``hi``. A read, not a tokenization: a rerun re-reads it to prove a kept unit's
@@ -74,15 +74,15 @@ class InputTap:
     share again, so the digest is always ``input_sha256(share)``'s.
     """
 
-    def __init__(self, share: list[Entry]):
+    def __init__(self, share: list[Share]):
         self.entries = share
-        self.share: list[Entry] = [(_TappedFile(f, i, self), lo, hi) for i, (f, lo, hi) in enumerate(share)]
+        self.share: list[Share] = [Share(_TappedFile(f, i, self), lo, hi) for i, (f, lo, hi) in enumerate(share)]
         self.digest = hashlib.sha256()
         self.next = 0  # the file the reader should open next
         self.broken = False
 
     @staticmethod
-    def fits(share: list[Entry]) -> bool:
+    def fits(share: list[Share]) -> bool:
         return all(lo == 0 and hi is None and f.pin() is None and not is_parquet(f) for f, lo, hi in share)
 
     def opened(self, index: int) -> bool:

@@ -1,12 +1,9 @@
-"""The processes of a prepare run, one or torchrun's, joined by a gloo process group, and the
-parts of the input they share out.
+"""The processes of a prepare run under torchrun, joined by a gloo process group: each rank takes a
+contiguous range of the run's units.
 
     torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0 --master-addr=HOST -m tokpack.prepare corpus/ --out-dir D
 
-The input is cut into units, consecutive byte ranges in input order (files whole, uncompressed
-``.jsonl`` cut at line starts); under torchrun (``WORLD_SIZE`` > 1) each rank takes a contiguous
-range of them. What the ranks exchange is small (counts, hashes, file names, error lines), so
-gloo is enough.
+What the ranks exchange is small (counts, hashes, file names, error lines), so gloo is enough.
 
 See docs/cluster.md.
 """
@@ -17,10 +14,9 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..cli import USER_ERRORS, error_line
-from ..corpus import COMPRESSED, is_jsonl
-from ..distributed import Distributed
-from ..storage import InputFile
+from ...cli import USER_ERRORS, error_line
+from ...distributed import Distributed
+from ...storage import InputFile
 
 
 class Ranks:
@@ -89,33 +85,3 @@ def _first_difference(reference: list[tuple[str, int, int]], other: list[tuple[s
         if mtime != mtime2:
             return f"{name} was modified at another time"
     return f"{len(reference)} input files on rank 0, {len(other)} there"
-
-
-# A file of a unit's share: whole (0, None), or of a jsonl file the lines starting in [lo, hi).
-Entry = tuple[InputFile, int, "int | None"]
-
-
-def share_of(files: Sequence[InputFile], sizes: dict[InputFile, int], index: int, count: int) -> list[Entry]:
-    """Part ``index`` of ``count`` of the inputs as (file, lo, hi): the documents of the file whose
-    first byte lies in [lo, hi), hi None for the rest of it. Parts are consecutive byte ranges of
-    the inputs laid end to end; a file that cannot be cut goes to the part owning its first byte."""
-    total = sum(sizes[f] for f in files)
-    lo, hi = index * total // count, (index + 1) * total // count
-    last = index == count - 1
-    out: list[Entry] = []
-    start = 0
-    for f in files:
-        end = start + sizes[f]
-        if count > 1 and splittable(f) and sizes[f]:
-            a, b = max(lo, start), min(hi, end)
-            if a < b:
-                out.append((f, a - start, b - start))
-        elif lo <= start < hi or (last and start >= hi):
-            out.append((f, 0, None))
-        start = end
-    return out
-
-
-def splittable(path: InputFile) -> bool:
-    """Whether a file can be cut at a byte offset: uncompressed jsonl, at line starts."""
-    return is_jsonl(path) and path.suffix not in COMPRESSED

@@ -14,7 +14,6 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
-import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,10 +24,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..format import (BIN_NAME, IDX_NAME, MASK_DTYPE, MASK_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS,
-                      SPLITS, TMP_SUFFIX)
-from ..storage.local import open_new, remove_own, replacing, tmp_path
-from .holdout import document_hash, document_key
+from ...format import BIN_NAME, IDX_NAME, MASK_DTYPE, MASK_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, SPLITS, TMP_SUFFIX
+from ...storage.local import open_new, remove_own, tmp_path
+from ..plan.holdout import document_hash, document_key
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
@@ -520,15 +518,3 @@ class DocumentBuffer:
             _close_quietly(self._spill)
             self._spill = None
             remove_own(self.spill_path)
-
-
-def json_bytes(obj: Any) -> bytes:
-    """meta.json's and a record's bytes: one spelling, so a published folder is the local one."""
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    with replacing(path) as f:
-        f.write(json_bytes(obj))
-        f.flush()
-        os.fsync(f.fileno())

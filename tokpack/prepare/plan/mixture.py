@@ -17,19 +17,14 @@ See docs/chat.md.
 
 from __future__ import annotations
 
-import array
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..format import MASK_DTYPE
-from ..storage import InputFile
-from .writers import SplitWriter, split_writers
+from ...storage import InputFile
 
-UNMIXED = "{split}.unmixed"  # the name the rendered conversations are held at, temporary
 # The order is held in memory, an entry a (conversation, epoch) shuffled as a list, as TaskMixture
 # holds it (about 40 bytes each): a count of epochs past any mixture's (nanochat's repeat a task a
 # few times) would only grow it without writing anything for minutes.
@@ -79,51 +74,3 @@ class Mixture:
         places = list(range(len(listed)))
         random.Random(self.seed).shuffle(places)  # a shuffle moves places alone: its contents never count
         return listed[np.array(places, dtype=np.int64)]
-
-
-def staging_writers(out: Path, dtype: np.dtype, eot_token: int) -> dict[str, SplitWriter]:
-    """A writer a split in ``out`` for the conversations before they are mixed, at temporary names
-    only."""
-    def staged(split: str) -> SplitWriter:
-        held = UNMIXED.format(split=split)
-        return SplitWriter(out, split, dtype, "none", eot_token, None, f"{held}.idx", f"{held}.bin", masked=True,
-                           mask_name=f"{held}.mask")
-
-    return split_writers(staged)
-
-
-def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A closed staging writer's tokens and mask (mapped) and its conversations' starts and ends."""
-    if not writer.tokens:
-        empty = np.zeros(0, np.int64)
-        return np.zeros(0, dtype), np.zeros(0, MASK_DTYPE), np.stack([empty, empty])
-    tokens = np.memmap(writer.bin.tmp, dtype=dtype, mode="r")  # type: ignore[union-attr]
-    mask = np.memmap(writer.mask.tmp, dtype=MASK_DTYPE, mode="r")  # type: ignore[union-attr]
-    starts = np.fromfile(writer.idx.tmp, dtype="<u8").astype(np.int64)
-    return tokens, mask, np.stack([starts, np.append(starts[1:], len(tokens))])
-
-
-def mix(mixture: Mixture, dtype: np.dtype, staged: dict[str, SplitWriter], kinds: dict[str, array.array],
-        writers: dict[str, SplitWriter]) -> dict[str, Any]:
-    """Each split's staged conversations (tokens of ``dtype``) into its writer in mixture order;
-    meta.json's report: each input's epochs and, split by split, its conversations, tokens and
-    supervised tokens written, and its share of the supervised tokens."""
-    report: dict[str, Any] = {"seed": mixture.seed, "inputs": [{"input": n, "epochs": e} for n, e in
-                                                                 zip(mixture.names, mixture.epochs)]}
-    for split, held in staged.items():
-        held.close()
-        tokens, mask, (starts, ends) = _read(held, dtype)
-        source = np.frombuffer(kinds[split], dtype=np.uint32) if len(kinds[split]) else np.zeros(0, np.uint32)
-        tally = np.zeros((len(mixture.names), 3), dtype=np.int64)  # conversations, tokens, supervised
-        out = writers[split]
-        for doc in mixture.order(source):
-            a, b = starts[doc], ends[doc]
-            out.start_document(int(b - a))
-            out.write(tokens[a:b], mask[a:b])
-            out.end_document()
-            tally[source[doc]] += (1, b - a, np.count_nonzero(mask[a:b]))
-        total = max(1, int(tally[:, 2].sum()))
-        for entry, (conversations, count, supervised) in zip(report["inputs"], tally.tolist()):
-            entry[split] = {"conversations": conversations, "tokens": count, "supervised": supervised,
-                            "supervised_share": round(supervised / total, 6)}
-    return report

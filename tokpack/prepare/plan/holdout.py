@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..corpus import ReadOptions, count_chars, documents
-from ..storage import InputFile
-from ..tokenizer import Encoder
+from ...corpus import ReadOptions, count_chars, documents
+from ...storage import InputFile
+from ...tokenizer import Encoder
 
 
 class Rule(enum.StrEnum):

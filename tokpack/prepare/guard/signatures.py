@@ -33,18 +33,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..chat import messages, tools
-from ..corpus import ReadOptions, documents, parse_record, records
-from ..dedup.minhash import Shingling, sign, words
-from ..dedup.ngrams import NgramIndex
-from ..format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
-from ..storage.local import open_new, remove_own, tmp_path
-from ..tokenizer import encoded_batches
+from ...chat import messages, tools
+from ...corpus import ReadOptions, documents, parse_record, records
+from ...dedup.minhash import Shingling, sign, words
+from ...dedup.ngrams import NgramIndex
+from ...format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
+from ...storage.local import open_new, remove_own, tmp_path, write_json_atomic
+from ...tokenizer import encoded_batches
 from . import match
-from .cluster import Entry
-from .holdout import Holdout, Rule, conversation_hash, document_hash, document_key, hash_small
-from .input_hash import input_sha256
-from .writers import write_json_atomic
+from ..plan.shares import Share
+from ..plan.holdout import Holdout, Rule, conversation_hash, document_hash, document_key, hash_small
+from ..plan.input_hash import input_sha256
 
 DOC = np.dtype([("hash", "<u8"), ("number", "<i8"), ("file", "<i4"), ("read", "u1"), ("val", "u1")])
 HIT = np.dtype([("doc", "<i8"), ("set", "<u2")])
@@ -77,7 +76,7 @@ class Signed(NamedTuple):
     digest: str  # of its record, which hashes every file above
 
 
-def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, str, bytes | None, int]]:
+def documents_of(reading: Reading, entries: list[Share]) -> Iterator[tuple[int, str, bytes | None, int]]:
     """(number, text, split hash, file) of each document of one read, numbered as the unit
     numbers them: text, its non-empty documents; conversations, every record (a record that is
     not a conversation gives no document, and its number is skipped, as the unit skips it). A
@@ -85,7 +84,7 @@ def documents_of(reading: Reading, entries: list[Entry]) -> Iterator[tuple[int, 
     key = document_key(reading.seed)
     number = 0
     for entry in entries:
-        file = reading.files[entry[0]]
+        file = reading.files[entry.file]
         if reading.chat:
             for where, value in records([entry]):
                 try:
@@ -113,7 +112,7 @@ def _words_of(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | None, list[Entry]]],
+def sign_unit(out: Path, unit: int, share: list[Share], reads: list[tuple[str | None, list[Share]]],
               reading: Reading, shingling: Shingling | None, index: NgramIndex | None, workers: int,
               fingerprint: str) -> None:
     """Sign the documents of ``unit`` (its input ``share``, read as ``reads``) into its files in
@@ -139,7 +138,7 @@ def sign_unit(out: Path, unit: int, share: list[Entry], reads: list[tuple[str | 
         write_json_atomic(out / SIGN.format(unit, "json"), record)
 
 
-def _sign_reads(reads: list[tuple[str | None, list[Entry]]], reading: Reading, shingling: Shingling | None,
+def _sign_reads(reads: list[tuple[str | None, list[Share]]], reading: Reading, shingling: Shingling | None,
                 index: NgramIndex | None, workers: int, parts: dict[str, Any]) -> list[int]:
     """Each read's documents signed in ``workers`` threads, in batches, written in order; how many
     numbers each read gave out."""
