@@ -81,6 +81,12 @@ def test_shards_follow_one_processs_units_even_when_fewer_than_the_processes(cor
     code, err = cli_run(main, capsys, corpus, "--out-dir", out, "--quiet", "--format", "llmc", "--processes", "2")
     assert code == 0 and "only 1 of --processes 2 have work; pass --unit-mb" in err, err
     assert _files(out) == _files(one)
+    from tokpack.prepare import LaunchOptions, PrepareConfig, prepare
+
+    with pytest.warns(UserWarning, match="only 1 of --processes 2 have work"):
+        stats = prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp_path / "api" / "data"), quiet=True,
+                                      format="llmc", launch=LaunchOptions(processes=2)))["stats"]
+    assert stats["processes"] == 1 and _files(tmp_path / "api" / "data") == _files(one)  # the other never ran
 
 
 @pytest.mark.parametrize("options,masks", [((), {"train.mask", "val.mask"}),

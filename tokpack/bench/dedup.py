@@ -289,13 +289,14 @@ def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...] = (1, 4, 16)) 
     from ..prepare.guard.match import Kind, PARTS
 
     figures = {}
+    unit_mb = corpus.stat().st_size / 1e6 / max(counts)  # as many units as the most tasks
     for n in counts:
         out = tmp / f"shared-{n}"
         out.mkdir()
         code = ("import sys; from tokpack.bench.dedup import _guard; from tokpack.prepare import LaunchOptions, "
                 "PrepareConfig; from tokpack.prepare.plan import make_plan; from tokpack.prepare.tasks import units_of; "
                 f"n, task = {n}, int(sys.argv[1]); config = PrepareConfig(inputs=({str(corpus)!r},), "
-                f"out_dir={str(out)!r}, quiet=True, unit_mb=0.25, workers=1, "
+                f"out_dir={str(out)!r}, quiet=True, unit_mb={unit_mb}, workers=1, "
                 "launch=LaunchOptions(tasks=n, task=task), guard=_guard(near_split=True, dedup='near')); "
                 "plan = make_plan(config, n, 0.0, independent=True); import time; cpu = time.process_time(); "
                 "from tokpack.prepare import guard; guard.stage(plan, units_of(plan, task, n).start); "

@@ -208,7 +208,7 @@ class UnitRecord(TypedDict):
     unit: NotRequired[int]
     input_sha256: str
     splits: dict[str, UnitPart]
-    chat: NotRequired[dict[str, int]]  # of conversations: how many were written, skipped and cut
+    chat: NotRequired[dict[str, Any]]  # of conversations: how many were written, skipped and cut (a mixture's report)
 
 
 def token_offset(meta: Meta) -> int:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from ..format import UNIT_RECORD, Meta, UnitRecord, every_file
 from ..storage import is_url, redact
 from . import guard, tasks
 from .config import Launch, PrepareConfig
-from .executors import Here, TaskLost, choose
+from .executors import Ready, TaskLost, choose
 from .executors.torchrun import Ranks
 from .guard import Verdicts
 from .memory import children_peak_rss_mb, peak_rss_mb
@@ -116,7 +116,9 @@ def _prepare_processes(config: PrepareConfig, started: float) -> tuple[Meta, Pla
     with contextlib.ExitStack() as held:
         try:
             choose(config).run(config, config.launch.processes, lambda: run.ready(held), run.tick)
-            return run.finish(), run.plan
+            meta = run.finish()
+            assert run.plan is not None
+            return meta, run.plan
         except BaseException as exc:
             run.failed(exc)
             raise
@@ -134,9 +136,10 @@ class _ProcessesRun:
         self.shares: list[int] = []
         self.verdicts: Verdicts | None = None  # the guard's, where a task ran here
 
-    def ready(self, held: contextlib.ExitStack) -> Here:
+    def ready(self, held: contextlib.ExitStack) -> Ready:
         """The plan, the folder locked (``held`` until the run ends) and cleared, and the whole
-        input's hash under way for a flat run; a task of the run may then run here (``here``)."""
+        input's hash under way for a flat run; a task of the run may then run here (``here``), and
+        as many as have work run."""
         plan = self.plan = processes_plan(self.config, self.started)
         held.enter_context(OutputFolder(plan.out))
         tasks.ready(plan)
@@ -147,15 +150,15 @@ class _ProcessesRun:
                        for unit in range(plan.units)]
         self.bar = held.enter_context(tqdm(total=sum(self.shares), unit="B", unit_scale=True, file=sys.stderr,
                                            disable=self.config.quiet or None,
-                                           desc=f"tokpack.prepare ({self.config.launch.processes} processes)"))
-        return self.here
+                                           desc=f"tokpack.prepare ({tasks.started(plan)} processes)"))
+        return Ready(self.here, tasks.started(plan))
 
     def here(self, task: int, workers: int) -> None:
         """Task ``task`` in this process, on the run's plan, as quiet as a task's own process."""
         assert self.plan is not None
         config = dataclasses.replace(self.plan.config, workers=workers, quiet=True)
         _, self.verdicts = tasks.work(dataclasses.replace(self.plan, config=config, workers=workers),
-                                      tasks.units_of(self.plan, task, self.config.launch.processes))
+                                      tasks.units_of(self.plan, task, tasks.started(self.plan)))
 
     def tick(self) -> None:
         """The bar at the input bytes of the units recorded, read from the records' names alone."""
@@ -200,6 +203,7 @@ class _ProcessesRun:
 
 def _processes_result(meta: Meta, plan: Plan, started: float) -> dict[str, Any]:
     result = _result(meta, plan, started, True)
+    result["stats"]["processes"] = tasks.started(plan)
     if plan.config.launch.ray is None:  # Ray's workers are its own children, not this process's
         result["stats"]["task_peak_rss_mb"] = children_peak_rss_mb()
     return result
@@ -271,7 +275,7 @@ def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> Meta
             bar.update(folder.uploaded() - bar.n)
 
     with bar:
-        choose(config).run(config, config.launch.processes, lambda: None, tick)
+        choose(config).run(config, config.launch.processes, lambda: Ready(None, tasks.started(plan)), tick)
         folder.refresh()
         with OutputFolder(plan.out):
             parts = [folder.kept(plan, unit) for unit in range(plan.units)]
@@ -299,7 +303,7 @@ def _finish_units(plan: Plan, folder: Publisher, parts: list[UnitRecord], verdic
     return meta
 
 
-def _result(meta: dict[str, Any], plan: Plan, started: float, leader: bool) -> dict[str, Any]:
+def _result(meta: Mapping[str, Any], plan: Plan, started: float, leader: bool) -> dict[str, Any]:
     for split, info in meta["splits"].items():
         if info["tokens"] < SHORT_SPLIT:
             warnings.warn(f"the {split} split holds only {info['tokens']} tokens, shorter than most useful windows; "
@@ -329,7 +333,12 @@ def _run(plan: Plan, ranks: Ranks) -> Meta:
             every = {unit: part for parts in ranks.gather(done) for unit, part in parts.items()}
             parts = [every[unit] for unit in range(plan.units)]
             meta = meta_of(plan, parts, decided[0]) if ranks.leader else None
-            ranks.together(lambda: publish_parts(plan.out, meta, parts, merge=plan.sharded), leader_only=True)
+
+            def publish() -> None:  # on the leader, whose meta.json it is
+                assert meta is not None
+                publish_parts(plan.out, meta, parts, merge=plan.sharded)
+
+            ranks.together(publish, leader_only=True)
             meta = ranks.gather(meta)[0]
         except USER_ERRORS:
             remove_temporaries(plan.out)

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..format import UnitRecord, read_meta
+from ..format import Meta, UnitRecord, read_meta
 from ..storage import is_url
 from . import guard, tokenize
 from .config import PrepareConfig
@@ -37,7 +37,7 @@ from .publish.meta import meta_of
 from .publish.remote import Publisher, Spool, spooled
 
 
-def finished(plan: Plan) -> dict[str, Any] | None:
+def finished(plan: Plan) -> Meta | None:
     """meta.json of the folder if this very run wrote it (its options, inputs and units)."""
     try:
         meta = read_meta(plan.out)
@@ -67,7 +67,7 @@ def ready(plan: Plan, shared: bool = False) -> None:
         retire(out, keep=ledger.recorded_files(out))
 
 
-def run(plan: Plan, task: int, tasks: int, finalize: bool) -> dict[str, Any] | None:
+def run(plan: Plan, task: int, tasks: int, finalize: bool) -> Meta | None:
     """This task's units (task -1: none), then meta.json if every unit is done; the folder's
     meta.json, or None while units are missing (``finalize``: one line naming them)."""
     done = finished(plan)
@@ -92,7 +92,7 @@ def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lam
         return
     plan = quiet_plan(config)
     if cleared():
-        work(plan, units_of(plan, task, config.launch.processes))
+        work(plan, units_of(plan, task, started(plan)))
 
 
 def quiet_plan(config: PrepareConfig) -> Plan:
@@ -112,7 +112,12 @@ def publish_task(config: PrepareConfig, task: int) -> None:
     with Spool(config.spool_dir) as spool:
         plan = quiet_plan(spooled(config, spool, folder))
         with OutputFolder(plan.out):
-            work(plan, units_of(plan, task, config.launch.processes), folder)
+            work(plan, units_of(plan, task, started(plan)), folder)
+
+
+def started(plan: Plan) -> int:
+    """How many of a ``--processes`` run's tasks have work: one a unit at most."""
+    return min(plan.config.launch.processes, plan.units)
 
 
 def units_of(plan: Plan, task: int, tasks: int) -> range:
@@ -168,7 +173,7 @@ def work(plan: Plan, wanted: range, sink: Sink = LocalSink()) -> tuple[dict[int,
     return done, verdicts
 
 
-def _finalize(plan: Plan, explicit: bool) -> dict[str, Any] | None:
+def _finalize(plan: Plan, explicit: bool) -> Meta | None:
     if not explicit and not ledger.all_recorded(plan.out, plan.fingerprint, plan.units):
         return None
     with contextlib.ExitStack() as stack:

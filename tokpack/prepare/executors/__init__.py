@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Executor, Here, TaskLost
+from .base import Executor, Here, Ready, TaskLost
 
 if TYPE_CHECKING:
     from ..config import PrepareConfig
 
-__all__ = ["Executor", "Here", "TaskLost", "choose"]
+__all__ = ["Executor", "Here", "Ready", "TaskLost", "choose"]
 
 
 def choose(config: PrepareConfig) -> Executor:

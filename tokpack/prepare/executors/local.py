@@ -33,7 +33,7 @@ from ..config import PrepareConfig
 from ..config.launch import cores
 from ..memory import fix_mmap_threshold
 from ..tasks import run_task
-from .base import Here, TaskLost
+from .base import Ready, TaskLost
 
 POLL_S = 0.2  # how often the processes are looked at, and the caller ticked
 STOP_S = 10.0  # how long a stopped process may take to clean up before it is killed
@@ -43,29 +43,33 @@ Started = tuple[int, subprocess.Popen[bytes], IO[bytes]]  # a task, its process 
 
 
 class LocalProcesses:
-    """Every task at once on this machine: task 0 in the caller's own process where it offers one
-    (``ready``'s ``Here``), every other a process of its own."""
+    """Every task that has work at once on this machine: task 0 in the caller's own process where
+    it offers one (``ready``'s ``Here``), every other a process of its own."""
 
-    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Here | None],
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Ready],
             tick: Callable[[], None]) -> None:
         threads = _threads_each(config, tasks)
         # Rust thread pools (splintr's, tokenizers') too: N processes share the cores.
         env = {**os.environ, "RAYON_NUM_THREADS": str(threads)}
         started: list[Started] = []
+        idle: list[Started] = []  # started before the run knew they would have no work
         try:
             # Each starts and makes its plan while the caller readies the folder; task 0 waits to
             # run on the caller's plan, unless the caller cannot run a task itself.
             for task in range(1, tasks):
                 started.append(_start(config, task, threads, env))
-            here = ready()
+            here, tasks = ready()
+            started, idle = started[:tasks - 1], started[tasks - 1:]
+            for _, process, _ in idle:  # they end without writing anything
+                _go(process, False)
             if here is None:
                 started.insert(0, _start(config, 0, threads, env))
             for _, process, _ in started:
-                _go(process)
+                _go(process, True)
             _alongside(None if here is None else lambda: here(0, threads), started, tasks, tick)
         finally:
-            _stop([process for _, process, _ in started])
-            for _, _, log in started:
+            _stop([process for _, process, _ in started + idle])
+            for _, _, log in started + idle:
                 _forward_warnings(log)
                 log.close()
 
@@ -121,11 +125,12 @@ def _alongside(task: Callable[[], None] | None, started: list[Started], tasks: i
         raise failure[0]
 
 
-def _go(process: subprocess.Popen[bytes]) -> None:
-    """The folder is ready: the task may write (a task that already ended is reported by ``_wait``)."""
+def _go(process: subprocess.Popen[bytes], work: bool) -> None:
+    """The folder is ready: the task may write (a task that already ended is reported by
+    ``_wait``), or, without ``work``, it ends as it is."""
     assert process.stdin is not None
     try:
-        process.stdin.write(b"go\n")
+        process.stdin.write(b"go\n" if work else b"")
         process.stdin.close()
     except BrokenPipeError:
         pass

@@ -21,7 +21,7 @@ from typing import Any
 from ...cli import USER_ERRORS
 from ..config import PrepareConfig
 from ..tasks import run_task
-from .base import Here, TaskLost
+from .base import Ready, TaskLost
 
 RETRIES = 3  # runs of a task after its worker died, Ray's max_retries
 POLL_S = 0.2
@@ -35,7 +35,7 @@ class RayTasks:
     def __init__(self, address: str):
         self.address = address
 
-    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Here | None],
+    def run(self, config: PrepareConfig, tasks: int, ready: Callable[[], Ready],
             tick: Callable[[], None]) -> None:
         ray = _ray()
         _answers(self.address)
@@ -47,7 +47,7 @@ class RayTasks:
             loopback = {"_node_ip_address": "127.0.0.1"} if _host(self.address) in LOOPBACK else {}
             ray.init(address=self.address, log_to_driver=False, configure_logging=False, **loopback)
         try:
-            ready()  # every task on the cluster: its workers may not share this machine's disk
+            tasks = ready().tasks  # every task on the cluster: its workers may not share this machine's disk
             threads = config.workers or 1
             task = ray.remote(max_retries=RETRIES, retry_exceptions=False, num_cpus=threads)(run_task)
             asked = dataclasses.replace(config, workers=threads, quiet=True)

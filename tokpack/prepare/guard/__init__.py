@@ -34,12 +34,12 @@ import numpy as np
 from ...dedup.clusters import similar
 from ...dedup.minhash import Shingling
 from ...format import GUARD_REMOVED, SIGN, Removed
-from ...storage.local import claimed
+from ...storage.local import claimed, remove_own
 from ..config import Dedup, GuardOptions
 from ..memory import roomy_heap
 from ..plan import Plan
 from ..plan.holdout import Rule
-from .match import firsts, matched
+from .match import Stale, firsts, matched
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
 
@@ -74,16 +74,26 @@ class Guard:
         self.units = [(plan.share(unit), plan.reads(unit)) for unit in range(plan.units)]
         self.reading = Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
                                {f: i for i, f in enumerate(plan.files)})
-        self.index, self.sets, self.files, self.groups, self.inputs = (rules.index, rules.sets, rules.files,
+        self.index, self.sets, self.files, self.groups, self.inputs = (rules.ngrams, rules.sets, rules.files,
                                                                       rules.groups, rules.inputs)
 
     @property
     def shingling(self) -> Shingling | None:
         return self.options.shingling() if self.options.near else None
 
-    def run(self, first: int = 0) -> Verdicts:
+    def run(self, first: int = 0, again: bool = True) -> Verdicts:
         """Every unit signed (``first`` first, then those after it, so tasks of consecutive units
-        each start with their own), matched (from ``first``'s share of the parts on) and decided."""
+        each start with their own), matched (from ``first``'s share of the parts on) and decided;
+        a unit whose entries turn out not as signed is signed again (``again``: once)."""
+        try:
+            return self._run(first)
+        except Stale as stale:
+            if not again:
+                raise
+            remove_own(self.out / SIGN.format(stale.unit, "json"))
+            return self.run(first, again=False)
+
+    def _run(self, first: int) -> Verdicts:
         count = len(self.units)
         signed: dict[int, Signed] = {}
         with roomy_heap():

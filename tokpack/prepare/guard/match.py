@@ -13,15 +13,17 @@ a rerun, reads instead of matching it again. Copies are matched first, and a lat
 are passed over: its first copy's are the same, so a corpus of a line copied 500,000 times costs
 a pass over its text hashes, not 500,000 documents compared in every band.
 
-Within a part, its entries are routed to spill files by finer hash ranges (the hashes are
-uniform, so each file holds an even share; a file over 8 MB is routed again); then one file at a
-time is sorted, and in each bucket of equal hashes every document is compared with the bucket's
-first and with the one before it (``clusters.pairs_of``), a text hash's pair joined as a copy, a
-band's pair joined where enough of its fingerprints agree. In memory at once: one spill file's
-entries and the joined pairs (a few per duplicated document), never an array a document.
+Within a part, its entries are sorted in memory where they fit in one spill file (8 MB), else
+routed to spill files by finer hash ranges (the hashes are uniform, so each file holds an even
+share; a file over 8 MB is routed again) and one file at a time is sorted; in each bucket of
+equal hashes every document is compared with the bucket's first and with the one before it
+(``clusters.pairs_of``), a text hash's pair joined as a copy, a band's pair joined where enough of
+its fingerprints agree. In memory at once: one spill file's entries and the joined pairs (a few
+per duplicated document), never an array a document.
 
 Cost, for the run whatever its task count: O(documents x bands) written when signed and read
-once when matched, and as much again through the spill files; O(pairs) to join them into
+once when matched, and, for a part larger than a spill file, as much again through the spill
+files; O(pairs) to join them into
 clusters. Tasks that run at once share it; a task that comes later reads the parts' pairs.
 """
 
@@ -46,6 +48,15 @@ PARTS = 16  # parts of each kind: the most tasks that can share a match
 _SPILL_BYTES = 8 << 20  # a spill file matched at once; a larger one is routed again, by finer ranges
 _FANOUT = 64  # spill files a routing writes at once
 _ROWS = 1 << 12  # documents, or entries of a spill file, routed at a time
+
+
+class Stale(ValueError):
+    """A unit's part of the entries does not hash as signed (its file written but not on disk when
+    the machine stopped): the unit is signed again."""
+
+    def __init__(self, unit: int, path: Path):
+        super().__init__(f"{path} changed since it was signed; run the same command again")
+        self.unit = unit
 
 
 class Kind(enum.StrEnum):
@@ -165,7 +176,7 @@ def _entries(files: list[tuple[Path, str]], offsets: np.ndarray, skipped: np.nda
              part: Part) -> Iterator[np.ndarray]:
     """Each unit's entries of ``part``, a block at a time, its documents numbered as the run's;
     none of the documents ``skipped`` (ascending). An entry outside the part or its unit, or a
-    file that does not hash as signed, is refused."""
+    file that does not hash as signed, raises ``Stale``."""
     for unit, (path, sha256) in enumerate(files):
         digest = hashlib.sha256()
         for entries in _read(path):
@@ -173,15 +184,13 @@ def _entries(files: list[tuple[Path, str]], offsets: np.ndarray, skipped: np.nda
             cells = _cells(entries)
             if not ((entries["doc"] >= 0) & (entries["doc"] < offsets[unit + 1] - offsets[unit])
                     & (cells >= part.lo) & (cells < part.hi)).all():
-                raise ValueError(f"{path} holds entries outside its part of the match; remove the folder's "
-                                 ".tokpack-sign-* files and run the same command again")
+                raise Stale(unit, path)
             entries["doc"] += offsets[unit]
             if skipped is not None and len(skipped):
                 entries = entries[~lookup(skipped, entries["doc"])[1]]
             yield entries
         if digest.hexdigest() != sha256:
-            raise ValueError(f"{path} changed since it was signed; remove the folder's .tokpack-sign-* files and run "
-                             "the same command again")
+            raise Stale(unit, path)
 
 
 def _kept(folder: Path, part: Part, signed: str, count: int) -> np.ndarray | None:
@@ -225,8 +234,17 @@ def _keep(folder: Path, part: Part, signed: str, pairs: np.ndarray, first: int) 
 
 def _matched(folder: Path, blocks: Iterator[np.ndarray], part: Part, parts: float, count: int,
              joined: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """The pairs of documents that share a band's hash among ``part``'s entries, routed through
-    spill files (``_route``), those that ``joined`` keeps."""
+    """The pairs of documents that share a band's hash among ``part``'s entries (``parts``: their
+    size in spill files), those that ``joined`` keeps: sorted in memory where they fit in one
+    spill file, else routed through spill files (``_route``) and sorted one file at a time."""
+
+    def pairs(entries: np.ndarray) -> np.ndarray:
+        entries = entries[np.lexsort((entries["doc"], entries["hash"], entries["band"]))]
+        same = (entries["hash"][1:] == entries["hash"][:-1]) & (entries["band"][1:] == entries["band"][:-1])
+        return joined(pairs_of(entries["doc"], same, count))
+
+    if parts <= 1:
+        return np.unique(pairs(np.concatenate([np.empty(0, ENTRY), *blocks])))
     found = np.empty(0, np.int64)
     written: list[Path] = []
     try:
@@ -240,9 +258,7 @@ def _matched(folder: Path, blocks: Iterator[np.ndarray], part: Part, parts: floa
                 continue
             entries = np.concatenate([np.empty(0, ENTRY), *_read(path)])
             remove_own(path)
-            entries = entries[np.lexsort((entries["doc"], entries["hash"], entries["band"]))]
-            same = (entries["hash"][1:] == entries["hash"][:-1]) & (entries["band"][1:] == entries["band"][:-1])
-            found = np.union1d(found, joined(pairs_of(entries["doc"], same, count)))
+            found = np.union1d(found, pairs(entries))
     finally:
         for path in written:
             remove_own(path)

@@ -43,7 +43,7 @@ class GuardRules(NamedTuple):
     inputs given (meta.json counts dropped documents by input)."""
 
     options: GuardOptions
-    index: NgramIndex | None
+    ngrams: NgramIndex | None
     sets: list[str]
     files: list[str]
     groups: list[int]
@@ -68,8 +68,8 @@ class Plan:
     dtype: np.dtype
     eot: str  # append, prepend or none: "auto" resolved
     single: bool  # one document, cut by position rather than split by hash
-    files: tuple[Path, ...]
-    sizes: dict[Path, int]
+    files: tuple[InputFile, ...]
+    sizes: dict[InputFile, int]
     inputs: InputsInfo  # meta.json's description of the inputs
     out: Path
     sharded: bool  # units publish their shards as they finish, with records a rerun keeps
@@ -299,7 +299,7 @@ def _input_groups(config: PrepareConfig) -> tuple[list[tuple[str, list[InputFile
     return groups, val_files
 
 
-def _warn_unused(config: PrepareConfig, files: tuple[Path, ...]) -> None:
+def _warn_unused(config: PrepareConfig, files: tuple[InputFile, ...]) -> None:
     """A warning for each reading option no input uses."""
     if config.doc_sep and all(map(is_records, files)):
         warnings.warn("--doc-sep has no effect: every input is .jsonl or .parquet, whose records are the documents",

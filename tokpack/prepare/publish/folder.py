@@ -19,13 +19,14 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...format import BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS, every_file, read_meta
+from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
+                       UnitRecord, every_file, read_meta)
 from ...format.megatron import write_index
 from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_json_atomic
 from ...storage import InputFile
@@ -165,7 +166,7 @@ def check_out_dir(out: Path, force: bool, files: Sequence[InputFile], folders: S
                          "overwrite them or choose another --out-dir")
 
 
-def publish(out: Path, meta: dict[str, Any], renames: list[tuple[str, str]]) -> None:
+def publish(out: Path, meta: Mapping[str, Any], renames: list[tuple[str, str]]) -> None:
     """Rename the finished files (temporary, final) into place, meta.json last, and verify.
 
     If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
@@ -210,7 +211,7 @@ def _listed_files(out: Path) -> set[str]:
     return {f["file"] for info in splits.values() for f in every_file(info)}
 
 
-def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], merge: bool) -> None:
+def publish_parts(out: Path, meta: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], merge: bool) -> None:
     """The leader's publishing of every unit's part, in input order, then ``publish``.
 
     A flat run's one part leaves its files (index included) temporary for the renames here. Sharded units have
@@ -231,7 +232,7 @@ def publish_parts(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]], 
         signatures.clear(out)
 
 
-def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def merged_indexes(out: Path, meta: Mapping[str, Any], parts: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """Each split's document index from the units' hidden parts (offsets shifted by the tokens of
     the units before), written to a temporary name and entered in ``meta``; the renames to make."""
     renames = []
@@ -242,7 +243,7 @@ def merged_indexes(out: Path, meta: dict[str, Any], parts: list[dict[str, Any]])
     return renames
 
 
-def _merged_index(out: Path, split: str, parts: list[dict[str, Any]]) -> HashingWriter:
+def _merged_index(out: Path, split: str, parts: Sequence[Mapping[str, Any]]) -> HashingWriter:
     merged = HashingWriter(out / IDX_NAME.format(split=split))
     offset = 0
     for part in parts:
@@ -252,7 +253,7 @@ def _merged_index(out: Path, split: str, parts: list[dict[str, Any]]) -> Hashing
     return merged
 
 
-def flattened(out: Path, parts: list[dict[str, Any]], digest: str, dtype: np.dtype, megatron: bool) -> dict[str, Any]:
+def flattened(out: Path, parts: Sequence[Mapping[str, Any]], digest: str, dtype: np.dtype, megatron: bool) -> UnitRecord:
     """The one part a one-process flat run writes, from the recorded units of a run of several
     processes: each split's unit shards, masks and index parts joined in input order into
     ``SPLIT.bin`` (Megatron's ``SPLIT_text_document.bin`` and ``.idx`` with ``megatron``),
@@ -279,13 +280,13 @@ def flattened(out: Path, parts: list[dict[str, Any]], digest: str, dtype: np.dty
             info["megatron_idx"] = pairs.close()
             renames += pairs.renames()
         splits[split] = {"info": info, "idx": idx, "renames": renames}
-    part: dict[str, Any] = {"input_sha256": digest, "splits": splits}
+    part: UnitRecord = {"input_sha256": digest, "splits": splits}
     if "chat" in parts[0]:
         part["chat"] = {key: sum(p["chat"][key] for p in parts) for key in parts[0]["chat"]}
     return part
 
 
-def mixed(plan: Plan, parts: list[dict[str, Any]], digest: str) -> dict[str, Any]:
+def mixed(plan: Plan, parts: Sequence[Mapping[str, Any]], digest: str) -> UnitRecord:
     """The one part a one-process mixture writes, from the recorded units of a ``--processes`` run
     (each unit's conversations in input order, their inputs in its record's ``sources``): the
     units' conversations staged in input order, then copied out in mixture order into the flat

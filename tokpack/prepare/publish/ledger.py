@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from ..tokenize.chats import CHAT_COUNTS
 _UNIT_FILE = re.compile(rf"{SHARD_NAME}|{MASK_SHARD_NAME}|{UNIT_INDEX_NAME.pattern}")
 
 
-def record_files(record: dict[str, Any]) -> list[dict[str, Any]]:
+def record_files(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The files a record names, each checked to be a plain name of a unit's pattern."""
     entries = [f for part in record["splits"].values()
                for f in (*part["info"]["shards"], *part["info"].get("mask_shards", []), part["idx"])]

@@ -25,6 +25,7 @@ import tempfile
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta
@@ -184,7 +185,7 @@ class Publisher:
             uploading, self._uploading = self._uploading, None
             uploading.result()
 
-    def publish(self, spool: Path, meta: dict[str, Any], uploads: list[str], leftovers: list[str]) -> None:
+    def publish(self, spool: Path, meta: Mapping[str, Any], uploads: list[str], leftovers: list[str]) -> None:
         """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``
         (a sharded run's records and index parts), and an older corpus's files this one does not
         list, go."""
