@@ -131,7 +131,8 @@ def test_bench_chat_refuses_a_processes_option_that_measures_nothing(argv, capsy
 
 
 def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
-    figures = _figures(capsys, ["dedup", "--mb", "0.1", "--rounds", "1", "--real-docs", "30", "--duplicated", "2000"])
+    figures = _figures(capsys, ["dedup", "--mb", "0.1", "--rounds", "1", "--real-docs", "30", "--duplicated", "2000",
+                                "--tasks", "1", "3"])
     for corpus in ("planted", "installed packages"):
         quality = figures["quality"][corpus]
         assert quality["documents"] > 10 and 0 <= quality["found"] <= 1 and 0 <= quality["merged"] <= 1
@@ -143,6 +144,9 @@ def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
     assert figures["words"]["ASCII"]["of_ascii"] == 1
     assert all(w["mb_per_s"] > 0 for w in figures["words"].values())
     assert figures["duplicated"]["documents"] == 2000 and figures["duplicated"]["guarded_mb"] > 0
+    shared = figures["shared"]  # every part of the match matched once, by one task or shared by three
+    assert set(shared) == {"1", "3"} and shared["1"]["parts"] == shared["3"]["parts"] == 32
+    assert shared["1"]["most_by_one_task"] == 32 and shared["3"]["units"] >= 3
 
 
 def test_bench_dedup_refuses_too_few_duplicated_documents(capsys):

@@ -130,6 +130,9 @@ def _add_corpus(sub: Any) -> None:
     dp.add_argument("--duplicated", type=int, default=100_000,
                     help="one-line documents, each a near-copy of one of a tenth of them, whose guarded prepare's "
                          "peak RSS is read (default: 100000)")
+    dp.add_argument("--tasks", type=int, nargs="+", default=[1, 4, 16],
+                    help="task counts whose guard stage is run on one corpus, its match shared among them "
+                         "(default: 1 4 16)")
     dp.add_argument("--real-docs", type=int, default=800,
                     help="installed packages' licences and descriptions compared pair by pair (default: 800)")
     rp = sub.add_parser("resume", help="a packed loader resumed at far batches, against packing up to them again")
@@ -192,7 +195,9 @@ def _bench(args: Any, tmp: Path) -> dict[str, Any]:
 
         if args.duplicated < 10:  # a tenth of them are the texts the rest are near-copies of
             raise ValueError(f"--duplicated {args.duplicated} must be at least 10 documents; try 100000")
-        return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs, args.duplicated)
+        if any(n < 1 for n in args.tasks):
+            raise ValueError(f"--tasks {' '.join(map(str, args.tasks))}: each count must be at least 1")
+        return bench_dedup(tmp, args.mb, args.rounds, args.rss_mb, args.real_docs, args.duplicated, tuple(args.tasks))
     if args.what in ("packing", "resume"):
         from .packing import bench_packing, bench_resume
 

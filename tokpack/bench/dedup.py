@@ -279,7 +279,7 @@ def prepare_cost(corpus: Path, tmp: Path, rounds: int) -> dict[str, Any]:
             for name in times if name != "plain"}
 
 
-def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...] = (1, 4, 16)) -> dict[int, dict[str, Any]]:
+def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...]) -> dict[int, dict[str, Any]]:
     """The guard stage of ``--tasks N`` (sign, match, decide), a process each, as many at once as
     this machine has cores, on one corpus: the parts of the match each task matched (from the parts' records) and
     the CPU seconds of the stage in all the tasks (their start-up and plan aside), flat in N where
@@ -352,7 +352,7 @@ def near_copies(count: int, seed: int = 0) -> list[str]:
 
 
 def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float | None, real_docs: int,
-                duplicated: int) -> dict[str, Any]:
+                duplicated: int, tasks: tuple[int, ...] = (1, 4, 16)) -> dict[str, Any]:
     docs = planted(1)
     while sum(map(len, docs)) < megabytes * 1e6:
         docs = planted(len(docs) * 2)
@@ -365,7 +365,7 @@ def bench_dedup(tmp: Path, megabytes: float, rounds: int, rss_megabytes: float |
         "words": word_pass(docs[:2000], rounds),
         "decontamination": decontamination(docs, rounds),
         "prepare": prepare_cost(corpus, tmp, rounds),
-        "shared": shared_match(corpus, tmp),
+        "shared": shared_match(corpus, tmp, tasks),
     }
     evaluation = write_corpus(tmp / "evaluation.jsonl", docs[:50])
     if rss_megabytes:
