@@ -1,4 +1,6 @@
-"""A prepare run shared by independent tasks: no process group, any scheduler.
+"""The task contract of a prepare run: the one loop over a task's units (``work``, whoever
+launches it), the folder readied once (``ready``), a task of ``--processes`` or Ray
+(``run_task``), and a run shared by independent tasks: no process group, any scheduler.
 
     python -m tokpack.prepare 's3://b/edu/*.parquet' --out-dir /shared/edu --tasks 64 --task 7
     sbatch --array=0-63 --wrap "python -m tokpack.prepare ... --out-dir /shared/edu"   # reads SLURM_ARRAY_*

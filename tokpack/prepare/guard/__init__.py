@@ -1,16 +1,17 @@
-"""The split guard, dedup and decontamination of a prepare run: decided before any unit is
-tokenized, since a unit's shards are final once written.
+"""The guard stage of a prepare run (the split guard, dedup and decontamination): decided before
+any unit is tokenized, since a unit's shards are final once written.
 
     python -m tokpack.prepare corpus.jsonl --near-split                    # near-copies on one side
     python -m tokpack.prepare corpus.jsonl --dedup near                    # and written once
     python -m tokpack.prepare corpus.jsonl --decontaminate mmlu.jsonl      # no 13-gram of it in train
 
 Every unit's documents are read once more (no tokenizer: the same verdicts whatever the
-tokenizer, thread count or task count) and signed into files of the unit (``signatures``), by
-whichever task gets there first; every task then matches them all (``match``: spill files on
-disk, never an array of all documents in memory) and keeps a verdict for each document that is
-moved to the other split or dropped. A unit looks up its documents' verdicts by their number in
-its reads, as it writes them.
+tokenizer, thread count or task count) and signed into files of the unit (``signatures``), and
+the match is done in parts (``match``: each part's entries of every unit, sorted a spill file at
+a time, never an array of all documents in memory); each unit and each part is done once, by
+whichever task claims it first, and read by the others. Every task then decides the same
+verdict for each document that is moved to the other split or dropped. A unit looks up its
+documents' verdicts by their number in its reads (``Plan.reads``), as it writes them.
 
 A cluster of near-duplicates goes to the split of its first document (in stored order), so val
 never holds a near-copy of a train document (where val is the user's, ``--val-inputs``, the
