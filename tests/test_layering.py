@@ -104,7 +104,7 @@ def test_the_prepare_wing_and_the_ground_it_stands_on_never_import_torch_or_the_
 # The prepare wing's rooms in the order a run goes through them: a room may use those before it,
 # never one after (the plan decides, the guard reads the plan, tokenizing reads the verdicts, the
 # finish reads the units). The task contract and the run stand above the stages.
-PREPARE_ROOMS = ("config", "memory", "plan", "guard", "tokenize", "publish", "tasks", "run")
+PREPARE_ROOMS = ("config", "memory", "plan", "guard", "tokenize", "publish", "tasks", "launches", "run")
 EXECUTORS_MAY_USE = ("config", "memory", "tasks", "executors")  # the task contract alone
 
 
@@ -128,8 +128,8 @@ def test_the_prepare_stages_only_use_earlier_ones_and_executors_only_the_task_co
                 if used not in EXECUTORS_MAY_USE:
                     problems.append(f"{where}: the executor {module} uses {target}, not the task contract")
             elif used == "executors":
-                if room != "run":
-                    problems.append(f"{where}: {module} uses the executors; only the run launches them")
+                if room != "launches":
+                    problems.append(f"{where}: {module} uses the executors; only the launches start them")
             elif PREPARE_ROOMS.index(used) > PREPARE_ROOMS.index(room):
                 problems.append(f"{where}: {module} ({room}) uses {target}, a later stage ({used})")
     assert not problems, "\n".join(problems)

@@ -25,7 +25,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..format import Meta, UnitRecord, read_meta
 from ..storage import is_url
@@ -34,8 +34,7 @@ from .config import PrepareConfig
 from .guard import Verdicts
 from .plan import Plan, input_folders, processes_plan
 from .publish import ledger
-from .publish.folder import OutputFolder, check_out_dir, publish_parts, retire
-from .publish.meta import meta_of
+from .publish.folder import OutputFolder, check_out_dir, finish, retire
 from .publish.remote import Publisher, Spool, spooled
 
 
@@ -196,7 +195,4 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
-        kept = [part for part in parts if part is not None]
-        meta = meta_of(plan, kept, guard.stage(plan))
-        publish_parts(plan.out, meta, kept, merge=True)
-        return meta
+        return finish(plan, [part for part in parts if part is not None], guard.stage(plan))

@@ -8,6 +8,7 @@ concatenated, are the one process's, byte for byte, for any number of units and 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import math
@@ -34,6 +35,18 @@ from . import holdout
 from .holdout import Holdout
 from .mixture import Mixture
 from .shares import Share, share_of
+
+
+class Join(enum.Enum):
+    """How the run's units become its folder at the finish: ``AS_IS``, one unit's flat files
+    renamed into place; ``MERGE``, the units' shards kept and their indexes merged; ``FLATTEN``,
+    the units' files joined into one process's flat files (``--processes``); ``MIX``, the units'
+    conversations copied out in mixture order (``--mixture``)."""
+
+    AS_IS = "as is"
+    MERGE = "merge"
+    FLATTEN = "flatten"
+    MIX = "mix"
 
 
 class GuardRules(NamedTuple):
@@ -73,6 +86,7 @@ class Plan:
     inputs: InputsInfo  # meta.json's description of the inputs
     out: Path
     sharded: bool  # units publish their shards as they finish, with records a rerun keeps
+    join: Join  # how the units become the folder at the finish
     units: int
     fingerprint: str  # of the inputs and every option that changes the output
     workers: int
@@ -175,13 +189,16 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                 f"{world:,} processes")
         raise ValueError(f"{what} is more than the {total:,} bytes of input, so some would have nothing to do; "
                          f"give at most {max(total, 1):,}")
-    sharded = not config.one_file_a_split() or world > 1 or independent
-    # --processes' units are joined into one process's files at the finish (a mixture's in mixture
-    # order), Megatron's pair too.
-    if config.mixture and sharded and not (config.launch.processes > 1 and config.one_file_a_split()):
+    if config.mixture and (not config.one_file_a_split() or (independent and not config.launch.starts_tasks)
+                           or world > 1 and not config.launch.starts_tasks):
         raise ValueError("--mixture writes each split in one order, into one file: drop --tasks, --shard-tokens, "
                          "--format llmc or torchrun (--processes N writes it as one process does)")
-    if config.format == "megatron" and sharded and config.launch.processes == 1:
+    # A mixture's units, and --processes' ones, are joined into one process's files at the finish
+    # (a mixture's in mixture order), Megatron's pair too.
+    sharded = not config.one_file_a_split() or world > 1 or independent or bool(config.mixture)
+    join = (Join.MIX if config.mixture else Join.FLATTEN if config.one_file_a_split() and sharded
+            and config.launch.starts_tasks else Join.MERGE if sharded else Join.AS_IS)
+    if config.format == "megatron" and join is Join.MERGE:
         raise ValueError(f"--format megatron writes one .bin/.idx pair a split, which one process writes; run it "
                          f"without torchrun (this is {world} processes), or use --format flat or llmc")
     count = max(world, math.ceil(total / (config.unit_mb * 1e6))) if sharded else 1
@@ -193,7 +210,7 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
                           **({"chat": chat.describe()} if chat is not None else {})})
     plan = Plan(config=config, enc=enc.with_backend(config.backend, config.check_fraction, config.seed),
                 dtype=dtype, eot=eot, single=single, files=files, sizes=sizes, inputs=inputs, out=out,
-                sharded=sharded, units=count, fingerprint=digest, workers=_workers(config.workers),
+                sharded=sharded, join=join, units=count, fingerprint=digest, workers=_workers(config.workers),
                 started=started, holdout=_holdout(config, files, val_files, enc, eot), read=config.read_options(),
                 chat=chat, mixture=Mixture.of(config.mixture, groups, config.seed))
     return _guarded(plan, groups) if config.guard.active else plan

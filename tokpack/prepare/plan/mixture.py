@@ -8,9 +8,9 @@ then the next input); the list of every (task, conversation) is shuffled by ``ra
 as ``TaskMixture`` shuffles with its 42, and each split is written in that order. So a loader
 that reads a split in stored order (``ranks="cursor"``, nanochat's SFT cursor) serves nanochat's
 mixture; any loader gets its epochs and its interleaving, and its resume. The conversations are
-rendered once into temporary files beside the outputs, then copied out in mixture order: O(corpus)
-time and disk, O(conversations) memory for the order. ``meta.json`` reports each input's share of
-the supervised tokens, split by split.
+rendered once, unit by unit in input order, then copied out in mixture order at the finish
+(``publish.folder.mixed``): O(corpus) time and disk, O(conversations) memory for the order.
+``meta.json`` reports each input's share of the supervised tokens, split by split.
 
 See docs/chat.md.
 """

@@ -19,24 +19,27 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
-                       UnitRecord, every_file, read_meta)
+                       Meta, UnitRecord, every_file, read_meta)
 from ...format.megatron import write_index
 from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_json_atomic
 from ...storage import InputFile
 from ...verify import VerifyError, verify_folder
 from .. import tokenize
-from ..guard import signatures
-from ..plan import Plan
-from ..tokenize.chats import mix, staging_writers
-from ..tokenize.writers import HashingWriter, SplitWriter, remove_temporaries
+from ..guard import Verdicts, signatures
+from ..plan import Join, Plan
+from ..plan.input_hash import input_sha256
+from ..plan.mixture import Mixture
+from ..plan.shares import share_of
+from ..tokenize.writers import HashingWriter, SplitWriter, remove_temporaries, split_writers
 from . import ledger
+from .meta import meta_of
 
 # Files other tools write into a data folder; never overwritten without --force.
 TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
@@ -211,6 +214,23 @@ def _listed_files(out: Path) -> set[str]:
     return {f["file"] for info in splits.values() for f in every_file(info)}
 
 
+def finish(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None, whole: Callable[[], str] | None = None) -> Meta:
+    """The run's one finish: every unit's record (in unit order) joined as the plan says
+    (``plan.join``), meta.json made from them and the guard's ``verdicts``, and the folder
+    published, meta.json last. ``whole``: the whole input's sha256 where the caller took it
+    already (a join into one process's files records it), else it is read now."""
+    if plan.join in (Join.FLATTEN, Join.MIX):
+        digest = whole() if whole is not None else parts[0]["input_sha256"] if len(parts) == 1 else \
+            input_sha256(share_of(plan.files, plan.sizes, 0, 1))
+        parts = [mixed(plan, parts, digest) if plan.join is Join.MIX else
+                 flattened(plan.out, parts, digest, plan.dtype, plan.config.format == "megatron")]
+    meta = meta_of(plan, parts, verdicts)
+    publish_parts(plan.out, meta, parts, merge=plan.join is Join.MERGE)
+    if plan.join in (Join.FLATTEN, Join.MIX):
+        ledger.drop_own(plan.out, plan.fingerprint)  # the units' files, joined now
+    return meta
+
+
 def publish_parts(out: Path, meta: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], merge: bool) -> None:
     """The leader's publishing of every unit's part, in input order, then ``publish``.
 
@@ -349,3 +369,54 @@ def _joined(folder: LocalFolder, path: Path, entries: list[dict[str, Any]]) -> H
         joined.discard()
         raise
     return joined
+
+
+UNMIXED = "{split}.unmixed"  # the name the rendered conversations are held at, temporary
+
+
+def staging_writers(out: Path, dtype: np.dtype, eot_token: int) -> dict[str, SplitWriter]:
+    """A writer a split in ``out`` for the conversations before they are mixed, at temporary names
+    only."""
+    def staged(split: str) -> SplitWriter:
+        held = UNMIXED.format(split=split)
+        return SplitWriter(out, split, dtype, "none", eot_token, None, f"{held}.idx", f"{held}.bin", masked=True,
+                           mask_name=f"{held}.mask")
+
+    return split_writers(staged)
+
+
+def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A closed staging writer's tokens and mask (mapped) and its conversations' starts and ends."""
+    if not writer.tokens:
+        empty = np.zeros(0, np.int64)
+        return np.zeros(0, dtype), np.zeros(0, MASK_DTYPE), np.stack([empty, empty])
+    tokens = np.memmap(writer.bin.tmp, dtype=dtype, mode="r")  # type: ignore[union-attr]
+    mask = np.memmap(writer.mask.tmp, dtype=MASK_DTYPE, mode="r")  # type: ignore[union-attr]
+    starts = np.fromfile(writer.idx.tmp, dtype="<u8").astype(np.int64)
+    return tokens, mask, np.stack([starts, np.append(starts[1:], len(tokens))])
+
+
+def mix(mixture: Mixture, dtype: np.dtype, staged: dict[str, SplitWriter], kinds: dict[str, array.array],
+        writers: dict[str, SplitWriter]) -> dict[str, Any]:
+    """Each split's staged conversations (tokens of ``dtype``) into its writer in mixture order;
+    meta.json's report: each input's epochs and, split by split, its conversations, tokens and
+    supervised tokens written, and its share of the supervised tokens."""
+    report: dict[str, Any] = {"seed": mixture.seed, "inputs": [{"input": n, "epochs": e} for n, e in
+                                                                 zip(mixture.names, mixture.epochs)]}
+    for split, held in staged.items():
+        held.close()
+        tokens, mask, (starts, ends) = _read(held, dtype)
+        source = np.frombuffer(kinds[split], dtype=np.uint32) if len(kinds[split]) else np.zeros(0, np.uint32)
+        tally = np.zeros((len(mixture.names), 3), dtype=np.int64)  # conversations, tokens, supervised
+        out = writers[split]
+        for doc in mixture.order(source):
+            a, b = starts[doc], ends[doc]
+            out.start_document(int(b - a))
+            out.write(tokens[a:b], mask[a:b])
+            out.end_document()
+            tally[source[doc]] += (1, b - a, np.count_nonzero(mask[a:b]))
+        total = max(1, int(tally[:, 2].sum()))
+        for entry, (conversations, count, supervised) in zip(report["inputs"], tally.tolist()):
+            entry[split] = {"conversations": conversations, "tokens": count, "supervised": supervised,
+                            "supervised_share": round(supervised / total, 6)}
+    return report

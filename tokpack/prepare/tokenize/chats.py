@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import array
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...chat import ChatPieces, ChatRenderer, Encoded, messages, tools
 from ...corpus import parse_record, records
-from ...format import MASK_DTYPE
 from ...tokenizer import encoded_batches
 from ..guard import Verdicts
 from ..plan import Plan, Read
 from ..plan.holdout import conversation_hash, document_key
-from ..plan.mixture import Mixture
 from ..plan.shares import Share
-from .writers import SplitWriter, split_writers
+from .writers import SplitWriter
 
 
 class Conversation(NamedTuple):
@@ -116,31 +113,16 @@ def _write(batch: list[Conversation], encoded: Encoded, splits: list[str | None]
         start = end
 
 
-def write_chats(plan: Plan, passes: list[Read], writers: dict[str, SplitWriter],
-                counts: dict[str, Any], first_read: int, verdicts: Verdicts | None) -> None:
-    """A unit's conversations into ``writers``, in input order, or, in a mixture, rendered into
-    temporary files first and copied out in mixture order (``counts["mixture"]`` its report).
-    ``first_read``: the run's number of the unit's first read."""
-    if plan.mixture is None or plan.sharded:
-        # A unit of a --processes mixture: its conversations in input order, the input of each run of
-        # them recorded, and the run's process mixes every unit's at the finish (folder.mixed).
-        kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
-        for i, (only, entries) in enumerate(passes):
-            tokenize_chats(plan, entries, writers, only, counts, first_read + i, verdicts, kinds)
-        if kinds is not None:
-            counts["sources"] = {split: runs(kind) for split, kind in kinds.items()}
-        return
-    mixture = plan.mixture
-    assert mixture is not None
-    staged = staging_writers(plan.out, plan.dtype, plan.enc.eot_token)
-    try:
-        kinds = {s: array.array("I") for s in staged}
-        for i, (only, entries) in enumerate(passes):
-            tokenize_chats(plan, entries, staged, only, counts, first_read + i, verdicts, kinds)
-        counts["mixture"] = mix(mixture, plan.dtype, staged, kinds, writers)
-    finally:
-        for writer in staged.values():
-            writer.discard()
+def write_chats(plan: Plan, passes: list[Read], writers: dict[str, SplitWriter], counts: dict[str, Any],
+                first_read: int, verdicts: Verdicts | None) -> None:
+    """A unit's conversations into ``writers``, in input order; in a mixture, the input of each
+    run of them in ``counts["sources"]``: the finish copies them out in mixture order
+    (``folder.mixed``). ``first_read``: the run's number of the unit's first read."""
+    kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
+    for i, (only, entries) in enumerate(passes):
+        tokenize_chats(plan, entries, writers, only, counts, first_read + i, verdicts, kinds)
+    if kinds is not None:
+        counts["sources"] = {split: runs(kind) for split, kind in kinds.items()}
 
 
 def runs(kinds: array.array) -> list[list[int]]:
@@ -161,54 +143,3 @@ CHAT_COUNTS = ("conversations", "skipped", "cropped", "unsupervised")
 def chat_counts() -> dict[str, Any]:
     """A unit's counts of conversations, as its record and meta.json keep them."""
     return dict.fromkeys(CHAT_COUNTS, 0)
-
-
-UNMIXED = "{split}.unmixed"  # the name the rendered conversations are held at, temporary
-
-
-def staging_writers(out: Path, dtype: np.dtype, eot_token: int) -> dict[str, SplitWriter]:
-    """A writer a split in ``out`` for the conversations before they are mixed, at temporary names
-    only."""
-    def staged(split: str) -> SplitWriter:
-        held = UNMIXED.format(split=split)
-        return SplitWriter(out, split, dtype, "none", eot_token, None, f"{held}.idx", f"{held}.bin", masked=True,
-                           mask_name=f"{held}.mask")
-
-    return split_writers(staged)
-
-
-def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A closed staging writer's tokens and mask (mapped) and its conversations' starts and ends."""
-    if not writer.tokens:
-        empty = np.zeros(0, np.int64)
-        return np.zeros(0, dtype), np.zeros(0, MASK_DTYPE), np.stack([empty, empty])
-    tokens = np.memmap(writer.bin.tmp, dtype=dtype, mode="r")  # type: ignore[union-attr]
-    mask = np.memmap(writer.mask.tmp, dtype=MASK_DTYPE, mode="r")  # type: ignore[union-attr]
-    starts = np.fromfile(writer.idx.tmp, dtype="<u8").astype(np.int64)
-    return tokens, mask, np.stack([starts, np.append(starts[1:], len(tokens))])
-
-
-def mix(mixture: Mixture, dtype: np.dtype, staged: dict[str, SplitWriter], kinds: dict[str, array.array],
-        writers: dict[str, SplitWriter]) -> dict[str, Any]:
-    """Each split's staged conversations (tokens of ``dtype``) into its writer in mixture order;
-    meta.json's report: each input's epochs and, split by split, its conversations, tokens and
-    supervised tokens written, and its share of the supervised tokens."""
-    report: dict[str, Any] = {"seed": mixture.seed, "inputs": [{"input": n, "epochs": e} for n, e in
-                                                                 zip(mixture.names, mixture.epochs)]}
-    for split, held in staged.items():
-        held.close()
-        tokens, mask, (starts, ends) = _read(held, dtype)
-        source = np.frombuffer(kinds[split], dtype=np.uint32) if len(kinds[split]) else np.zeros(0, np.uint32)
-        tally = np.zeros((len(mixture.names), 3), dtype=np.int64)  # conversations, tokens, supervised
-        out = writers[split]
-        for doc in mixture.order(source):
-            a, b = starts[doc], ends[doc]
-            out.start_document(int(b - a))
-            out.write(tokens[a:b], mask[a:b])
-            out.end_document()
-            tally[source[doc]] += (1, b - a, np.count_nonzero(mask[a:b]))
-        total = max(1, int(tally[:, 2].sum()))
-        for entry, (conversations, count, supervised) in zip(report["inputs"], tally.tolist()):
-            entry[split] = {"conversations": conversations, "tokens": count, "supervised": supervised,
-                            "supervised_share": round(supervised / total, 6)}
-    return report
