@@ -20,6 +20,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
@@ -232,6 +233,11 @@ def every_file(info: SplitInfo) -> list[FileEntry]:
     megatron = [info["megatron_idx"]] if "megatron_idx" in info else []
     guard = [info["guard"]] if "guard" in info else []
     return [*split_files(info), info["idx"], *megatron, *mask_files(info), *guard]
+
+
+def meta_files(splits: Mapping[str, SplitInfo]) -> list[FileEntry]:
+    """Every file meta.json's ``splits`` list, split by split."""
+    return [entry for info in splits.values() for entry in every_file(info)]
 
 
 # The most bytes of JSON tokpack reads as one of its own records (meta.json, a unit record, a

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..cli import USER_ERRORS
 from ..distributed import process_group
-from ..format import UNIT_RECORD, Meta, UnitRecord, every_file
+from ..format import UNIT_RECORD, Meta, UnitRecord, meta_files
 from ..storage import redact
 from . import guard, tasks
 from .config import Launch, PrepareConfig
@@ -200,8 +200,7 @@ def remote(config: PrepareConfig, launch: Launch, started: float) -> dict[str, A
         try:
             if plan is None:  # the whole folder in the spool, then uploaded
                 meta, plan = _prepare_processes(local, started)
-                folder.publish(plan.out, meta, [f["file"] for info in meta["splits"].values()
-                                                for f in every_file(info)], [])
+                folder.publish(plan.out, meta, [f["file"] for f in meta_files(meta["splits"])], [])
             else:
                 meta = (_publish_tasks(config, plan, folder) if launch == Launch.RAY else
                         _publish_units(plan, folder) if plan.join is Join.MERGE else _publish_flat(plan, folder))
@@ -217,7 +216,7 @@ def _publish_flat(plan: Plan, folder: Publisher) -> Meta:
     """A flat run made whole in the spool, as a local run makes it, then its files uploaded."""
     with process_group() as dist:
         meta = _run(plan, Ranks(dist))
-    folder.publish(plan.out, meta, [f["file"] for info in meta["splits"].values() for f in every_file(info)], [])
+    folder.publish(plan.out, meta, [f["file"] for f in meta_files(meta["splits"])], [])
     return meta
 
 

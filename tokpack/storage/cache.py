@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..format import (CACHE_LOCK_NAME, FETCHED_NAME, FETCHING_SUFFIX, LEASE_PREFIX, META_NAME, MIRROR_HEX, MIRROR_NAME,
-                      TMP_SUFFIX, every_file, load_json, split_files)
+                      TMP_SUFFIX, load_json, meta_files, split_files)
 from . import BLOCK_BYTES
 from .folder import published
 from .local import open_new, replacing, tmp_path
@@ -117,8 +117,7 @@ class _Mirror:
         record = _read_json(folder / FETCHED_NAME)
         self.record: dict[str, str] = record if isinstance(record, dict) else {}
         meta = _read_json(folder / META_NAME)
-        self.sizes = {e["file"]: e["bytes"] for info in (meta or {}).get("splits", {}).values()
-                      for e in every_file(info)} if isinstance(meta, dict) else {}
+        self.sizes = {e["file"]: e["bytes"] for e in meta_files(meta.get("splits", {}))} if isinstance(meta, dict) else {}
         self.leased: set[str] = set()
         self.files: dict[str, os.stat_result] = {}
         self.held = 0  # bytes on disk, with fetches in progress at their final size
@@ -175,7 +174,7 @@ class CachedFolder:
         self.limit = _limit(cache_limit)
         self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.mirror = self.cache / hashlib.sha256(self.where.encode()).hexdigest()[:MIRROR_HEX]
-        self.entries = {e["file"]: e for info in self.meta["splits"].values() for e in every_file(info)}
+        self.entries = {e["file"]: e for e in meta_files(self.meta["splits"])}
         self._verified: dict[str, tuple[int, int, int] | None] = {}  # name: the copy hashed, by identity
         self._reset(folder)
         with self._locked():

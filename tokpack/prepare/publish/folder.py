@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
-                       Meta, UnitRecord, every_file, read_meta)
+                       Meta, UnitRecord, meta_files, read_meta)
 from ...format.megatron import write_index
 from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_json_atomic
 from ...storage import InputFile
@@ -175,7 +175,7 @@ def publish(out: Path, meta: Mapping[str, Any], renames: list[tuple[str, str]]) 
     If anything fails from here on, the new files go too: a folder is whole, or has no meta.json
     and none of this run's token files.
     """
-    new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
+    new = {f["file"] for f in meta_files(meta["splits"])}
     stale = _listed_files(out) - new
     # Old meta.json goes first: from here on, until the new one lands, the folder is incomplete.
     remove_own(out / META_NAME)
@@ -211,7 +211,7 @@ def _listed_files(out: Path) -> set[str]:
         splits = read_meta(out)["splits"]
     except (OSError, ValueError):
         return set()
-    return {f["file"] for info in splits.values() for f in every_file(info)}
+    return {f["file"] for f in meta_files(splits)}
 
 
 def finish(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None, whole: Callable[[], str] | None = None) -> Meta:

@@ -28,7 +28,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, every_file, parse_meta
+from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, meta_files, parse_meta
 from ...storage import Missing, is_url
 from ...storage.folder import Folder, as_folder
 from ...storage.local import json_bytes
@@ -142,7 +142,7 @@ class Publisher:
                 raise ValueError(f"{self.where} already holds a prepared corpus; pass --force to overwrite it or "
                                  "choose another --out-dir")
             old = parse_meta(self._read(META_NAME) or b"{}", f"{self.where}/{META_NAME}")
-            self.stale = {f["file"] for info in old["splits"].values() for f in every_file(info)}
+            self.stale = {f["file"] for f in meta_files(old["splits"])}
             self.folder.remove(META_NAME)  # incomplete from here on
 
     def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
@@ -192,7 +192,7 @@ class Publisher:
         for name in uploads:
             self.folder.put(spool / name, name)
         self.folder.write(META_NAME, json_bytes(meta))
-        new = {f["file"] for info in meta["splits"].values() for f in every_file(info)}
+        new = {f["file"] for f in meta_files(meta["splits"])}
         for name in leftovers + sorted(self.stale - new):
             self.folder.remove(name)  # or gone already
 
