@@ -389,7 +389,7 @@ def write_web_jsonl(path: Path, megabytes: int = 10) -> Path:
 def peak_rss_mb_of_prepare(source: str, out: Path | str) -> float:
     """Peak RSS of ``python -m tokpack.prepare SOURCE`` in a fresh process, as the kernel counts
     it (VmHWM)."""
-    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.process import peak_rss_mb; "
+    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.memory import peak_rss_mb; "
             "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
     done = subprocess.run([sys.executable, "-c", code, source, "--out-dir", str(out), "--quiet"],
                           capture_output=True, text=True, timeout=600)

@@ -272,7 +272,7 @@ def bench_template(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
 def _prepare(source: Path, out: Path, spec: Path, max_tokens: int = 2048) -> dict[str, Any]:
     """``prepare --chat nanochat`` in a fresh process, as the command runs: its stats (peak RSS)."""
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
-            "from tokpack.prepare.process import fix_mmap_threshold; fix_mmap_threshold(); "
+            "from tokpack.prepare.memory import fix_mmap_threshold; fix_mmap_threshold(); "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], encoding=sys.argv[3], "
             "chat='nanochat', max_tokens=int(sys.argv[4]), quiet=True, force=True)); print(json.dumps(r['stats']))")
     done = subprocess.run([sys.executable, "-c", code, str(source), str(out), str(spec), str(max_tokens)],

@@ -327,7 +327,7 @@ def peak_rss(corpus: Path, evaluation: Path | None, out: Path) -> float:
     """The peak RSS in MB of a fresh ``python -m tokpack.prepare`` with every guard on (none
     without ``evaluation``)."""
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from this process's own peak.
-    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.process import peak_rss_mb; "
+    code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.memory import peak_rss_mb; "
             "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
     guard = [] if evaluation is None else [
         "--near-split", "--dedup", "near", "--decontaminate", str(evaluation),

@@ -45,7 +45,7 @@ def _prepare(source: str, out: Path | str, env: dict[str, str], spool: Path | No
              shard_tokens: int = 0) -> dict[str, Any]:
     # Run as the command runs it: fix_mmap_threshold, as python -m tokpack.prepare calls it.
     code = ("import json, sys; from tokpack.prepare import PrepareConfig, prepare; "
-            "from tokpack.prepare.process import fix_mmap_threshold; fix_mmap_threshold(); "
+            "from tokpack.prepare.memory import fix_mmap_threshold; fix_mmap_threshold(); "
             "r = prepare(PrepareConfig(inputs=(sys.argv[1],), out_dir=sys.argv[2], quiet=True, force=True, "
             "unit_mb=float(sys.argv[3]), spool_dir=sys.argv[4] or None, shard_tokens=int(sys.argv[5]))); "
             "print(json.dumps(r['stats']))")

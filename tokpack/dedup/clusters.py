@@ -13,7 +13,7 @@ compared with the bucket's first text and with the text before it, so a bucket o
 
 Memory, in this in-memory form: one band's hashes and order at a time (16 bytes a text), the
 cluster labels (8 bytes a text) and the joined pairs. A prepare run matches through spill files
-instead (``tokpack.prepare.match``), with ``pairs_of``, ``similar`` and ``components``.
+instead (``tokpack.prepare.guard.match``), with ``pairs_of``, ``similar`` and ``components``.
 
 See docs/dedup.md.
 """

@@ -179,7 +179,7 @@ def _processes_result(meta: Meta, plan: Plan, started: float) -> dict[str, Any]:
 
 
 def remote(config: PrepareConfig, launch: Launch, started: float) -> dict[str, Any]:
-    """A run published to a remote folder (``tokpack.prepare.remote``): the same run as into a
+    """A run published to a remote folder (``tokpack.prepare.publish.remote``): the same run as into a
     local folder of the URL's last name, in a local spool, then uploaded; a sharded run of one
     process uploads each unit as it finishes, one of ``--processes`` its finished folder, and one
     on Ray has each task upload its units from its own worker's spool."""

@@ -5,7 +5,7 @@ belongs to (``auto``), or one started here for the run (``local``).
 Each task is a ``ray.remote`` call of ``tasks.run_task`` with ``max_retries``: a task whose worker
 or node dies is run again by Ray, and keeps the units it had recorded. Every worker must see the
 inputs (a shared disk, or object storage) and the output folder (a shared disk; or, for a sharded
-run, object storage, where each task uploads its units: ``remote.publish_task``), and have
+run, object storage, where each task uploads its units: ``tasks.publish_task``), and have
 tokpack installed. A task that fails on its input stops the others and its one line is raised; one that
 Ray gave up on raises ``TaskLost``; Ctrl-C cancels every task.
 """

@@ -130,7 +130,7 @@ class _TappedFile:
         first, self.opened = not self.opened, True
         if not (first and self.tap.opened(self.index)):
             return stream
-        return io.BufferedReader(_TapReader(stream, self.index, self.tap),  # type: ignore[return-value]
+        return io.BufferedReader(_TapReader(stream, self.index, self.tap),
                                  read_buffer_bytes(self.size()))
 
     def __str__(self) -> str:

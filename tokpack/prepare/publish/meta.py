@@ -47,9 +47,9 @@ def meta_of(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None) -> M
             meta["splits"][split]["guard"] = _write_report(plan.out / GUARD_REPORT.format(split=split),
                                                            verdicts.report(split))
     if plan.chat is not None:
-        meta["chat"] = {**plan.chat.describe(), **counts}  # type: ignore[typeddict-item]
+        meta["chat"] = {**plan.chat.describe(), **counts}
         if plan.mixture is not None:  # a mixture is one unit's: conversations are written flat
-            meta["chat"]["mixture"] = parts[0]["chat"]["mixture"]  # type: ignore[typeddict-item]
+            meta["chat"]["mixture"] = parts[0]["chat"]["mixture"]
     return meta
 
 
@@ -66,7 +66,8 @@ def _write_report(path: Path, rows: Iterable[dict[str, Any]]) -> FileEntry:
         writer.discard()
         raise
     os.replace(writer.tmp, path)
-    return {**entry, "rows": count}  # type: ignore[typeddict-item]
+    entry["rows"] = count
+    return entry
 
 
 def _nothing_trained(counts: dict[str, int], max_tokens: int) -> str:
@@ -110,7 +111,7 @@ def _combined(parts: list[UnitRecord], rule: Holdout, guard: Verdicts | None) ->
             info["bin"] = infos[0]["bin"]
             for key in ("megatron_idx", "mask", "supervised"):
                 if key in infos[0]:
-                    info[key] = infos[0][key]  # type: ignore[literal-required]
+                    info[key] = infos[0][key]
         else:
             info["shards"] = [shard for i in infos for shard in i["shards"]]
             if "mask_shards" in infos[0]:

@@ -151,7 +151,7 @@ class Publisher:
         record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
         if record is None:
             return None
-        for entry in ledger.record_files(record):  # type: ignore[arg-type]
+        for entry in ledger.record_files(record):
             try:
                 if self.folder.size(entry["file"]) != entry["bytes"]:
                     return None
@@ -163,12 +163,12 @@ class Publisher:
 
     def upload(self, plan: Plan, record: UnitRecord) -> None:
         """A finished unit's files, then its record; its shards then leave the spool."""
-        for entry in ledger.record_files(record):  # type: ignore[arg-type]
+        for entry in ledger.record_files(record):
             local = plan.out / entry["file"]
             self.folder.put(local, entry["file"])
             if not entry["file"].startswith("."):  # a shard; the index parts stay for the merge
                 local.unlink()
-        name = UNIT_RECORD.format(record["unit"])  # type: ignore[typeddict-item]
+        name = UNIT_RECORD.format(record["unit"])
         self.folder.put(plan.out / name, name)
 
     def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:

@@ -117,7 +117,7 @@ def write_chats(plan: Plan, passes: list[Read], writers: dict[str, SplitWriter],
                 first_read: int, verdicts: Verdicts | None) -> None:
     """A unit's conversations into ``writers``, in input order; in a mixture, the input of each
     run of them in ``counts["sources"]``: the finish copies them out in mixture order
-    (``folder.mixed``). ``first_read``: the run's number of the unit's first read."""
+    (``publish.folder.mixed``). ``first_read``: the run's number of the unit's first read."""
     kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
     for i, (only, entries) in enumerate(passes):
         tokenize_chats(plan, entries, writers, only, counts, first_read + i, verdicts, kinds)

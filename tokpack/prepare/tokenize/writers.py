@@ -24,7 +24,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...format import BIN_NAME, IDX_NAME, MASK_DTYPE, MASK_NAME, INDEX_DTYPE, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES, SHARD_VERSIONS, SPLITS, TMP_SUFFIX
+from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, MASK_DTYPE, MASK_NAME, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES,
+                       SHARD_VERSIONS, SPLITS, TMP_SUFFIX, FileEntry)
 from ...storage.local import open_new, remove_own, tmp_path
 from ..plan.holdout import document_hash, document_key
 
@@ -146,7 +147,7 @@ class HashingWriter:
         self.sha256.update(view)
         self._writeback.wrote(self._file, len(view), self.path)
 
-    def close(self) -> dict[str, Any]:
+    def close(self) -> FileEntry:
         """Flush to disk and describe the file for meta.json; the caller renames it."""
         self._drain()
         self._writeback.wait()
