@@ -111,14 +111,14 @@ def test_a_unit_whose_record_misnames_its_conversations_inputs_is_redone(inputs,
     other = "train" if held == "val" else "val"
     assert sum(n for _, n in sources[held]) == record["splits"][held]["info"]["documents"] > 0
     assert all(a[0] != b[0] for a, b in zip(sources[held], sources[held][1:]))  # a run an input: O(files)
-    assert this_run(plan, unit, raw, "r", proven=True) is not None
+    assert this_run(plan, unit, raw, "r", None, proven=True) is not None
     for forged in ({**sources, held: sources[held] + [[0, 1]]},  # one conversation too many
                    {**sources, held: [[3, n] for _, n in sources[held]]},  # an input the run has not
                    {held: sources[held]},  # a split left out
                    {**sources, held: [[float(kind), n] for kind, n in sources[held]]},
                    {**sources, other: [[0, 0]]}):  # an empty run
         changed = json.dumps({**record, "chat": {**record["chat"], "sources": forged}}).encode()
-        assert this_run(plan, unit, changed, "r", proven=True) is None, forged
+        assert this_run(plan, unit, changed, "r", None, proven=True) is None, forged
 
 
 def test_bad_mixtures_are_one_line_and_leave_nothing(inputs, tmp_path, capsys):

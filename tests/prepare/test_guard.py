@@ -332,7 +332,13 @@ def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_on
     from tokpack.format import PAIRS
 
     (out / PAIRS.format("near", 5, "json")).unlink()
-    (out / PAIRS.format("copies", 3, "bin")).write_bytes(b"\0" * 8)  # and one whose pairs do not hash as recorded
+    # And one whose pairs do not hash as recorded: as many, in order, one of them another pair.
+    forged = max((n for n in range(16) if n != 5), key=lambda n: (out / PAIRS.format("near", n, "bin")).stat().st_size)
+    pairs = np.fromfile(out / PAIRS.format("near", forged, "bin"), dtype="<i8")
+    at = next(i for i in range(len(pairs)) if pairs[i] % len(docs) < len(docs) - 1
+              and (i + 1 == len(pairs) or pairs[i] + 1 < pairs[i + 1]))
+    pairs[at] += 1
+    (out / PAIRS.format("near", forged, "bin")).write_bytes(pairs.tobytes())
     # A unit's entries of that part lost by a crash of the machine (the same size, other bytes):
     # read as it is matched again, the unit is signed again.
     entries = out / SIGN.format(1, "near05")
@@ -342,9 +348,31 @@ def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_on
     assert (out / SIGN.format(1, "json")).stat().st_mtime_ns != signed_at
     again = _matched_by(out)
     redone = {part for part in matched if again[part] != matched[part]}
-    assert redone == {"near05", "copies03"} and {again[part][0] for part in redone} != own
+    assert redone == {"near05", f"near{forged:02d}"} and {again[part][0] for part in redone} != own
     assert main([*common, "--out-dir", str(out), *tasks, "1"]) == 0
     assert _files(out) == _files(tmp_path / "one")  # the pairs go with the signatures
+
+
+def test_an_input_changed_between_tasks_is_signed_again_and_every_unit_it_moves_is_redone(tmp_path, capsys):
+    docs = [f"document {i:03d} " + "lorem ipsum dolor sit amet " * 30 + f"tail {i:03d}" for i in range(200)]
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    common = [str(source), "--quiet", "--dedup", "exact", "--shard-tokens", "20000", "--unit-mb", "0.03"]
+    out = tmp_path / "tasks"
+    for task in (0, 1, 2):  # three tasks of four done: their units stand, signed and matched
+        assert main([*common, "--out-dir", str(out), "--tasks", "4", "--task", str(task)]) == 0
+    # An early document becomes a copy of a late one, the file its size: the late one, in a unit
+    # whose input did not change, is now the later copy.
+    lines = source.read_text().splitlines()
+    lines[10] = json.dumps({"text": docs[80]})
+    source.write_text("\n".join(lines) + "\n")
+    for _ in range(3):  # as a user would: run the same commands again until the folder is whole
+        for task in (0, 1, 2, 3):
+            code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", task)
+            assert code in (0, 2) and "Traceback" not in err, err
+        if (out / "meta.json").exists():
+            break
+    assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    assert _files(out) == _files(tmp_path / "one") and read_meta(out)["guard"]["dedup"]["removed"] == [1]
 
 
 def _forge(out: Path, unit: int, name: str, change) -> None:
@@ -616,7 +644,7 @@ def test_a_documents_verdict_is_found_in_any_order_of_lookups(members, data):
     numbers = np.array(sorted(members), dtype=np.int64)
     verdicts = np.array([1 + n % 3 for n in numbers.tolist()], dtype=np.uint8)
     starts = [0, 20, 40]
-    decided = Verdicts(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False, None)
+    decided = Verdicts(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False, None, [])
     table = dict(zip(numbers.tolist(), verdicts.tolist()))
     near = sorted({max(0, n + d) for n in members for d in (-1, 0, 1)}) or [0]
     for number in data.draw(st.lists(st.one_of(st.sampled_from(near), st.integers(0, 70)), max_size=40)):

@@ -210,6 +210,7 @@ class UnitRecord(TypedDict):
     input_sha256: str
     splits: dict[str, UnitPart]
     chat: NotRequired[dict[str, Any]]  # of conversations: how many were written, skipped and cut (a mixture's report)
+    verdicts: NotRequired[str]  # of a guarded run: the digest of the verdicts on its documents
 
 
 def token_offset(meta: Meta) -> int:

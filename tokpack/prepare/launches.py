@@ -150,13 +150,13 @@ class _ProcessesRun:
         plan = self.plan
         assert plan is not None
         self.tick()
-        parts = [ledger.load(plan, unit, proven=True) for unit in range(plan.units)]
+        verdicts = self.verdicts if self.verdicts is not None else guard.stage(plan)
+        parts = [ledger.load(plan, unit, verdicts, proven=True) for unit in range(plan.units)]
         kept = [part for part in parts if part is not None]
         if len(kept) < len(parts):
             lost = [unit for unit, part in enumerate(parts) if part is None]
             raise TaskLost(f"units {lost[:8]} of {plan.out} are not as their tasks recorded them; run the same "
                            "command again: it redoes them")
-        verdicts = self.verdicts if self.verdicts is not None else guard.stage(plan)
         return finish(plan, kept, verdicts, self.whole.result if self.whole is not None else None)
 
     def failed(self, exc: BaseException) -> None:
@@ -246,7 +246,7 @@ def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> Meta
         choose(config).run(config, config.launch.processes, lambda: Ready(None, tasks.started(plan)), tick)
         folder.refresh()
         with OutputFolder(plan.out):
-            parts = [folder.kept(plan, unit) for unit in range(plan.units)]
+            parts = [folder.kept(plan, unit, None) for unit in range(plan.units)]  # unguarded: see config
             kept = [part for part in parts if part is not None]
             if len(kept) < len(parts):
                 lost = [unit for unit, part in enumerate(parts) if part is None]

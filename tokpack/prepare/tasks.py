@@ -129,8 +129,9 @@ def units_of(plan: Plan, task: int, tasks: int) -> range:
 class Sink(Protocol):
     """Where a run's finished units go: kept in its folder, or uploaded from a spool."""
 
-    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
-        """The record of ``unit`` where a run finished it already and it is intact, else None."""
+    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
+        """The record of ``unit`` where a run finished it already (by the guard's ``verdicts``)
+        and it is intact, else None."""
         ...
 
     def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
@@ -147,8 +148,8 @@ class LocalSink:
     """The run's folder itself: a sharded run's units are published as they finish, and kept by
     a rerun; a flat run's one unit waits for the leader to publish it."""
 
-    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
-        return ledger.load(plan, unit) if plan.sharded else None
+    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
+        return ledger.load(plan, unit, verdicts) if plan.sharded else None
 
     def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
         return ledger.keep(plan, record) if plan.sharded else record
@@ -165,7 +166,7 @@ def work(plan: Plan, wanted: range, sink: Sink = LocalSink()) -> tuple[dict[int,
     done = {}
     try:
         for unit in wanted:
-            record = sink.kept(plan, unit)
+            record = sink.kept(plan, unit, verdicts)
             if record is None:
                 record = sink.keep(plan, tokenize.run_unit(plan, unit, verdicts))
             done[unit] = record
@@ -187,7 +188,8 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
         done = finished(plan)
         if done is not None:
             return done
-        parts = [ledger.load(plan, unit) for unit in range(plan.units)]
+        verdicts = guard.stage(plan)
+        parts = [ledger.load(plan, unit, verdicts) for unit in range(plan.units)]
         missing = [unit for unit, part in enumerate(parts) if part is None]
         if missing and not explicit:
             return None  # a recorded unit whose input changed since: its task does it again
@@ -195,4 +197,4 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
-        return finish(plan, [part for part in parts if part is not None], guard.stage(plan))
+        return finish(plan, [part for part in parts if part is not None], verdicts)

@@ -153,7 +153,7 @@ class Guard:
         moved = np.flatnonzero(verdicts)
         return Verdicts(starts, number[moved], verdicts[moved].astype(np.uint8), record,
                         [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
-                        not self.reading.chat, self)
+                        not self.reading.chat, self, _placed(unit_of[moved], info[moved], verdicts[moved], len(units)))
 
     def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
                  files: list[dict[str, Any]]) -> None:
@@ -174,6 +174,16 @@ class Guard:
                          f"{files[worst]['path']} matches {files[worst].get('removed', 0):,} of them (its shortest "
                          f"texts matched: {shortest}); raise --decontaminate-min-words, take the answers out of "
                          "that file, or pass --decontaminate-max-share 1 to remove them all")
+
+
+def _placed(units: np.ndarray, info: np.ndarray, verdicts: np.ndarray, count: int) -> list[str]:
+    """Each of ``count`` units' digest of the verdicts of its documents (``units``, ascending, the
+    unit of each moved or dropped document; ``info`` their records): by their read and number in
+    the unit, so that it changes only where the unit's own documents go elsewhere."""
+    rows = np.zeros(len(units), dtype=[("read", "<i8"), ("number", "<i8"), ("verdict", "u1")])
+    rows["read"], rows["number"], rows["verdict"] = info["read"], info["number"], verdicts
+    bounds = np.searchsorted(units, np.arange(count + 1))
+    return [hashlib.sha256(rows[bounds[u]:bounds[u + 1]].tobytes()).hexdigest() for u in range(count)]
 
 
 class _Found(NamedTuple):
@@ -225,9 +235,10 @@ class Verdicts:
 
     def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
                  inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool,
-                 guard: Guard):
+                 guard: Guard, placed: list[str]):
         self.numbers, self.verdicts, self.record, self.inputs = numbers, verdicts, record, inputs
         self.outcome, self.docs, self.prints, self.guard = outcome, docs, prints, guard
+        self.placed = placed  # each unit's digest of its documents' verdicts: a unit written by others is redone
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
         self._starts = starts.tolist()  # each read's first document number
         self._gap = (0, -1)  # numbers known to hold no verdict: [lo, hi)
@@ -239,8 +250,10 @@ class Verdicts:
         return own if verdict is None else None if verdict == Verdict.DROP else verdict.name.lower()
 
     def check_input(self, unit: int, digest: str) -> None:
-        """Refuse a unit whose input is not what its documents were signed from."""
+        """Refuse a unit whose input is not what its documents were signed from; its signatures go,
+        so that the next run signs it again."""
         if digest != self.inputs[unit]:
+            remove_own(self.guard.out / SIGN.format(unit, "json"))
             raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
                              "from other bytes); run the same command again")
 

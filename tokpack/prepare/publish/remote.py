@@ -33,6 +33,7 @@ from ...storage import Missing, is_url
 from ...storage.folder import Folder, as_folder
 from ...storage.local import json_bytes
 from ..config import PrepareConfig
+from ..guard import Verdicts
 from ..plan import Plan
 from . import ledger
 
@@ -145,10 +146,11 @@ class Publisher:
             self.stale = {f["file"] for f in meta_files(old["splits"])}
             self.folder.remove(META_NAME)  # incomplete from here on
 
-    def kept(self, plan: Plan, unit: int) -> UnitRecord | None:
-        """The unit's uploaded record if it is this run's, its input unchanged and its files there
-        at their sizes; its index part is fetched into the spool for the merge."""
-        record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where)
+    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
+        """The unit's uploaded record if it is this run's (written by the guard's ``verdicts``),
+        its input unchanged and its files there at their sizes; its index part is fetched into the
+        spool for the merge."""
+        record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where, verdicts)
         if record is None:
             return None
         for entry in ledger.record_files(record):

@@ -75,7 +75,7 @@ def run_unit(plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord:
             read = digest()
             if verdicts is not None:
                 verdicts.check_input(unit, read)
-            return finish(plan, unit, read, writers, counts if plan.chat is not None else None)
+            return finish(plan, unit, read, writers, verdicts, counts if plan.chat is not None else None)
         except BaseException:
             stop.set()
             for writer in writers.values():
@@ -115,12 +115,15 @@ def _encoded(plan: Plan, entries: list[Share]) -> Iterator[tuple[Piece, np.ndarr
     return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, piece_chars, in_flight)
 
 
-def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter],
+def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter], verdicts: Verdicts | None,
            chat: dict[str, Any] | None = None) -> UnitRecord:
-    """The writers closed: the unit's record (with its ``chat`` counts), its files still
-    temporary, each split's renames in its part."""
+    """The writers closed: the unit's record (with the digest of the guard's ``verdicts`` on its
+    documents, and its ``chat`` counts), its files still temporary, each split's renames in its
+    part."""
     record: UnitRecord = {"fingerprint": plan.fingerprint, "unit": unit, "input_sha256": digest,
                           "splits": {s: closed(plan, writer) for s, writer in writers.items()}}
+    if verdicts is not None:
+        record["verdicts"] = verdicts.placed[unit]
     if chat is not None:
         record["chat"] = chat
     return record
