@@ -151,10 +151,8 @@ class _ProcessesRun:
         assert plan is not None
         self.tick()
         verdicts = self.verdicts if self.verdicts is not None else guard.stage(plan)
-        parts = [ledger.load(plan, unit, verdicts, proven=True) for unit in range(plan.units)]
-        kept = [part for part in parts if part is not None]
-        if len(kept) < len(parts):
-            lost = [unit for unit, part in enumerate(parts) if part is None]
+        kept, lost = ledger.every([ledger.load(plan, unit, verdicts, proven=True) for unit in range(plan.units)])
+        if lost:
             raise TaskLost(f"units {lost[:8]} of {plan.out} are not as their tasks recorded them; run the same "
                            "command again: it redoes them")
         return finish(plan, kept, verdicts, self.whole.result if self.whole is not None else None)
@@ -246,10 +244,9 @@ def _publish_tasks(config: PrepareConfig, plan: Plan, folder: Publisher) -> Meta
         choose(config).run(config, config.launch.processes, lambda: Ready(None, tasks.started(plan)), tick)
         folder.refresh()
         with OutputFolder(plan.out):
-            parts = [folder.kept(plan, unit, None) for unit in range(plan.units)]  # unguarded: see config
-            kept = [part for part in parts if part is not None]
-            if len(kept) < len(parts):
-                lost = [unit for unit, part in enumerate(parts) if part is None]
+            kept, lost = ledger.every([folder.kept(plan, unit, None)  # unguarded: see config
+                                       for unit in range(plan.units)])
+            if lost:
                 raise TaskLost(f"units {lost[:8]} of {redact(folder.where)} were not uploaded as their tasks recorded "
                                "them; run the same command again: it redoes them")
             bar.update(plan.units - bar.n)

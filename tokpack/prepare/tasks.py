@@ -189,12 +189,11 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
         if done is not None:
             return done
         verdicts = guard.stage(plan)
-        parts = [ledger.load(plan, unit, verdicts) for unit in range(plan.units)]
-        missing = [unit for unit, part in enumerate(parts) if part is None]
+        parts, missing = ledger.every([ledger.load(plan, unit, verdicts) for unit in range(plan.units)])
         if missing and not explicit:
             return None  # a recorded unit whose input changed since: its task does it again
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
-        return finish(plan, [part for part in parts if part is not None], verdicts)
+        return finish(plan, parts, verdicts)

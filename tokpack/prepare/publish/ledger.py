@@ -74,6 +74,12 @@ def load(plan: Plan, unit: int, verdicts: Verdicts | None, proven: bool = False)
     return record
 
 
+def every(found: list[UnitRecord | None]) -> tuple[list[UnitRecord], list[int]]:
+    """The records of every unit of a run (``found``, in unit order, None where one is missing):
+    those found, and the units missing."""
+    return [record for record in found if record is not None], [u for u, record in enumerate(found) if record is None]
+
+
 def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, verdicts: Verdicts | None,
              proven: bool = False) -> UnitRecord | None:
     """The record ``raw`` of ``unit`` (kept in ``where``) if it is this run's, names only a unit's
