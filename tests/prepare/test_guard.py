@@ -269,11 +269,18 @@ def test_conversations_are_guarded_by_their_messages(tmp_path):
     assert meta["guard"]["dedup"]["removed"] == [30] and meta["chat"]["conversations"] == 120
 
 
-def test_forged_or_broken_signatures_are_signed_again(tmp_path):
-    docs, _ = corpus(200, seed=7)
+def _near_sharded(tmp_path: Path, count: int, seed: int, unit_mb: str) -> tuple[list[str], list[str]]:
+    """A corpus of near-duplicates and the options of a sharded guarded run of it; one process's
+    folder of it is ``tmp_path / "one"``."""
+    docs, _ = corpus(count, seed=seed)
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
-    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.02"]
+    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", unit_mb]
     assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    return docs, common
+
+
+def test_forged_or_broken_signatures_are_signed_again(tmp_path):
+    docs, common = _near_sharded(tmp_path, 200, 7, "0.02")
     out = tmp_path / "tasks"
     assert main([*common, "--out-dir", str(out), "--tasks", "3", "--task", "0"]) == 0  # signs every unit
     outside = tmp_path / "outside.bin"
@@ -316,10 +323,7 @@ def _matched_by(out: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_one_is_redone(tmp_path):
-    docs, _ = corpus(300, seed=3)
-    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
-    common = [str(source), "--quiet", "--near-split", "--dedup", "near", "--shard-tokens", "20000", "--unit-mb", "0.03"]
-    assert main([*common, "--out-dir", str(tmp_path / "one")]) == 0
+    docs, common = _near_sharded(tmp_path, 300, 3, "0.03")
     out = tmp_path / "tasks"
     tasks = ["--tasks", "4", "--task"]
     assert main([*common, "--out-dir", str(out), *tasks, "2"]) == 0
