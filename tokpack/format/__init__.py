@@ -199,7 +199,7 @@ class UnitPart(TypedDict):
 
     info: SplitInfo
     idx: FileEntry
-    renames: NotRequired[list[tuple[Path, Path]]]
+    renames: NotRequired[list[tuple[str, str]]]
 
 
 class UnitRecord(TypedDict):

@@ -27,7 +27,6 @@ import numpy as np
 
 from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, LOCK_NAME, MASK_DTYPE, MASK_NAME, MEGATRON_NAME, META_NAME, SPLITS,
                        Meta, UnitRecord, meta_files, read_meta)
-from ...format.megatron import write_index
 from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_json_atomic
 from ...storage import InputFile
 from ...verify import VerifyError, verify_folder
@@ -294,11 +293,8 @@ def flattened(out: Path, parts: Sequence[Mapping[str, Any]], digest: str, dtype:
         info.update((key, writer.close()) for key, writer in writers.items())
         idx = index.close()
         renames = [pair for writer in (*writers.values(), index) for pair in writer.renames()]
-        if megatron:  # Megatron's own index, from the starts just joined, as one process writes it
-            pairs = HashingWriter(out / f"{MEGATRON_NAME.format(split=split)}.idx")
-            write_index(pairs.write, index.tmp, info["documents"], info["tokens"], dtype)
-            info["megatron_idx"] = pairs.close()
-            renames += pairs.renames()
+        if megatron:  # as one process writes it, from the starts just joined
+            renames += tokenize.megatron_index(out, split, index.tmp, info, dtype)
         splits[split] = {"info": info, "idx": idx, "renames": renames}
     part: UnitRecord = {"input_sha256": digest, "splits": splits}
     if "chat" in parts[0]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,12 +135,18 @@ def closed(plan: Plan, writer: SplitWriter) -> UnitPart:
     info = writer.close()
     idx = info.pop("idx")
     part: UnitPart = {"info": info, "idx": idx, "renames": writer.renames()}
-    if plan.config.format == "megatron" and not plan.sharded:  # Megatron's own index beside tokpack's
-        index = HashingWriter(plan.out / f"{MEGATRON_NAME.format(split=writer.split)}.idx")
-        write_index(index.write, writer.idx.tmp, info["documents"], info["tokens"], plan.dtype)
-        info["megatron_idx"] = index.close()
-        part["renames"] += index.renames()
+    if plan.config.format == "megatron" and not plan.sharded:
+        part["renames"] += megatron_index(plan.out, writer.split, writer.idx.tmp, info, plan.dtype)
     return part
+
+
+def megatron_index(out: Path, split: str, starts: Path, info: dict[str, Any], dtype: np.dtype) -> list[tuple[str, str]]:
+    """Megatron's own index of ``split`` beside tokpack's, from the document starts just written
+    at ``starts``, at a temporary name: its entry goes into ``info``; the renames to make."""
+    index = HashingWriter(out / f"{MEGATRON_NAME.format(split=split)}.idx")
+    write_index(index.write, starts, info["documents"], info["tokens"], dtype)
+    info["megatron_idx"] = index.close()
+    return index.renames()
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
