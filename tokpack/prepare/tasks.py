@@ -188,6 +188,7 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
         done = finished(plan)
         if done is not None:
             return done
+        # Decided again, not this task's: another task may have signed a changed input since.
         verdicts = guard.stage(plan)
         parts, missing = ledger.every([ledger.load(plan, unit, verdicts) for unit in range(plan.units)])
         if missing and not explicit:

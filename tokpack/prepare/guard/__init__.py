@@ -72,7 +72,8 @@ class Guard:
         rules = plan.guard
         assert rules is not None, "a plan with a guard"
         self.options, self.out, self.fingerprint, self.workers = rules.options, plan.out, plan.fingerprint, plan.workers
-        self.units = [(plan.share(unit), plan.reads(unit)) for unit in range(plan.units)]
+        shares = [plan.share(unit) for unit in range(plan.units)]
+        self.units = [(share, plan.reads(share)) for share in shares]
         self.reading = Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
                                {f: i for i, f in enumerate(plan.files)})
         self.index, self.sets, self.files, self.groups, self.inputs = (rules.ngrams, rules.sets, rules.files,

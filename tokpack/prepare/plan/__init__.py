@@ -109,11 +109,10 @@ class Plan:
         """Unit ``unit``'s share of the input."""
         return share_of(self.files, self.sizes, unit, self.units)
 
-    def reads(self, unit: int) -> list[Read]:
-        """The reads of unit ``unit``: all its input at once, or, by file, the val inputs'
+    def reads(self, share: list[Share]) -> list[Read]:
+        """The reads of a unit's ``share``: all its input at once, or, by file, the val inputs'
         documents into val and the others into train (``--val-inputs``), each in input order.
         Every unit has as many: the run's number of read ``i`` of unit ``u`` is ``u * len + i``."""
-        share = self.share(unit)
         if self.holdout.kind != "inputs":
             return [Read(None, share)]
         val = self.holdout.files

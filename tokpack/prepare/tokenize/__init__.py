@@ -53,7 +53,7 @@ def run_unit(plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord:
     guarded run's): its record, its files still at their temporary names, each split's renames
     beside its part (the ledger publishes a sharded run's unit; the leader a flat run's files)."""
     share = plan.share(unit)
-    passes = plan.reads(unit)
+    passes = plan.reads(share)
     # Where the unit reads its input once, in order, and all of it whole files, the reader hashes
     # what it reads. Anything else is hashed in a thread of its own while the unit is tokenized,
     # where it fills the pipeline's idle start and end instead of coming before it.
