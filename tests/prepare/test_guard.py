@@ -322,19 +322,35 @@ def _matched_by(out: Path) -> dict[str, tuple[int, int]]:
     return {part: (json.loads(path.read_text())["by"], path.stat().st_mtime_ns) for part, path in records.items()}
 
 
-def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_one_is_redone(tmp_path):
+def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_one_is_redone(tmp_path, monkeypatch):
+    from tokpack.format import PAIRS, PLACED
+    from tokpack.prepare.guard import Guard
+
+    decided = []
+    real = Guard._decide
+    monkeypatch.setattr(Guard, "_decide", lambda self, *a: (real(self, *a), decided.append(1))[0])  # those decided whole
     docs, common = _near_sharded(tmp_path, 300, 3, "0.03")
+    assert len(decided) == 1  # one process: decided once, for its units and its finish alike
+    decided.clear()
     out = tmp_path / "tasks"
     tasks = ["--tasks", "4", "--task"]
     assert main([*common, "--out-dir", str(out), *tasks, "2"]) == 0
     matched = _matched_by(out)
     own = {by for by, _ in matched.values()}
     assert len(matched) == 32 and len(own) == 1 and own != {0}  # every part, all by the first task to run
-    assert main([*common, "--out-dir", str(out), *tasks, "0"]) == 0
-    assert _matched_by(out) == matched  # read, not matched again
-    # A matcher killed after a part's pairs and before its record: that part alone is redone.
-    from tokpack.format import PAIRS
+    assert len(decided) == 1 and (out / PLACED.format("json")).exists()
+    import tokpack.prepare.guard as stage
 
+    loaded = []
+    real_load = stage.load_unit
+    monkeypatch.setattr(stage, "load_unit", lambda *a: loaded.append(1) or real_load(*a))
+    assert main([*common, "--out-dir", str(out), *tasks, "0"]) == 0
+    # The placement read: no unit's signatures loaded, nothing matched or decided again.
+    assert _matched_by(out) == matched and len(decided) == 1 and not loaded
+    # A decider killed before the placement's record: the next task signs what it must, matches
+    # what no part's record holds, and decides again.
+    (out / PLACED.format("json")).unlink()
+    # A matcher killed after a part's pairs and before its record: that part alone is redone.
     (out / PAIRS.format("near", 5, "json")).unlink()
     # And one whose pairs do not hash as recorded: as many, in order, one of them another pair.
     forged = max((n for n in range(16) if n != 5), key=lambda n: (out / PAIRS.format("near", n, "bin")).stat().st_size)
@@ -353,7 +369,8 @@ def test_each_part_of_the_match_is_matched_once_whatever_the_tasks_and_a_lost_on
     again = _matched_by(out)
     redone = {part for part in matched if again[part] != matched[part]}
     assert redone == {"near05", f"near{forged:02d}"} and {again[part][0] for part in redone} != own
-    assert main([*common, "--out-dir", str(out), *tasks, "1"]) == 0
+    assert len(decided) == 2
+    assert main([*common, "--out-dir", str(out), *tasks, "1"]) == 0  # the last: it finishes, deciding whole
     assert _files(out) == _files(tmp_path / "one")  # the pairs go with the signatures
 
 
@@ -369,6 +386,11 @@ def test_an_input_changed_between_tasks_is_signed_again_and_every_unit_it_moves_
     lines = source.read_text().splitlines()
     lines[10] = json.dumps({"text": docs[80]})
     source.write_text("\n".join(lines) + "\n")
+    # The task of the changed unit stops in one line; run again alone, it signs the unit again
+    # and decides anew (the placement it was refused by goes with the unit's signatures).
+    for expected in (2, 0):
+        code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", 0)
+        assert code == expected and ("changed while the run read it" in err if code else not err), err
     for _ in range(3):  # as a user would: run the same commands again until the folder is whole
         for task in (0, 1, 2, 3):
             code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", task)
@@ -643,12 +665,12 @@ def test_the_splits_own_val_may_be_named_as_an_evaluation_set(tmp_path):
 def test_a_documents_verdict_is_found_in_any_order_of_lookups(members, data):
     # The verdicts of the members (sorted numbers) looked up by (read, document): in order, again,
     # or going back, members and their neighbours, each answer is what a plain table gives.
-    from tokpack.prepare.guard import Verdict, Verdicts
+    from tokpack.prepare.guard.placement import Placement, Verdict
 
     numbers = np.array(sorted(members), dtype=np.int64)
     verdicts = np.array([1 + n % 3 for n in numbers.tolist()], dtype=np.uint8)
     starts = [0, 20, 40]
-    decided = Verdicts(np.array(starts, dtype=np.int64), numbers, verdicts, {}, [], None, None, None, False, None, [])
+    decided = Placement(starts, numbers, verdicts, [], [], Path("."))
     table = dict(zip(numbers.tolist(), verdicts.tolist()))
     near = sorted({max(0, n + d) for n in members for d in (-1, 0, 1)}) or [0]
     for number in data.draw(st.lists(st.one_of(st.sampled_from(near), st.integers(0, 70)), max_size=40)):
@@ -1027,3 +1049,60 @@ def test_a_sign_batch_of_short_documents_holds_a_bounded_number_of_them(tmp_path
     run(tmp_path, [f"line {i} of the same short kind" for i in range(6000)], "short", near_split=True)
     most = signatures._BATCH_CHARS // signatures._DOCUMENT_CHARS  # each weighs its signing arrays, not its text
     assert sum(sizes) == 6000 and max(sizes) <= most < 6000
+
+
+def test_a_kept_placement_is_read_only_as_this_run_wrote_it(tmp_path):
+    from tokpack.format import PLACED
+    from tokpack.prepare.guard.placement import Placement, Verdict, load
+
+    numbers, verdicts = np.array([1, 4, 7], dtype=np.int64), np.array([1, 2, 3], dtype=np.uint8)
+    Placement([0, 5, 9], numbers, verdicts, ["in0", "in1"], ["p0", "p1"], tmp_path).save("fp", "signed")
+    kept = load(tmp_path, "fp", 2, 3)
+    assert kept is not None and kept.numbers.tolist() == [1, 4, 7] and kept.verdicts.tolist() == [1, 2, 3]
+    assert kept.inputs == ["in0", "in1"] and kept.placed == ["p0", "p1"]
+    assert [kept.split(0, d, "val") for d in range(5)] == ["val", "val", "val", "val", "train"]
+    assert [kept.split(1, d, "train") for d in range(4)] == ["train", "train", None, "train"]
+    assert kept.verdict(0, 1) == Verdict.VAL and kept.verdict(1, 0) is None
+    # Another run's (fingerprint, units, reads) is not this one's.
+    assert load(tmp_path, "other", 2, 3) is None and load(tmp_path, "fp", 3, 3) is None
+    assert load(tmp_path, "fp", 2, 4) is None
+    record_path, bin_path = tmp_path / PLACED.format("json"), tmp_path / PLACED.format("bin")
+    record, raw = json.loads(record_path.read_text()), bin_path.read_bytes()
+
+    def rehashed(body: bytes, **edits):
+        return body, {**record, "sha256": hashlib.sha256(body).hexdigest(), **edits}
+
+    unsorted = np.array([4, 1, 7], dtype="<i8").tobytes() + verdicts.tobytes()
+    forgeries = [
+        (raw[:-1] + bytes([raw[-1] ^ 1]), record),  # a byte changed: not as recorded
+        (raw[:-1], record),  # torn
+        rehashed(raw, moved=4),
+        rehashed(unsorted),  # numbers out of order
+        rehashed(numbers.astype("<i8").tobytes() + bytes([1, 2, 4])),  # no such verdict
+        rehashed(np.array([-1, 4, 7], dtype="<i8").tobytes() + verdicts.tobytes()),
+        rehashed(raw, starts=[0, 9, 5]),
+        rehashed(raw, placed=["p0", 1]),
+        rehashed(raw, inputs=["in0"]),
+        rehashed(raw, moved="3"),
+    ]
+    for body, forged in forgeries:
+        bin_path.write_bytes(body)
+        record_path.write_text(json.dumps(forged))
+        assert load(tmp_path, "fp", 2, 3) is None, forged
+    # The file a link to a copy of itself: never followed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(raw)
+    bin_path.unlink()
+    bin_path.symlink_to(elsewhere)
+    record_path.write_text(json.dumps(record))
+    assert load(tmp_path, "fp", 2, 3) is None
+    # Saved again from the same signatures: written anew where it is not intact, else left as it
+    # is; from others: written anew.
+    bin_path.unlink()
+    Placement([0, 5, 9], numbers, verdicts, ["in0", "in1"], ["p0", "p1"], tmp_path).save("fp", "signed")
+    assert load(tmp_path, "fp", 2, 3) is not None
+    written = record_path.stat().st_mtime_ns
+    Placement([0, 5, 9], numbers, verdicts, ["in0", "in1"], ["p0", "p1"], tmp_path).save("fp", "signed")
+    assert record_path.stat().st_mtime_ns == written
+    Placement([0, 5, 9], numbers[:2], verdicts[:2], ["in0", "in1"], ["p0", "p1"], tmp_path).save("fp", "other")
+    assert load(tmp_path, "fp", 2, 3).numbers.tolist() == [1, 4] and elsewhere.read_bytes() == raw

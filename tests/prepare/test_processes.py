@@ -120,8 +120,6 @@ def test_a_failing_task_is_its_one_line_and_leaves_nothing(tmp_path, capsys):
     (("--processes", "0"), "--processes 0 must lie in 1..65,536"),
     (("--processes", "2", "--tasks", "2", "--task", "0"), "does not take --tasks, --task"),
     (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x"), "the run must be sharded"),
-    (("--processes", "2", "--ray", "local", "--out-dir", "s3://bucket/x", "--format", "llmc", "--near-split"),
-     "and unguarded"),
 ])
 def test_bad_processes_options_are_one_line(corpus, tmp_path, capsys, given, reason):
     code, err = cli_run(main, capsys, corpus, "--out-dir", tmp_path / "o", *given)

@@ -4,6 +4,7 @@ mid-run retried by Ray, and an address where no cluster answers one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -124,6 +125,27 @@ def test_a_ray_run_publishes_to_object_storage_what_one_process_writes(cluster, 
                  for o in listed}
     assert published == _files(tmp_path / "one" / "data")  # no unit record, index part or lock left either
     assert len([name for name in published if name.endswith(".bin")]) > 4
+
+
+@pytest.mark.e2e
+def test_a_guarded_ray_run_publishes_to_object_storage_what_one_process_writes(cluster, s3_server, tmp_path, capsys):
+    # Workers that share no disk: the run's own process decides the guard's verdicts and shares
+    # them through the folder; each task reads them, uploads its units, and nothing of the guard's
+    # stays in the published folder.
+    docs = make_docs(300, seed=8, words=150)
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs + docs[:40]])
+    options = ("--format", "llmc", "--shard-tokens", "20000", "--unit-mb", "0.02", "--near-split", "--dedup", "near",
+               "--quiet")
+    assert main([str(source), "--out-dir", str(tmp_path / "one" / "data"), *options]) == 0
+    s3_server.create_bucket(Bucket="guarded")
+    code, err = cli_run(main, capsys, source, "--out-dir", "s3://guarded/data", *options, "--processes", "2", "--ray",
+                        cluster)
+    assert code == 0, err
+    listed = s3_server.list_objects_v2(Bucket="guarded", Prefix="data/").get("Contents", [])
+    published = {o["Key"].removeprefix("data/"): s3_server.get_object(Bucket="guarded", Key=o["Key"])["Body"].read()
+                 for o in listed}
+    assert published == _files(tmp_path / "one" / "data") and "train.guard.jsonl" in published
+    assert json.loads(published["meta.json"])["guard"]["dedup"]["removed"] != [0]
 
 
 def _running_tasks():

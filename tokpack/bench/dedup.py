@@ -280,10 +280,11 @@ def prepare_cost(corpus: Path, tmp: Path, rounds: int) -> dict[str, Any]:
 
 
 def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...]) -> dict[int, dict[str, Any]]:
-    """The guard stage of ``--tasks N`` (sign, match, decide), a process each, as many at once as
-    this machine has cores, on one corpus: the parts of the match each task matched (from the parts' records) and
-    the CPU seconds of the stage in all the tasks (their start-up and plan aside), flat in N where
-    no unit is signed and no part matched twice."""
+    """The guard stage of ``--tasks N`` as each task runs it (sign, match, decide: what its units
+    need), a process each, as many at once as this machine has cores, on one corpus: the parts of
+    the match each task matched (from the parts' records) and the CPU seconds of the stage in all
+    the tasks (their start-up and plan aside), flat in N where no unit is signed, no part matched
+    and the verdicts not decided twice."""
     from ..format import PAIRS
     from ..prepare.config.launch import cores
     from ..prepare.guard.match import Kind, PARTS
@@ -299,7 +300,7 @@ def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...]) -> dict[int, 
                 f"out_dir={str(out)!r}, quiet=True, unit_mb={unit_mb}, workers=1, "
                 "launch=LaunchOptions(tasks=n, task=task), guard=_guard(near_split=True, dedup='near')); "
                 "plan = make_plan(config, n, 0.0, independent=True); import time; cpu = time.process_time(); "
-                "from tokpack.prepare import guard; guard.stage(plan, units_of(plan, task, n).start); "
+                "from tokpack.prepare import guard; guard.placed(plan, units_of(plan, task, n).start); "
                 "print(plan.units, units_of(plan, task, n).start, time.process_time() - cpu)")
         told = []
         for wave in range(0, n, cores()):  # as many at once as there are cores: the work, not a crowd's waits

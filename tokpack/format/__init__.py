@@ -89,9 +89,10 @@ UNIT_INDEX_GLOB = ".*.idx.u[0-9][0-9][0-9][0-9][0-9]"
 UNIT_INDEX_NAME = re.compile(r"\.(?:train|val)\.idx\.u\d{5}")
 SIGN = ".tokpack-sign-{:05d}.{}"  # a unit's signatures of a guarded run (--near-split, --dedup, --decontaminate)
 PAIRS = ".tokpack-sign-pairs-{}{:02d}.{}"  # the pairs one part of the match found, its record, its claim
+PLACED = ".tokpack-sign-placed.{}"  # where the guard sends each moved or dropped document, its record, its claim
 SIGN_GLOB = ".tokpack-sign-*"
 SIGN_NAME = re.compile(r"\.tokpack-sign-(?:\d{5}\.(?:json|docs|prints|hits|lock|(?:copies|near)\d{2})"
-                       r"|pairs-(?:copies|near)\d{2}\.(?:bin|json|lock))")
+                       r"|pairs-(?:copies|near)\d{2}\.(?:bin|json|lock)|placed\.(?:bin|json|lock))")
 MATCH = ".tokpack-match-{}-{:05d}"  # a guarded run's spill file while matching, only ever at its temporary name
 # A remote folder being published: the probe that proves the credentials may write.
 PROBE = ".tokpack-probe-{}"  # + a random hex token

@@ -2,13 +2,14 @@
 
     plan      every decision of the run, once, touching nothing        make_plan (plan/)
     hold      the folder locked, checked and cleared, once              OutputFolder, tasks.ready
-    guard     every unit signed and matched, the verdicts decided       guard.stage, in tasks.work
+    guard     every unit signed and matched, the verdicts decided       guard.placed, in tasks.work
     tokenize  one loop over units whoever launches the run              tasks.work (tokenize/)
     finish    joined (as is, merge, flatten, mix), meta.json, published folder.finish (publish/)
 
 How the run is launched is decided once (``LaunchOptions.kind``): this process, torchrun's ranks,
-an independent task, or the tasks of ``--processes`` and Ray; ``launches`` holds how each runs
-the stages, into a local folder or a spool published to a URL.
+an independent task, or the tasks of ``--processes`` and Ray; and where it writes, once
+(``launches.destination``): its local folder, or a spool published to a URL. ``launches`` holds
+how each launcher runs the stages.
 
     python -m tokpack.prepare docs/ --out-dir data/web
 """
@@ -19,7 +20,7 @@ import dataclasses
 import time
 from typing import Any
 
-from ..storage import is_url
+from ..storage import redact
 from . import launches
 from .config import PrepareConfig
 
@@ -35,6 +36,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     started = time.perf_counter()
     config = dataclasses.replace(config, launch=config.launch.on_the_cores())
     launch = config.launch.kind()
-    if config.out_dir is not None and is_url(config.out_dir):
-        return launches.remote(config, launch, started)
-    return launches.LOCAL[launch](config, started)
+    with launches.destination(config, launch) as where:
+        result = launches.LAUNCHERS[launch](where, started)
+    if where.config is not config:  # published to a URL: the spool it was made in is gone
+        result["stats"]["out_dir"] = redact(str(config.out_dir))
+    return result

@@ -25,17 +25,17 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from typing import Protocol
 
 from ..format import Meta, UnitRecord, read_meta
 from ..storage import is_url
 from . import guard, tokenize
 from .config import PrepareConfig
-from .guard import Verdicts
+from .guard.placement import Placement
 from .plan import Plan, input_folders, processes_plan
 from .publish import ledger
-from .publish.folder import OutputFolder, check_out_dir, finish, retire
+from .publish.folder import LocalSink, OutputFolder, check_out_dir, finish, retire
 from .publish.remote import Publisher, Spool, spooled
+from .publish.sink import Sink
 
 
 def finished(plan: Plan) -> Meta | None:
@@ -77,7 +77,7 @@ def run(plan: Plan, task: int, tasks: int, finalize: bool) -> Meta | None:
     if task >= 0:
         with OutputFolder(plan.out, clean=False):  # other tasks' files in the making stay
             ready(plan, shared=True)
-        work(plan, units_of(plan, task, tasks))
+        work(plan, units_of(plan, task, tasks), LocalSink())
     return _finalize(plan, finalize)
 
 
@@ -93,7 +93,7 @@ def run_task(config: PrepareConfig, task: int, cleared: Callable[[], bool] = lam
         return
     plan = quiet_plan(config)
     if cleared():
-        work(plan, units_of(plan, task, started(plan)))
+        work(plan, units_of(plan, task, started(plan)), LocalSink())
 
 
 def quiet_plan(config: PrepareConfig) -> Plan:
@@ -113,7 +113,8 @@ def publish_task(config: PrepareConfig, task: int) -> None:
     with Spool(config.spool_dir) as spool:
         plan = quiet_plan(spooled(config, spool, folder))
         with OutputFolder(plan.out):
-            work(plan, units_of(plan, task, started(plan)), folder)
+            folder.fetch(plan, guard.SHARED)  # the guard's placement, decided by the run's own process
+            work(plan, units_of(plan, task, started(plan)), folder, guard.shared(plan))
 
 
 def started(plan: Plan) -> int:
@@ -126,53 +127,23 @@ def units_of(plan: Plan, task: int, tasks: int) -> range:
     return range(task * plan.units // tasks, (task + 1) * plan.units // tasks)
 
 
-class Sink(Protocol):
-    """Where a run's finished units go: kept in its folder, or uploaded from a spool."""
-
-    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
-        """The record of ``unit`` where a run finished it already (by the guard's ``verdicts``)
-        and it is intact, else None."""
-        ...
-
-    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
-        """A unit just finished (its files in ``plan.out``, at their temporary names), kept: its
-        record as kept."""
-        ...
-
-    def done(self) -> None:
-        """Every unit given to ``keep`` is kept."""
-        ...
-
-
-class LocalSink:
-    """The run's folder itself: a sharded run's units are published as they finish, and kept by
-    a rerun; a flat run's one unit waits for the leader to publish it."""
-
-    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
-        return ledger.load(plan, unit, verdicts) if plan.sharded else None
-
-    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
-        return ledger.keep(plan, record) if plan.sharded else record
-
-    def done(self) -> None:
-        pass
-
-
-def work(plan: Plan, wanted: range, sink: Sink = LocalSink()) -> tuple[dict[int, UnitRecord], Verdicts | None]:
+def work(plan: Plan, wanted: range, sink: Sink, placement: Placement | None = None) -> dict[int, UnitRecord]:
     """The units ``wanted`` of the run, the one loop whoever launches it: the guard stage first
-    (a guarded run's verdicts, from the first unit's share of the work on), then each unit kept
-    if ``sink`` holds it intact, else tokenized into it. Their records, and the verdicts."""
-    verdicts = guard.stage(plan, wanted.start if wanted else 0)
+    (where each moved or dropped document goes, from the first unit's share of the work on;
+    ``placement`` where the caller has it already), then each unit kept if ``sink`` holds it
+    intact, else tokenized into it. Their records."""
+    if placement is None:
+        placement = guard.placed(plan, wanted.start if wanted else 0)
     done = {}
     try:
         for unit in wanted:
-            record = sink.kept(plan, unit, verdicts)
+            record = sink.kept(plan, unit, placement)
             if record is None:
-                record = sink.keep(plan, tokenize.run_unit(plan, unit, verdicts))
+                record = sink.keep(plan, tokenize.run_unit(plan, unit, placement))
             done[unit] = record
     finally:
         sink.done()
-    return done, verdicts
+    return done
 
 
 def _finalize(plan: Plan, explicit: bool) -> Meta | None:
@@ -190,11 +161,12 @@ def _finalize(plan: Plan, explicit: bool) -> Meta | None:
             return done
         # Decided again, not this task's: another task may have signed a changed input since.
         verdicts = guard.stage(plan)
-        parts, missing = ledger.every([ledger.load(plan, unit, verdicts) for unit in range(plan.units)])
+        placement = verdicts.placement if verdicts is not None else None
+        parts, missing = ledger.every([ledger.load(plan, unit, placement) for unit in range(plan.units)])
         if missing and not explicit:
             return None  # a recorded unit whose input changed since: its task does it again
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ValueError(f"{plan.out} lacks units {shown} of {plan.units} (not run yet, killed, or their input "
                              "changed): run the tasks that hold them, then --finalize")
-        return finish(plan, parts, verdicts)
+        return finish(plan, parts, verdicts, LocalSink())

@@ -170,11 +170,10 @@ class PrepareConfig:
 
     def _check_launch(self, remote_out: bool) -> None:
         """Ray's workers share no disk with this process: with a URL, each uploads its own units."""
-        if remote_out and self.launch.ray is not None and (self.one_file_a_split() or self.guard.active):
+        if remote_out and self.launch.ray is not None and self.one_file_a_split():
             raise ValueError("--ray with a URL --out-dir has each task upload its own units from its worker, so the "
                              "run must be sharded (--format llmc or --shard-tokens N: a split written as one file is "
-                             "joined on one disk) and unguarded (the signatures of --near-split, --dedup and "
-                             "--decontaminate are matched on one disk); or prepare into a disk the workers share")
+                             "joined on one disk); or prepare into a disk the workers share")
 
     def _check_chat(self) -> None:
         """Conversations each start with their own BOS, in the split their hash chooses."""

@@ -9,9 +9,10 @@ Every unit's documents are read once more (no tokenizer: the same verdicts whate
 tokenizer, thread count or task count) and signed into files of the unit (``signatures``), and
 the match is done in parts (``match``: each part's entries of every unit, sorted a spill file at
 a time, never an array of all documents in memory); each unit and each part is done once, by
-whichever task claims it first, and read by the others. Every task then decides the same
-verdict for each document that is moved to the other split or dropped. A unit looks up its
-documents' verdicts by their number in its reads (``Plan.reads``), as it writes them.
+whichever task claims it first, and read by the others. One task then decides the verdict of
+each document that is moved to the other split or dropped, and keeps it (``placement``); the
+other tasks read it, and the finish decides once more, whole. A unit looks up its documents'
+verdicts by their number in its reads (``Plan.reads``), as it writes them.
 
 A cluster of near-duplicates goes to the split of its first document (in stored order), so val
 never holds a near-copy of a train document (where val is the user's, ``--val-inputs``, the
@@ -25,37 +26,53 @@ See docs/dedup.md.
 
 from __future__ import annotations
 
-import enum
 import hashlib
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ...dedup.clusters import similar
 from ...dedup.minhash import Shingling
-from ...format import GUARD_REMOVED, SIGN, Removed
+from ...format import GUARD_REMOVED, PLACED, SIGN, Removed
 from ...storage.local import claimed, remove_own
 from ..config import Dedup, GuardOptions
 from ..memory import roomy_heap
 from ..plan import Plan
 from ..plan.holdout import Rule
+from . import placement
 from .match import Stale, firsts, matched
+from .placement import Placement, Verdict
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
+
+_T = TypeVar("_T")
+# What tasks that share no disk with the run's own process (Ray's, with a URL --out-dir) read of
+# the stage, which that process decides for them: the placement, its record last.
+SHARED = [PLACED.format("bin"), PLACED.format("json")]
 
 
 def stage(plan: Plan, first: int = 0) -> Verdicts | None:
-    """The guard stage of a run: its verdicts (``Guard.run`` from unit ``first`` on), or None for a
-    run without a guard."""
+    """The guard stage of a run whole, for its finish: its verdicts (``Guard.run`` from unit
+    ``first`` on), or None for a run without a guard."""
     return Guard(plan).run(first) if plan.guard is not None else None
 
 
-class Verdict(enum.IntEnum):
-    """What happens to a document other than its own split: moved to val or train, or dropped."""
+def placed(plan: Plan, first: int = 0) -> Placement | None:
+    """What a task's units need of the guard stage (``Guard.placement``), or None for a run
+    without a guard."""
+    return Guard(plan).placement(first) if plan.guard is not None else None
 
-    VAL = 1
-    TRAIN = 2
-    DROP = 3
+
+def shared(plan: Plan) -> Placement | None:
+    """The placement the run's own process decided and shared (``SHARED``), for a task that
+    shares no disk with it, or None for a run without a guard."""
+    if plan.guard is None:
+        return None
+    kept = Guard(plan).kept()
+    if kept is None:
+        raise ValueError(f"the guard's placement, which the run's own process shares with its tasks, is missing or "
+                         f"not this run's in {plan.out}; run the same command again")
+    return kept
 
 
 class Guard:
@@ -74,6 +91,7 @@ class Guard:
         self.options, self.out, self.fingerprint, self.workers = rules.options, plan.out, plan.fingerprint, plan.workers
         shares = [plan.share(unit) for unit in range(plan.units)]
         self.units = [(share, plan.reads(share)) for share in shares]
+        self.reads = 1 + sum(len(reads) for _, reads in self.units)  # a placement's starts: each read's, and the end
         self.reading = Reading(plan.read, plan.config.seed, plan.holdout, plan.chat is not None,
                                {f: i for i, f in enumerate(plan.files)})
         self.index, self.sets, self.files, self.groups, self.inputs = (rules.ngrams, rules.sets, rules.files,
@@ -83,19 +101,36 @@ class Guard:
     def shingling(self) -> Shingling | None:
         return self.options.shingling() if self.options.near else None
 
-    def run(self, first: int = 0, again: bool = True) -> Verdicts:
+    def run(self, first: int = 0) -> Verdicts:
         """Every unit signed (``first`` first, then those after it, so tasks of consecutive units
-        each start with their own), matched (from ``first``'s share of the parts on) and decided;
-        a unit whose entries turn out not as signed is signed again (``again``: once)."""
+        each start with their own), matched (from ``first``'s share of the parts on) and decided."""
+        return self._decided(first, lambda signed: self._decide(signed, first))
+
+    def placement(self, first: int = 0) -> Placement:
+        """Where each moved or dropped document goes: kept by the task that decided it, or signed,
+        matched and decided as ``run`` does, by one task at a time (the others then read it)."""
+        kept = self.kept()
+        return kept if kept is not None else self._decided(
+            first, lambda signed: self.kept() or self._decide(signed, first).placement)
+
+    def kept(self) -> Placement | None:
+        """The placement a task of the run decided, kept in the folder, if it is this run's."""
+        return placement.load(self.out, self.fingerprint, len(self.units), self.reads)
+
+    def _decided(self, first: int, decide: Callable[[list[Signed]], _T], again: bool = True) -> _T:
+        """``decide`` on every unit's signatures, with the claim to decide held; a unit whose
+        entries turn out not as signed is signed again (``again``: once)."""
         try:
-            return self._run(first)
+            signed = self._signed(first)
+            with claimed(self.out / PLACED.format("lock"), True):
+                return decide(signed)
         except Stale as stale:
             if not again:
                 raise
             remove_own(self.out / SIGN.format(stale.unit, "json"))
-            return self.run(first, again=False)
+            return self._decided(first, decide, again=False)
 
-    def _run(self, first: int) -> Verdicts:
+    def _signed(self, first: int) -> list[Signed]:
         count = len(self.units)
         signed: dict[int, Signed] = {}
         with roomy_heap():
@@ -119,7 +154,7 @@ class Guard:
                         raise ValueError(f"the signatures of {self.out} changed while the run read them; run the "
                                          "same command again")
                     signed[u] = found
-        return self._decide([signed[u] for u in range(count)], first)
+        return [signed[u] for u in range(count)]
 
     def _load(self, unit: int) -> Signed | None:
         share = self.units[unit][0]
@@ -152,9 +187,11 @@ class Guard:
                 entry["too_short"] = self.index.skipped.get(at, 0)
             self._bounded(docs, info["val"].astype(bool), val, why, record["decontaminate"]["files"])
         moved = np.flatnonzero(verdicts)
-        return Verdicts(starts, number[moved], verdicts[moved].astype(np.uint8), record,
-                        [s.input_sha256 for s in units], _Outcome(found, info, why, val), docs, prints,
-                        not self.reading.chat, self, _placed(unit_of[moved], info[moved], verdicts[moved], len(units)))
+        placed = Placement(starts.tolist(), number[moved], verdicts[moved].astype(np.uint8),
+                           [s.input_sha256 for s in units],
+                           _placed(unit_of[moved], info[moved], verdicts[moved], len(units)), self.out)
+        placed.save(self.fingerprint, digest)
+        return Verdicts(placed, record, _Outcome(found, info, why, val), docs, prints, not self.reading.chat, self)
 
     def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
                  files: list[dict[str, Any]]) -> None:
@@ -230,33 +267,14 @@ class _Outcome(NamedTuple):
 
 
 class Verdicts:
-    """The guard stage's outcome: each read's documents' verdicts (``starts``, ``numbers``,
-    ``verdicts``: the lookup of a read's document), the record for meta.json, the units' input
-    hashes, and what the reports are made of."""
+    """The guard stage's outcome: where each moved or dropped document goes (``placement``), the
+    record for meta.json, and what the reports are made of."""
 
-    def __init__(self, starts: np.ndarray, numbers: np.ndarray, verdicts: np.ndarray, record: dict[str, Any],
-                 inputs: list[str], outcome: _Outcome, docs: _Rows, prints: _Rows | None, indexed: bool,
-                 guard: Guard, placed: list[str]):
-        self.numbers, self.verdicts, self.record, self.inputs = numbers, verdicts, record, inputs
-        self.outcome, self.docs, self.prints, self.guard = outcome, docs, prints, guard
-        self.placed = placed  # each unit's digest of its documents' verdicts: a unit written by others is redone
+    def __init__(self, placement: Placement, record: dict[str, Any], outcome: _Outcome, docs: _Rows,
+                 prints: _Rows | None, indexed: bool, guard: Guard):
+        self.placement, self.record, self.outcome, self.docs, self.prints = placement, record, outcome, docs, prints
+        self.guard = guard
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
-        self._starts = starts.tolist()  # each read's first document number
-        self._gap = (0, -1)  # numbers known to hold no verdict: [lo, hi)
-
-    def split(self, read: int, doc: int, own: str) -> str | None:
-        """The split document ``doc`` of the run's read ``read`` goes to (``own``: its own), or
-        None: dropped."""
-        verdict = self.verdict(read, doc)
-        return own if verdict is None else None if verdict == Verdict.DROP else verdict.name.lower()
-
-    def check_input(self, unit: int, digest: str) -> None:
-        """Refuse a unit whose input is not what its documents were signed from; its signatures go,
-        so that the next run signs it again."""
-        if digest != self.inputs[unit]:
-            remove_own(self.guard.out / SIGN.format(unit, "json"))
-            raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
-                             "from other bytes); run the same command again")
 
     def report(self, split: str) -> Iterator[dict[str, Any]]:
         """The report of ``split``: each document the guard moved into it or removed from it, or
@@ -268,23 +286,6 @@ class Verdicts:
         _, _, why, val = self.outcome
         counts = np.bincount(why[val == (split == "val")], minlength=len(Removed))
         return {str(Removed(code).label): int(n) for code, n in enumerate(counts.tolist()) if code and n}
-
-    def verdict(self, read: int, doc: int) -> Verdict | None:
-        """The verdict of document ``doc`` of read ``read``, or None (it stays in its own split).
-        Documents come in order and few have a verdict: the gap between the verdicts around the
-        last document looked up answers most in two comparisons, where a search a document cost a
-        tenth of a prepare."""
-        number = self._starts[read] + doc
-        lo, hi = self._gap
-        if lo <= number < hi:
-            return None
-        numbers = self.numbers
-        at = int(np.searchsorted(numbers, number))
-        found = at < len(numbers) and int(numbers[at]) == number
-        after = at + 1 if found else at
-        self._gap = (number + 1 if found else int(numbers[at - 1]) + 1 if at else 0,
-                     int(numbers[after]) if after < len(numbers) else 1 << 62)
-        return Verdict(int(self.verdicts[at])) if found else None
 
     def rows(self, split: str, files: list[str], sets: list[str]) -> Iterator[dict[str, Any]]:
         found, info, why, val = self.outcome

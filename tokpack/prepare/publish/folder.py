@@ -31,7 +31,8 @@ from ...storage.local import LocalFolder, remove_leftovers, remove_own, write_js
 from ...storage import InputFile
 from ...verify import VerifyError, verify_folder
 from .. import tokenize
-from ..guard import Verdicts, signatures
+from ..guard import Verdicts
+from ..guard.placement import Placement
 from ..plan import Join, Plan
 from ..plan.input_hash import input_sha256
 from ..plan.mixture import Mixture
@@ -39,6 +40,7 @@ from ..plan.shares import share_of
 from ..tokenize.writers import HashingWriter, SplitWriter, remove_temporaries, split_writers
 from . import ledger
 from .meta import meta_of
+from .sink import Sink
 
 # Files other tools write into a data folder; never overwritten without --force.
 TOKEN_FILE = re.compile(r"(train|val)\.(bin|idx)|(?:.+_)?(train|val|test)(?:_\d+)+\.bin")
@@ -213,42 +215,63 @@ def _listed_files(out: Path) -> set[str]:
     return {f["file"] for f in meta_files(splits)}
 
 
-def finish(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None, whole: Callable[[], str] | None = None) -> Meta:
+def finish(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None, sink: Sink,
+           whole: Callable[[], str] | None = None) -> Meta:
     """The run's one finish: every unit's record (in unit order) joined as the plan says
     (``plan.join``), meta.json made from them and the guard's ``verdicts``, and the folder
-    published, meta.json last. ``whole``: the whole input's sha256 where the caller took it
-    already (a join into one process's files records it), else it is read now."""
+    published into ``sink``, meta.json last. ``whole``: the whole input's sha256 where the caller
+    took it already (a join into one process's files records it), else it is read now.
+
+    A flat run's one part leaves its files (index included) temporary for the renames here.
+    Sharded units have published their shards already and kept their document indexes as hidden
+    parts: these are merged into one index per split (offsets shifted by the tokens of the units
+    before), and removed, with the units' records, once meta.json stands."""
     if plan.join in (Join.FLATTEN, Join.MIX):
         digest = whole() if whole is not None else parts[0]["input_sha256"] if len(parts) == 1 else \
             input_sha256(share_of(plan.files, plan.sizes, 0, 1))
         parts = [mixed(plan, parts, digest) if plan.join is Join.MIX else
                  flattened(plan.out, parts, digest, plan.dtype, plan.config.format == "megatron")]
     meta = meta_of(plan, parts, verdicts)
-    publish_parts(plan.out, meta, parts, merge=plan.join is Join.MERGE)
+    renames = [pair for part in parts for split in SPLITS for pair in part["splits"][split].get("renames", [])]
+    if plan.join is Join.MERGE:
+        renames += merged_indexes(plan.out, meta, parts)
+    else:
+        for split in SPLITS:
+            meta["splits"][split]["idx"] = parts[0]["splits"][split]["idx"]
+    sink.publish(plan, meta, renames)
     if plan.join in (Join.FLATTEN, Join.MIX):
         ledger.drop_own(plan.out, plan.fingerprint)  # the units' files, joined now
+    ledger.clear(plan.out)  # the units' records, index parts and signatures: the folder stands
     return meta
 
 
-def publish_parts(out: Path, meta: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], merge: bool) -> None:
-    """The leader's publishing of every unit's part, in input order, then ``publish``.
+class LocalSink:
+    """The run's folder itself: a sharded run's units are published as they finish, and kept by
+    a rerun; a flat run's one unit waits for the leader to publish it."""
 
-    A flat run's one part leaves its files (index included) temporary for the renames here. Sharded units have
-    published their shards already and kept their document indexes as hidden parts: these are
-    merged into one index per split (offsets shifted by the tokens of the units before), and
-    removed, with the units' records, once meta.json stands.
-    """
-    renames = [pair for part in parts for split in SPLITS for pair in part["splits"][split].get("renames", [])]
-    if not merge:
-        for split in SPLITS:
-            meta["splits"][split]["idx"] = parts[0]["splits"][split]["idx"]
-    else:
-        renames += merged_indexes(out, meta, parts)
-    publish(out, meta, renames)
-    if merge:
-        ledger.clear(out)
-    else:  # the units' files are the caller's to remove (a --processes run joined them)
-        signatures.clear(out)
+    apart = False
+
+    def kept(self, plan: Plan, unit: int, placement: Placement | None) -> UnitRecord | None:
+        return ledger.load(plan, unit, placement) if plan.sharded else None
+
+    def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
+        return ledger.keep(plan, record) if plan.sharded else record
+
+    def done(self) -> None:
+        pass
+
+    def numbered(self, plan: Plan) -> set[int]:
+        return ledger.numbered(plan.out)
+
+    def recorded(self, plan: Plan, placement: Placement | None) -> tuple[list[UnitRecord], list[int]]:
+        # Its tasks wrote or checked each unit just now, under the folder's lock: named and sized only.
+        return ledger.every([ledger.load(plan, unit, placement, proven=True) for unit in range(plan.units)])
+
+    def share(self, plan: Plan, names: list[str]) -> None:
+        pass  # the tasks read this very folder
+
+    def publish(self, plan: Plan, meta: Mapping[str, Any], renames: list[tuple[str, str]]) -> None:
+        publish(plan.out, meta, renames)
 
 
 def merged_indexes(out: Path, meta: Mapping[str, Any], parts: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -32,7 +32,8 @@ from ...format import (MASK_SHARD_NAME, SHARD_HEADER_BYTES, SHARD_NAME, UNIT_IND
                        UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json)
 from ...storage.local import LocalFolder, remove_own, write_json_atomic
 from ...verify import VerifyError, check_index, check_mask, check_tokens
-from ..guard import Verdicts, signatures
+from ..guard import signatures
+from ..guard.placement import Placement
 from ..plan import Plan
 from ..plan.input_hash import input_sha256
 from ..tokenize.chats import CHAT_COUNTS
@@ -54,13 +55,13 @@ def record_files(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def load(plan: Plan, unit: int, verdicts: Verdicts | None, proven: bool = False) -> UnitRecord | None:
-    """The record of ``unit`` if it belongs to this run (written by the guard's ``verdicts``, in a
+def load(plan: Plan, unit: int, placement: Placement | None, proven: bool = False) -> UnitRecord | None:
+    """The record of ``unit`` if it belongs to this run (written by the guard's ``placement``, in a
     guarded run), its input is unchanged and its files are intact, else None. ``proven``: a task
     of this run wrote or checked the unit just now, under the folder's lock, so its input and
     files are not read again, only named and sized."""
     try:
-        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out), verdicts,
+        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out), placement,
                           proven)
         if record is not None and proven:
             for entry in record_files(record):
@@ -80,7 +81,7 @@ def every(found: list[UnitRecord | None]) -> tuple[list[UnitRecord], list[int]]:
     return [record for record in found if record is not None], [u for u, record in enumerate(found) if record is None]
 
 
-def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, verdicts: Verdicts | None,
+def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, placement: Placement | None,
              proven: bool = False) -> UnitRecord | None:
     """The record ``raw`` of ``unit`` (kept in ``where``) if it is this run's, names only a unit's
     files and was made from the input as it is now (``proven``: not read again; else None, with a
@@ -90,7 +91,7 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, verdicts: Ver
         record = load_json(raw or b"null", where, "it is redone")
         if not isinstance(record, dict) or record.get("fingerprint") != plan.fingerprint or record.get("unit") != unit:
             return None
-        if record.get("verdicts") != (verdicts.placed[unit] if verdicts is not None else None):
+        if record.get("verdicts") != (placement.placed[unit] if placement is not None else None):
             return None  # its documents were placed otherwise: an input changed since
         record_files(record)
         recorded = record["input_sha256"]

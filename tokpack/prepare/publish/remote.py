@@ -22,23 +22,28 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, meta_files, parse_meta
+from ...format import DATA_FILE, LOCK_NAME, META_NAME, PROBE, PROBE_NAME, SIGN_NAME, SPOOL_MARK, SPOOL_PREFIX, UNIT_INDEX_NAME, UNIT_RECORD, UNIT_RECORD_NAME, UnitRecord, meta_files, parse_meta
 from ...storage import Missing, is_url
 from ...storage.folder import Folder, as_folder
 from ...storage.local import json_bytes
 from ..config import PrepareConfig
-from ..guard import Verdicts
+from ..guard.placement import Placement
 from ..plan import Plan
 from . import ledger
+from .folder import publish as local_publish
 
-_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK_NAME)}|{UNIT_RECORD_NAME.pattern}|"
-                  rf"{UNIT_INDEX_NAME.pattern}|{PROBE_NAME.pattern}")
+# A run's own files while it is made, gone once meta.json stands.
+_LEFTOVER = re.compile(rf"{UNIT_RECORD_NAME.pattern}|{UNIT_INDEX_NAME.pattern}|{SIGN_NAME.pattern}")
+_OWN = re.compile(rf"{DATA_FILE.pattern}|{re.escape(META_NAME)}|{re.escape(LOCK_NAME)}|{_LEFTOVER.pattern}|"
+                  rf"{PROBE_NAME.pattern}")
+LISTING_S = 2.0  # how often a run on Ray lists its remote folder for the units uploaded
 # A lock as a run writes it: pid@host and a random token. Anything else is shown as foreign, not echoed.
 _HOLDER = re.compile(rb"(\d{1,10})@([A-Za-z0-9._-]{1,253}) [0-9a-f]{32}")
 
@@ -82,6 +87,7 @@ class Publisher:
         self.locked = False
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="tokpack-upload")
         self._uploading: Future[None] | None = None
+        self._listed, self._numbered = -LISTING_S, set[int]()
         # The local run is made in a folder of this name, so that llm.c shards, named after their
         # folder, have the names a local run into a folder of that name gives them.
         last = self.where.rstrip("/").rsplit("/", 1)[-1]
@@ -120,11 +126,6 @@ class Publisher:
         (a store keeps its listings)."""
         self.folder = as_folder(self._url, self._options)
 
-    def uploaded(self) -> int:
-        """How many units' records the folder holds now."""
-        self.refresh()
-        return sum(bool(UNIT_RECORD_NAME.fullmatch(name)) for name in self.folder.names())
-
     def _read(self, name: str) -> bytes | None:
         try:
             return self.folder.read(name)
@@ -146,11 +147,15 @@ class Publisher:
             self.stale = {f["file"] for f in meta_files(old["splits"])}
             self.folder.remove(META_NAME)  # incomplete from here on
 
-    def kept(self, plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord | None:
-        """The unit's uploaded record if it is this run's (written by the guard's ``verdicts``),
+    apart = True  # Ray's workers each make their units in a spool of their own
+
+    def kept(self, plan: Plan, unit: int, placement: Placement | None) -> UnitRecord | None:
+        """The unit's uploaded record if it is this run's (written by the guard's ``placement``),
         its input unchanged and its files there at their sizes; its index part is fetched into the
-        spool for the merge."""
-        record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where, verdicts)
+        spool for the merge. A flat run's one unit is never kept: it is published whole."""
+        if not plan.sharded:
+            return None
+        record = ledger.this_run(plan, unit, self._read(UNIT_RECORD.format(unit)), self.where, placement)
         if record is None:
             return None
         for entry in ledger.record_files(record):
@@ -175,7 +180,9 @@ class Publisher:
 
     def keep(self, plan: Plan, record: UnitRecord) -> UnitRecord:
         """A finished unit kept in the spool, then uploaded while the next one is tokenized (two
-        units' shards in the spool at most)."""
+        units' shards in the spool at most); a flat run's one unit waits in the spool for the finish."""
+        if not plan.sharded:
+            return record
         kept = ledger.keep(plan, record)
         self.done()
         self._uploading = self._uploader.submit(self.upload, plan, kept)
@@ -187,15 +194,49 @@ class Publisher:
             uploading, self._uploading = self._uploading, None
             uploading.result()
 
-    def publish(self, spool: Path, meta: Mapping[str, Any], uploads: list[str], leftovers: list[str]) -> None:
-        """The files ``uploads`` from ``spool``, then meta.json (the commit); then ``leftovers``
-        (a sharded run's records and index parts), and an older corpus's files this one does not
-        list, go."""
-        for name in uploads:
-            self.folder.put(spool / name, name)
+    def numbered(self, plan: Plan) -> set[int]:
+        """The units whose records the folder holds, listed again every ``LISTING_S`` at most."""
+        if time.monotonic() - self._listed >= LISTING_S:
+            self._listed = time.monotonic()
+            self.refresh()
+            self._numbered = {int(m.group(1)) for m in map(UNIT_RECORD_NAME.fullmatch, self.folder.names()) if m}
+        return self._numbered
+
+    def recorded(self, plan: Plan, placement: Placement | None) -> tuple[list[UnitRecord], list[int]]:
+        self.refresh()  # the tasks uploaded their units from other machines
+        return ledger.every([self.kept(plan, unit, placement) for unit in range(plan.units)])
+
+    def share(self, plan: Plan, names: list[str]) -> None:
+        for name in names:
+            self.folder.put(plan.out / name, name)
+
+    def fetch(self, plan: Plan, names: list[str]) -> None:
+        """The files ``names`` that the run's own process shared (``share``), into the spool where
+        the folder holds them."""
+        for name in names:
+            try:
+                self.folder.get(name, plan.out / name)
+            except Missing:
+                pass
+
+    def publish(self, plan: Plan, meta: Mapping[str, Any], renames: list[tuple[str, str]]) -> None:
+        """The files of meta.json made in the spool (a folder made whole there is first published
+        and verified there, as a local one is), then meta.json (the commit); then the run's
+        records, index parts and signatures, and an older corpus's files this one does not list, go."""
+        listed = [f["file"] for f in meta_files(meta["splits"])]
+        made = {Path(final).name for _, final in renames}
+        if all(name in made or (plan.out / name).exists() for name in listed):
+            local_publish(plan.out, meta, renames)
+        else:  # a sharded run's units are up already
+            for tmp, final in renames:
+                os.replace(tmp, final)
+        for name in listed:
+            if (plan.out / name).exists():
+                self.folder.put(plan.out / name, name)
         self.folder.write(META_NAME, json_bytes(meta))
-        new = {f["file"] for f in meta_files(meta["splits"])}
-        for name in leftovers + sorted(self.stale - new):
+        self.refresh()
+        leftovers = [name for name in self.folder.names() if _LEFTOVER.fullmatch(name)]
+        for name in leftovers + sorted(self.stale - set(listed)):
             self.folder.remove(name)  # or gone already
 
     def release(self) -> None:

@@ -23,7 +23,7 @@ from ...format import IDX_NAME, MEGATRON_NAME, SPLITS, UNIT_INDEX, UnitPart, Uni
 from ...format.megatron import write_index
 from ...tokenizer import encode_in_order, safe_cut
 from ..config import LLMC_SHARD_TOKENS
-from ..guard import Verdicts
+from ..guard.placement import Placement
 from ..plan import Plan, Read
 from ..plan.input_hash import InputTap, input_sha256
 from ..plan.shares import Share
@@ -48,8 +48,8 @@ def layout(plan: Plan, split: str, unit: int) -> ShardLayout | None:
     return None
 
 
-def run_unit(plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord:
-    """Tokenize one unit of the input, each document where the guard's ``verdicts`` send it (a
+def run_unit(plan: Plan, unit: int, placement: Placement | None) -> UnitRecord:
+    """Tokenize one unit of the input, each document where the guard's ``placement`` send it (a
     guarded run's): its record, its files still at their temporary names, each split's renames
     beside its part (the ledger publishes a sharded run's unit; the leader a flat run's files)."""
     share = plan.share(unit)
@@ -67,16 +67,16 @@ def run_unit(plan: Plan, unit: int, verdicts: Verdicts | None) -> UnitRecord:
             writers = open_writers(plan, unit)
             if plan.chat is not None:
                 write_chats(plan, [Read(only, tap.share if tap else entries) for only, entries in passes], writers,
-                            counts, unit * len(passes), verdicts)
+                            counts, unit * len(passes), placement)
             for i, (only, entries) in enumerate(passes if plan.chat is None else ()):
                 tokenize(_encoded(plan, tap.share if tap else entries), writers,
                          DocumentBuffer(plan.out, plan.config.seed), plan, sum(plan.sizes[f] for f, _, _ in entries),
-                         only, unit * len(passes) + i, verdicts)
+                         only, unit * len(passes) + i, placement)
             plan.enc.flush()  # every check of the unit's ids passed before anything of it is published
             read = digest()
-            if verdicts is not None:
-                verdicts.check_input(unit, read)
-            return finish(plan, unit, read, writers, verdicts, counts if plan.chat is not None else None)
+            if placement is not None:
+                placement.check_input(unit, read)
+            return finish(plan, unit, read, writers, placement, counts if plan.chat is not None else None)
         except BaseException:
             stop.set()
             for writer in writers.values():
@@ -116,15 +116,15 @@ def _encoded(plan: Plan, entries: list[Share]) -> Iterator[tuple[Piece, np.ndarr
     return encode_in_order(pieces(_documents(plan, entries), piece_chars, cut), encode, workers, piece_chars, in_flight)
 
 
-def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter], verdicts: Verdicts | None,
+def finish(plan: Plan, unit: int, digest: str, writers: dict[str, SplitWriter], placement: Placement | None,
            chat: dict[str, Any] | None = None) -> UnitRecord:
-    """The writers closed: the unit's record (with the digest of the guard's ``verdicts`` on its
+    """The writers closed: the unit's record (with the digest of the guard's ``placement`` on its
     documents, and its ``chat`` counts), its files still temporary, each split's renames in its
     part."""
     record: UnitRecord = {"fingerprint": plan.fingerprint, "unit": unit, "input_sha256": digest,
                           "splits": {s: closed(plan, writer) for s, writer in writers.items()}}
-    if verdicts is not None:
-        record["verdicts"] = verdicts.placed[unit]
+    if placement is not None:
+        record["verdicts"] = placement.placed[unit]
     if chat is not None:
         record["chat"] = chat
     return record
@@ -150,9 +150,9 @@ def megatron_index(out: Path, split: str, starts: Path, info: dict[str, Any], dt
 
 
 def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, SplitWriter], buffer: DocumentBuffer,
-             plan: Plan, total_bytes: int, only: str | None, read: int, verdicts: Verdicts | None) -> None:
+             plan: Plan, total_bytes: int, only: str | None, read: int, placement: Placement | None) -> None:
     """Every piece into its split's writer: a lone document by its cut, others by their hash, or
-    all into split ``only``; where the guard's ``verdicts`` move or drop a document (looked up by
+    all into split ``only``; where the guard's ``placement`` move or drop a document (looked up by
     ``read``, the run's read this is, and the document's number), as they say."""
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=plan.config.quiet or None,
                desc="tokpack.prepare", file=sys.stderr, smoothing=0.1)
@@ -174,8 +174,8 @@ def tokenize(stream: Iterator[tuple[Piece, np.ndarray]], writers: dict[str, Spli
             buffer.add(raw, tokens)
             if piece.last:
                 split: str | None = only or ("val" if plan.holdout.is_val(buffer.hash.digest()) else "train")
-                if verdicts is not None:
-                    split = verdicts.split(read, piece.doc, split)
+                if placement is not None:
+                    split = placement.split(read, piece.doc, split)
                 if split is not None:
                     buffer.drain_into(writers[split])
                 buffer.reset()

@@ -23,7 +23,7 @@ import numpy as np
 from ...chat import ChatPieces, ChatRenderer, Encoded, messages, tools
 from ...corpus import parse_record, records
 from ...tokenizer import encoded_batches
-from ..guard import Verdicts
+from ..guard.placement import Placement
 from ..plan import Plan, Read
 from ..plan.holdout import conversation_hash, document_key
 from ..plan.shares import Share
@@ -49,10 +49,10 @@ def _records(plan: Plan, entries: list[Share]) -> Iterator[tuple[int, str, Any]]
 
 
 def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Share], only: str | None,
-                   counts: dict[str, int], read: int, verdicts: Verdicts | None) -> Iterator[Conversation]:
+                   counts: dict[str, int], read: int, placement: Placement | None) -> Iterator[Conversation]:
     """Each conversation, rendered, with its split: ``only``, or by the hash of its messages'
     roles and contents, so the same whatever the tokenizer or rendering; where the guard moves or
-    drops it (``verdicts``, by ``read``, the run's read this is, and its record's number), as it says."""
+    drops it (``placement``, by ``read``, the run's read this is, and its record's number), as it says."""
     key = document_key(plan.config.seed)
     for number, (source, where, value) in enumerate(_records(plan, entries)):
         try:
@@ -67,14 +67,14 @@ def _conversations(plan: Plan, renderer: ChatRenderer, entries: list[Share], onl
         split: str | None = only
         if split is None:
             split = "val" if plan.holdout.is_val(conversation_hash(key, found)) else "train"
-        if verdicts is not None and (split := verdicts.split(read, number, split)) is None:
+        if placement is not None and (split := placement.split(read, number, split)) is None:
             continue
         counts["conversations"] += 1
         yield Conversation(pieces, split, source, sum(map(len, pieces.texts)))
 
 
 def tokenize_chats(plan: Plan, entries: list[Share], writers: dict[str, SplitWriter], only: str | None,
-                   counts: dict[str, int], read: int, verdicts: Verdicts | None,
+                   counts: dict[str, int], read: int, placement: Placement | None,
                    kinds: dict[str, array.array] | None = None) -> None:
     """Every conversation of ``entries`` into its split's writer (``only``: all into that split);
     ``counts`` gains the conversations read, skipped as bad, cut to ``max_tokens``, and left out
@@ -86,7 +86,7 @@ def tokenize_chats(plan: Plan, entries: list[Share], writers: dict[str, SplitWri
     def encode(batch: list[Conversation]) -> Encoded:
         return renderer.encode(plan.enc, plan.dtype, [conversation.pieces for conversation in batch])
 
-    stream = _conversations(plan, renderer, entries, only, counts, read, verdicts)
+    stream = _conversations(plan, renderer, entries, only, counts, read, placement)
     for batch, encoded in encoded_batches(stream, encode, workers, plan.config.piece_chars, in_flight,
                                           size=lambda conversation: conversation.chars):
         counts["cropped"] += int(np.count_nonzero(encoded.cut))
@@ -114,13 +114,13 @@ def _write(batch: list[Conversation], encoded: Encoded, splits: list[str | None]
 
 
 def write_chats(plan: Plan, passes: list[Read], writers: dict[str, SplitWriter], counts: dict[str, Any],
-                first_read: int, verdicts: Verdicts | None) -> None:
+                first_read: int, placement: Placement | None) -> None:
     """A unit's conversations into ``writers``, in input order; in a mixture, the input of each
     run of them in ``counts["sources"]``: the finish copies them out in mixture order
     (``publish.folder.mixed``). ``first_read``: the run's number of the unit's first read."""
     kinds = None if plan.mixture is None else {s: array.array("I") for s in writers}
     for i, (only, entries) in enumerate(passes):
-        tokenize_chats(plan, entries, writers, only, counts, first_read + i, verdicts, kinds)
+        tokenize_chats(plan, entries, writers, only, counts, first_read + i, placement, kinds)
     if kinds is not None:
         counts["sources"] = {split: runs(kind) for split, kind in kinds.items()}
 
