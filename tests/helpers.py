@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokpack.prepare import PrepareConfig, prepare
+from tokpack.prepare import GuardOptions, PrepareConfig, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,9 +105,12 @@ def write_spec(folder: Path, name: str = "mytok", pattern: str = "cl100k_base",
 
 
 def prepare_docs(folder: Path, docs: list[str], **options) -> Path:
-    """``docs`` written as files under ``folder/corpus`` and prepared into ``folder/prepared``."""
+    """``docs`` written as files under ``folder/corpus`` and prepared into ``folder/prepared``: a
+    folder for the readers' tests, unguarded unless ``guard`` is given (the guard's signing is the
+    prepare tests' to pay for; a folder's token files are read the same either way)."""
     corpus = write_docs(folder / "corpus", docs)
     out = folder / "prepared"
+    options.setdefault("guard", GuardOptions(near_split=False))
     prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(out), quiet=True, **options))
     return out
 
@@ -386,12 +389,12 @@ def write_web_jsonl(path: Path, megabytes: int = 10) -> Path:
     return path
 
 
-def peak_rss_mb_of_prepare(source: str, out: Path | str) -> float:
-    """Peak RSS of ``python -m tokpack.prepare SOURCE`` in a fresh process, as the kernel counts
+def peak_rss_mb_of_prepare(source: str, out: Path | str, *extra: str) -> float:
+    """Peak RSS of ``python -m tokpack.prepare SOURCE ...`` in a fresh process, as the kernel counts
     it (VmHWM)."""
     code = ("import sys; from tokpack.prepare.__main__ import main; from tokpack.prepare.memory import peak_rss_mb; "
             "assert main(sys.argv[1:]) == 0; print(peak_rss_mb())")
-    done = subprocess.run([sys.executable, "-c", code, source, "--out-dir", str(out), "--quiet"],
+    done = subprocess.run([sys.executable, "-c", code, source, "--out-dir", str(out), "--quiet", *extra],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return float(done.stdout.strip().splitlines()[-1])

@@ -120,7 +120,8 @@ def describe_guard(meta: Meta) -> str:
                 f"pairs estimated at {near.get('split_threshold', near['threshold'])} or more kept on one side, "
                 f"three standard errors below it, MinHash {near['hashes']} in {near['bands']} bands; {how})")
     else:
-        held = "not guarded against near-copies of train documents (prepare --near-split)"
+        held = ("not guarded against near-copies of train documents (prepared with --no-near-split, from one "
+                "document, or by a tokpack before the guard was the default: prepare it again to guard it)")
     decontaminated = record.get("decontaminate")
     sets = (f"; train decontaminated ({decontaminated['ngram']}-grams) of "
             f"{', '.join(f['path'] for f in decontaminated['files'])}" if decontaminated and

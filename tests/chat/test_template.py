@@ -45,8 +45,9 @@ def _inputs(tmp_path, records):
 
 
 def _prepare(capsys, source, tok, out, *extra):
+    # Every conversation written, near-copies of val's too: these tests hold each to transformers'.
     return cli_run(prepare_main, capsys, source, "--chat", "template", "--encoding", tok, "--out-dir", out,
-                   "--quiet", "--val-inputs", source.parent / "val.jsonl", *extra)
+                   "--quiet", "--val-inputs", source.parent / "val.jsonl", "--no-near-split", *extra)
 
 
 def _library(tok):

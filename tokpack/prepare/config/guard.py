@@ -31,9 +31,10 @@ class Dedup(enum.StrEnum):
 class GuardOptions:
     """The split guard, dedup and decontamination options (the ``[guard]`` table of a config)."""
 
-    near_split: bool = option(False, "keep near-duplicates on one side of the split: each cluster goes where its "
+    near_split: bool = option(True, "keep near-duplicates on one side of the split: each cluster goes where its "
                               "first document does, so val holds no near-copy of a train document (with "
-                              "--val-inputs, a val document's train near-copies are removed)")
+                              "--val-inputs, a val document's train near-copies are removed); a corpus of one "
+                              "document has none")
     dedup: str = option("none", "write duplicates once, the first in stored order: exact, copies of the same text; "
                         "near, near-duplicates too (default: none, keep all)", tuple(Dedup))
     threshold: float = option(0.8, "the estimated Jaccard similarity of word n-grams from which two documents are "

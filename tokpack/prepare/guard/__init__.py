@@ -42,7 +42,7 @@ from ..plan import Plan
 from ..plan.holdout import Rule
 from . import placement
 from .match import Stale, firsts, matched
-from .placement import Placement, Verdict
+from .placement import InputChanged, Placement, Verdict
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
 _T = TypeVar("_T")
@@ -61,6 +61,16 @@ def placed(plan: Plan, first: int = 0) -> Placement | None:
     """What a task's units need of the guard stage (``Guard.placement``), or None for a run
     without a guard."""
     return Guard(plan).placement(first) if plan.guard is not None else None
+
+
+def fresh(plan: Plan, verdicts: Verdicts | None) -> Verdicts | None:
+    """``verdicts``, or decided again where a task of the run has decided others since (it found
+    an input changed and signed it again)."""
+    if verdicts is None:
+        return None
+    guard = verdicts.guard
+    return verdicts if placement.signed(guard.out, guard.fingerprint, len(guard.units), guard.reads) == \
+        verdicts.signed else guard.run()
 
 
 def shared(plan: Plan) -> Placement | None:
@@ -191,7 +201,8 @@ class Guard:
                            [s.input_sha256 for s in units],
                            _placed(unit_of[moved], info[moved], verdicts[moved], len(units)), self.out)
         placed.save(self.fingerprint, digest)
-        return Verdicts(placed, record, _Outcome(found, info, why, val), docs, prints, not self.reading.chat, self)
+        return Verdicts(placed, record, _Outcome(found, info, why, val), docs, prints, not self.reading.chat, self,
+                        digest)
 
     def _bounded(self, docs: _Rows, own_val: np.ndarray, val: np.ndarray, why: np.ndarray,
                  files: list[dict[str, Any]]) -> None:
@@ -271,9 +282,9 @@ class Verdicts:
     record for meta.json, and what the reports are made of."""
 
     def __init__(self, placement: Placement, record: dict[str, Any], outcome: _Outcome, docs: _Rows,
-                 prints: _Rows | None, indexed: bool, guard: Guard):
+                 prints: _Rows | None, indexed: bool, guard: Guard, signed: str):
         self.placement, self.record, self.outcome, self.docs, self.prints = placement, record, outcome, docs, prints
-        self.guard = guard
+        self.guard, self.signed = guard, signed  # signed: the digest of the signatures they were decided from
         self.indexed = indexed  # text: a document's index in its split follows from the verdicts
 
     def report(self, split: str) -> Iterator[dict[str, Any]]:

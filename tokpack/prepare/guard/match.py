@@ -229,7 +229,7 @@ def _keep(folder: Path, part: Part, signed: str, pairs: np.ndarray, first: int) 
     os.replace(tmp, path)
     write_json_atomic(folder / PAIRS.format(part.kind, part.number, "json"),
                       {"signed": signed, "part": part.name, "pairs": len(pairs),
-                       "sha256": hashlib.sha256(raw).hexdigest(), "by": first})
+                       "sha256": hashlib.sha256(raw).hexdigest(), "by": first}, durable=False)
 
 
 def _matched(folder: Path, blocks: Iterator[np.ndarray], part: Part, parts: float, count: int,

@@ -35,6 +35,15 @@ class Verdict(enum.IntEnum):
     DROP = 3
 
 
+class InputChanged(ValueError):
+    """A unit's input is not what its documents were signed from (edited since it was signed)."""
+
+    def __init__(self, unit: int):
+        super().__init__(f"the input of unit {unit} changed while the run read it (its documents were signed from "
+                         "other bytes); run the same command again")
+        self.unit = unit
+
+
 class Placement:
     """Each read's documents' verdicts, looked up by (read, number in the read), and what a unit
     record holds of them.
@@ -83,8 +92,7 @@ class Placement:
         if digest != self.inputs[unit]:
             remove_own(self.out / SIGN.format(unit, "json"))
             forget(self.out)
-            raise ValueError(f"the input of unit {unit} changed while the run read it (its documents were signed "
-                             "from other bytes); run the same command again")
+            raise InputChanged(unit)
 
     def save(self, fingerprint: str, signed: str) -> None:
         """Kept in ``out`` for the run's other tasks, decided from the signatures ``signed``
@@ -98,7 +106,14 @@ class Placement:
             f.write(raw)
         write_json_atomic(self.out / PLACED.format("json"), {
             "fingerprint": fingerprint, "signed": signed, "moved": len(self.numbers), "starts": self._starts,
-            "inputs": self.inputs, "placed": self.placed, "sha256": hashlib.sha256(raw).hexdigest()})
+            "inputs": self.inputs, "placed": self.placed, "sha256": hashlib.sha256(raw).hexdigest()}, durable=False)
+
+
+def signed(out: Path, fingerprint: str, units: int, reads: int) -> str | None:
+    """The digest of the signatures the placement kept in ``out`` was decided from, if it is this
+    run's and intact."""
+    kept = _load(out, fingerprint, units, reads)
+    return kept[1] if kept is not None else None
 
 
 def load(out: Path, fingerprint: str, units: int, reads: int) -> Placement | None:

@@ -135,7 +135,7 @@ def sign_unit(out: Path, unit: int, share: list[Share], reads: list[tuple[str | 
             raise
         for part in parts.values():
             os.replace(part.tmp, part.path)
-        write_json_atomic(out / SIGN.format(unit, "json"), record)
+        write_json_atomic(out / SIGN.format(unit, "json"), record, durable=False)
 
 
 def _sign_reads(reads: list[tuple[str | None, list[Share]]], reading: Reading, shingling: Shingling | None,

@@ -170,6 +170,8 @@ def make_plan(config: PrepareConfig, world: int, started: float, independent: bo
     groups, val_files = _input_groups(config)
     files = tuple(f for _, found in groups for f in found)
     single = not config.val_inputs and is_single_document(files, config.doc_sep)
+    if single and config.guard.near_split:  # one document has no near-copy: its run is as unguarded
+        config = dataclasses.replace(config, guard=dataclasses.replace(config.guard, near_split=False))
     if single and config.val_tokens:
         raise ValueError(f"--val-tokens chooses whole documents, but {files[0]} is one document; "
                          "use --val-fraction, or --doc-sep to cut it into documents")
