@@ -139,7 +139,8 @@ def test_bench_dedup_compares_with_exact_jaccard_and_reports_its_cost(capsys):
     assert figures["quality"]["planted"]["pairs_above"] > 0  # planted near-copies are there to be found
     assert figures["split"]["--near-split"]["val_with_a_near_copy_in_train"] == 0
     assert figures["signatures"]["tokpack"]["mb_per_s"] > 0 and figures["decontamination"]["hits"] > 0
-    assert set(figures["prepare"]) == {"--near-split", "--dedup near"} and figures["peak_rss_mb"] > 0
+    assert set(figures["prepare"]) == {f"{guard} ({backend})" for guard in ("--near-split", "--dedup near")
+                                       for backend in ("auto", "tiktoken")} and figures["peak_rss_mb"] > 0
     assert set(figures["words"]) == {"ASCII", "as written", "web Unicode", "decomposed accents", "Chinese"}
     assert figures["words"]["ASCII"]["of_ascii"] == 1
     assert all(w["mb_per_s"] > 0 for w in figures["words"].values())

@@ -269,3 +269,29 @@ def test_short_texts_of_any_lengths_are_found_in_one_pass_and_the_shortest_only_
     words_of = [w for w in (t.lower() for t in train)]
     expected = [frozenset({0}) if any(f" {s} " in f" {t} " for s in short) else frozenset() for t in words_of]
     assert index.hits(train) == expected
+
+
+def test_a_text_longer_than_the_word_pass_chunks_has_the_words_of_its_lines():
+    # A long text is read in pieces cut where no word is; its words are those of its lines, in order.
+    from tokpack.dedup.minhash import _CHUNK, words
+
+    lines = [f"line {i} holds wörds like naïve and café, {i * 7} times" for i in range(3 * _CHUNK // 40)]
+    text = "\n".join(lines)
+    assert len(text) > 2 * _CHUNK
+    whole, apart = words([text, "after it"]), words(lines + ["after it"])
+    assert whole.hashes.tolist() == apart.hashes.tolist()
+    assert whole.count.tolist() == [sum(apart.count[:-1].tolist()), 2]
+
+
+def test_grams_a_block_at_a_time_are_the_grams_of_the_whole():
+    # A long text's shingles are hashed a block of runs at a time; the blocks, in order, are the
+    # whole's, whatever the block, texts of fewer words than a shingle included.
+    from tokpack.dedup.minhash import gram_blocks, grams, words
+
+    found = words(["one two three four five six seven eight nine ten eleven", "short text", "",
+                   "a b c d e f g h i j k l m n o p q r s t u v w x y z"])
+    whole = grams(found, 5)
+    for block in (1, 2, 7, 1000):
+        parts = list(gram_blocks(found, 5, block))
+        assert np.concatenate([h for h, _ in parts]).tolist() == whole[0].tolist()
+        assert np.concatenate([t for _, t in parts]).tolist() == whole[1].tolist()

@@ -1147,3 +1147,39 @@ def test_a_kept_placement_is_read_only_as_this_run_wrote_it(tmp_path):
     assert record_path.stat().st_mtime_ns == written
     Placement([0, 5, 9], numbers[:2], verdicts[:2], ["in0", "in1"], ["p0", "p1"], tmp_path).save("fp", "other")
     assert load(tmp_path, "fp", 2, 3).numbers.tolist() == [1, 4] and elsewhere.read_bytes() == raw
+
+
+@pytest.mark.parametrize("launch", [[], ["--processes", "2", "--unit-mb", "0.05"]])
+def test_a_full_disk_while_signing_names_the_file_and_leaves_no_signatures(tmp_path, capsys, monkeypatch, launch):
+    from tokpack.prepare.guard import signatures
+
+    real = signatures.open_new
+
+    def on_a_full_disk(path):  # the operating system's own ENOSPC: writes to /dev/full fail with it
+        return open("/dev/full", "r+b") if ".tokpack-sign-00000.docs." in path.name else real(path)
+
+    monkeypatch.setattr(signatures, "open_new", on_a_full_disk)
+    docs, _ = corpus(300, seed=4)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    code, err = cli_run(main, capsys, source, "--out-dir", tmp_path / "out", "--quiet", *launch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "No space left on device" in err and ".tokpack-sign-00000.docs" in err and "free space" in err, err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob(".tokpack-sign-*"))
+
+
+def test_a_lost_tasks_spill_file_never_stays_in_the_finished_folder(tmp_path):
+    # A task's worker killed mid-match (Ray runs the task again elsewhere) leaves a spill file at
+    # its temporary name; the run's own process finishes the folder once every task has ended.
+    docs, _ = corpus(300, seed=6)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    out = tmp_path / "out"
+    proc = paused_at(prepare_cmd(source, out, "--processes", "2", "--unit-mb", "0.05"),
+                     lambda: any(out.glob(".tokpack-sign-*.json")))
+    lost = out / "..tokpack-match-near05-00000.999999.tokpack-tmp"  # as a killed matcher's pid names it
+    lost.write_bytes(bytes(64))
+    os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert not lost.exists() and not list(out.glob(".*"))
+    assert main([str(source), "--out-dir", str(tmp_path / "one"), "--quiet", "--unit-mb", "0.05"]) == 0
+    assert _files(out) == _files(tmp_path / "one")

@@ -263,20 +263,26 @@ def decontamination(texts: list[str], rounds: int) -> dict[str, Any]:
 
 
 def prepare_cost(corpus: Path, tmp: Path, rounds: int) -> dict[str, Any]:
-    """A whole jsonl prepare with the guard against one without, in interleaved rounds, in this
-    process set as the command sets its own (glibc's mmap threshold fixed; see ``process``)."""
+    """A whole jsonl prepare with the guard against one without, on each tiktoken backend (the
+    default's accelerated one, and tiktoken's own), in interleaved rounds, in this process set as
+    the command sets its own (glibc's mmap threshold fixed; see ``memory``)."""
     fix_mmap_threshold()
-    def run(**options: Any) -> Callable[[], None]:
+    def run(backend: str, **options: Any) -> Callable[[], None]:
         def go() -> None:
             prepare(PrepareConfig(inputs=(str(corpus),), out_dir=str(tmp / "cost"), quiet=True, force=True,
-                                  guard=_guard(**options)))
+                                  backend=backend, guard=_guard(**options)))
         return go
 
+    runs = {}
+    for backend in ("auto", "tiktoken"):
+        runs.update({f"plain ({backend})": run(backend, near_split=False),
+                     f"--near-split ({backend})": run(backend, near_split=True),
+                     f"--dedup near ({backend})": run(backend, near_split=True, dedup="near")})
     with quiet():
-        times = interleaved({"plain": run(near_split=False), "--near-split": run(near_split=True),
-                             "--dedup near": run(near_split=True, dedup="near")}, rounds)
-    return {name: {"cost": 1 / ratio(times, name, "plain") - 1, "range": ratio_range(times, name, "plain", True)}
-            for name in times if name != "plain"}
+        times = interleaved(runs, rounds)
+    return {name: {"cost": 1 / ratio(times, name, plain) - 1, "range": ratio_range(times, name, plain, True)}
+            for name in times if not name.startswith("plain")
+            for plain in [f"plain ({name.rsplit('(', 1)[1]}"]}
 
 
 def shared_match(corpus: Path, tmp: Path, counts: tuple[int, ...]) -> dict[int, dict[str, Any]]:

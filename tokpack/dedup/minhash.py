@@ -27,10 +27,11 @@ See docs/dedup.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import hashlib
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -205,17 +206,12 @@ def words(texts: Sequence[str]) -> Words:
     inverse of its start's power (no division, no Python per word)."""
     texts = [_read(t) for t in texts]
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    ends = np.cumsum(lengths + 1) - 1
-    joined = "\0".join(texts) + "\0"  # a NUL is no word's; one ends each text
+    ends = np.cumsum(lengths + 1) - 1  # where each text's NUL falls, as if they were joined
     firsts, hashes = [], []
-    at = 0
-    while at < len(joined):
-        cut = _CUT.search(joined, at + _CHUNK, at + 2 * _CHUNK)
-        end = cut.end() if cut else min(at + 2 * _CHUNK, len(joined))
-        first, found = _hashed(joined[at:end])
+    for at, piece in _pieces(texts):
+        first, found = _hashed(piece)
         hashes.append(found)
         firsts.append(first + at)
-        at = end
     found = np.concatenate(hashes) if hashes else np.empty(0, U64)
     # Texts are few and words many: each text's count of words from where its end falls among them.
     count = np.diff(np.searchsorted(np.concatenate(firsts) if firsts else np.empty(0, np.int64), ends), prepend=0)
@@ -225,6 +221,35 @@ def words(texts: Sequence[str]) -> Words:
         bare[i] = int.from_bytes(hashlib.blake2b(texts[i].encode("utf-8", "surrogatepass"), digest_size=8).digest(),
                                  "little")
     return Words(found, text, count, bare)
+
+
+def _pieces(texts: list[str]) -> Iterator[tuple[int, str]]:
+    """The texts as if joined, each ended by a NUL (no word's), in pieces of about ``_CHUNK``
+    characters with their places: short texts joined, a long one cut after a character no word
+    holds (a word longer than two chunks is cut), never copied whole."""
+    group: list[str] = []
+    at = size = 0  # where the next text begins; the characters in ``group``
+    for text in texts:
+        if len(text) < _CHUNK:
+            group += (text, "\0")
+            size += len(text) + 1
+            at += len(text) + 1
+            if size >= _CHUNK:
+                yield at - size, "".join(group)
+                group, size = [], 0
+            continue
+        if group:
+            yield at - size, "".join(group)
+            group, size = [], 0
+        lo = 0
+        while lo < len(text):
+            cut = _CUT.search(text, lo + _CHUNK, lo + 2 * _CHUNK)
+            hi = cut.end() if cut else min(lo + 2 * _CHUNK, len(text))
+            yield at + lo, text[lo:hi] + ("\0" if hi == len(text) else "")
+            lo = hi
+        at += len(text) + 1
+    if group:
+        yield at - size, "".join(group)
 
 
 def _hashed(piece: str) -> tuple[np.ndarray, np.ndarray]:
@@ -253,16 +278,18 @@ def _hashed(piece: str) -> tuple[np.ndarray, np.ndarray]:
     return first, mix((prefix[last] - prefix[first]) * inverse[first])
 
 
-def run_sums(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
+def run_sums(found: Words, n: int, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The weighted sum of every run of ``n`` words inside one text (word k of a run weighed by
     ``WEIGHTS[k]``, before ``salted``), and where it starts among the words: n passes of
-    vectorised work, whatever the number of texts."""
+    vectorised work, whatever the number of texts. Only the runs starting in [``lo``, ``hi``)
+    where given (a block of a long text's, so that its arrays are a block's, not a text's)."""
     hashes, text = found.hashes, found.text
-    total = np.zeros(max(len(hashes) - n + 1, 0), dtype=U64)
+    runs = max(len(hashes) - n + 1, 0)
+    total = np.zeros(max((runs if hi is None else min(hi, runs)) - lo, 0), dtype=U64)
     for k in range(n):
-        total += hashes[k:k + len(total)] * WEIGHTS[k]
-    inside = text[:len(total)] == text[n - 1:n - 1 + len(total)]
-    return total[inside], np.flatnonzero(inside)
+        total += hashes[lo + k:lo + k + len(total)] * WEIGHTS[k]
+    inside = text[lo:lo + len(total)] == text[lo + n - 1:lo + n - 1 + len(total)]
+    return total[inside], lo + np.flatnonzero(inside)
 
 
 def salted(sums: np.ndarray, n: int | np.ndarray) -> np.ndarray:
@@ -273,9 +300,18 @@ def salted(sums: np.ndarray, n: int | np.ndarray) -> np.ndarray:
 def grams(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The hash of every run of ``n`` words inside one text, with its text, in order; and of each
     text of fewer words, all its words (the hash tells how many). A text with no word has none."""
+    blocks = list(gram_blocks(found, n))
+    return (np.concatenate([np.empty(0, U64), *(h for h, _ in blocks)]),
+            np.concatenate([np.empty(0, np.int64), *(t for _, t in blocks)]))
+
+
+def gram_blocks(found: Words, n: int, block: int = 1 << 20) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``grams`` a block of ``block`` runs at a time (then the texts of fewer words): memory a
+    block's, whatever the length of a text."""
     hashes, text, count, _ = found
-    sums, at = run_sums(found, n)
-    gram_texts = text[at]
+    for lo in range(0, max(len(hashes) - n + 1, 0), block):
+        sums, at = run_sums(found, n, lo, lo + block)
+        yield salted(sums, n), text[at]
     short = np.flatnonzero((count > 0) & (count < n))
     if len(short):
         first = np.searchsorted(text, short)
@@ -283,9 +319,7 @@ def grams(found: Words, n: int) -> tuple[np.ndarray, np.ndarray]:
         for k in range(n - 1):
             has = count[short] > k
             whole[has] += hashes[first[has] + k] * WEIGHTS[k]
-        sums = np.concatenate([sums, whole + count[short].astype(U64)])
-        gram_texts = np.concatenate([gram_texts, short])
-    return salted(sums, n), gram_texts
+        yield salted(whole + count[short].astype(U64), n), short
 
 
 class Signatures(NamedTuple):
@@ -304,13 +338,12 @@ def sign(texts: Sequence[str], shingling: Shingling, found: Words | None = None)
         found: the texts' ``words``, where the caller has them already.
     """
     found = words(texts) if found is None else found
-    hashes, owner = grams(found, shingling.ngram)
-    bare = np.flatnonzero(found.count == 0)
-    hashes, owner = np.concatenate([hashes, found.bare[bare]]), np.concatenate([owner, bare])
     k = shingling.hashes
     bins = np.full(len(texts) * k, _EMPTY, dtype=U64)
-    np.minimum.at(bins, owner * k + ((hashes >> U64(32)) * U64(k) >> U64(32)).astype(np.int64),
-                  hashes & U64(0xFFFFFFFF))
+    bare = np.flatnonzero(found.count == 0)
+    for hashes, owner in itertools.chain(gram_blocks(found, shingling.ngram), [(found.bare[bare], bare)]):
+        np.minimum.at(bins, owner * k + ((hashes >> U64(32)) * U64(k) >> U64(32)).astype(np.int64),
+                      hashes & U64(0xFFFFFFFF))
     values = _densified(bins.reshape(len(texts), k))
     fingerprints = (values >> U64(48)).astype(np.uint16)
     rows = values.reshape(len(texts), shingling.bands, shingling.rows) * WEIGHTS[:shingling.rows]

@@ -190,6 +190,9 @@ class _ProcessesRun:
     def finish(self) -> Meta:
         plan = self.plan
         assert plan is not None
+        # Every task has ended: a temporary file still here is a lost one's (a worker Ray killed
+        # mid-match, whose task ran again elsewhere), and must not stay in the published folder.
+        remove_temporaries(plan.out, every_run=True)
         verdicts = self.verdicts if self.verdicts is not None else guard.stage(plan)
         kept, lost = self.where.units.recorded(plan, verdicts.placement if verdicts is not None else None)
         if lost:

@@ -26,6 +26,17 @@ from ..format import LOCK_NAME, META_NAME, SIGN_GLOB, SIGN_NAME, TMP_SUFFIX, UNI
 from . import Missing
 
 
+@contextlib.contextmanager
+def named_errors(path: Path) -> Iterator[None]:
+    """A write's OSError (a full disk) with the file it was writing, which Python leaves out."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def tmp_path(path: Path) -> Path:
     """Where ``path`` is written before the rename that publishes it: unique to this process."""
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
@@ -66,7 +77,7 @@ def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
     the rename (a record that names what must survive a crash). Without it, a crash may leave the
     file torn or its old self, which suits a record that holds the sha256 of what it describes:
     its reader then does that work again."""
-    with replacing(path) as f:
+    with named_errors(path), replacing(path) as f:
         f.write(json_bytes(obj))
         if durable:
             f.flush()

@@ -41,7 +41,7 @@ import numpy as np
 
 from ...dedup.clusters import components, lookup, pairs_of, similar
 from ...format import MATCH, PAIRS, load_json
-from ...storage.local import claimed, open_new, remove_own, tmp_path, write_json_atomic
+from ...storage.local import claimed, named_errors, open_new, remove_own, tmp_path, write_json_atomic
 
 ENTRY = np.dtype([("hash", "<u8"), ("doc", "<i8"), ("band", "<u2")])
 PARTS = 16  # parts of each kind: the most tasks that can share a match
@@ -221,7 +221,7 @@ def _keep(folder: Path, part: Part, signed: str, pairs: np.ndarray, first: int) 
     tmp = tmp_path(path)
     raw = np.ascontiguousarray(pairs, dtype="<i8").tobytes()
     try:
-        with open_new(tmp) as f:
+        with named_errors(path), open_new(tmp) as f:
             f.write(raw)
     except BaseException:
         remove_own(tmp)
@@ -290,10 +290,12 @@ def _route(folder: Path, blocks: Iterator[np.ndarray], lo: int, hi: int, parts: 
             order = np.argsort(group, kind="stable")
             bounds = np.searchsorted(group[order], np.arange(k + 1))
             for g in np.flatnonzero(np.diff(bounds)):
-                files[g].write(entries[order[bounds[g]:bounds[g + 1]]].tobytes())
+                with named_errors(paths[g]):
+                    files[g].write(entries[order[bounds[g]:bounds[g + 1]]].tobytes())
     finally:
-        for f in files:
-            f.close()
+        for path, f in zip(paths, files):
+            with named_errors(path):
+                f.close()
     return [(path, cuts[g], cuts[g + 1]) for g, path in enumerate(paths)]
 
 

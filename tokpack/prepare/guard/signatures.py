@@ -38,7 +38,7 @@ from ...corpus import ReadOptions, documents, parse_record, records
 from ...dedup.minhash import Shingling, sign, words
 from ...dedup.ngrams import NgramIndex
 from ...format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
-from ...storage.local import open_new, remove_own, tmp_path, write_json_atomic
+from ...storage.local import named_errors, open_new, remove_own, tmp_path, write_json_atomic
 from ...tokenizer import encoded_batches
 from . import match
 from ..plan.shares import Share
@@ -51,6 +51,9 @@ _BATCH_CHARS = 1 << 19
 # What a document weighs in a batch beside its text: its signing arrays (about 36 bytes a bin,
 # 9 KB at 256) outweigh a short text's, and a batch of 8,000 one-line documents held 300 MB.
 _DOCUMENT_CHARS = 256
+_ENCODED = 1 << 20  # characters of a text encoded at a time for its split hash
+_NEAR = 64 << 10  # rows of a signature file this close are read in one slab, those between passed over
+_SLAB = 8 << 20  # the most bytes of a signature file read at once
 _BLOCK = 1 << 18  # documents checked at a time
 
 
@@ -163,7 +166,8 @@ def _sign(batch: list[tuple[int, str, bytes | None, int]], read: int, only: str 
     for _, text, found, _ in batch:
         if found is None:
             digest = document_hash(key)
-            hash_small(digest, text.encode("utf-8", "surrogatepass"))  # the other threads sign meanwhile
+            for at in range(0, len(text), _ENCODED):  # a slice at a time: never a long text's bytes whole
+                hash_small(digest, text[at:at + _ENCODED].encode("utf-8", "surrogatepass"))  # the others sign meanwhile
             found = digest.digest()
         hashes.append(found)
     docs = np.zeros(len(batch), dtype=DOC)
@@ -220,16 +224,21 @@ class _Part:
 
     def write(self, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array).tobytes()
-        self.file.write(data)
+        with named_errors(self.path):
+            self.file.write(data)
         self.digest.update(data)
         self.bytes += len(data)
 
     def close(self) -> dict[str, Any]:
-        self.file.close()
+        with named_errors(self.path):
+            self.file.close()
         return {"bytes": self.bytes, "sha256": self.digest.hexdigest()}
 
     def discard(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:
+            pass  # a full disk fails its flush again: the error that discards it is the one to tell
         remove_own(self.tmp)
 
 
@@ -301,11 +310,26 @@ class Stored:
                 if isinstance(rows, slice):
                     f.seek(lo * size)
                     out = np.fromfile(f, self.dtype, count=count * self.row).reshape(out.shape)
-                else:  # row by row: a mapping would fault in 64 KB around every row
-                    wanted, back = np.unique(rows, return_inverse=True)
-                    data = b"".join(os.pread(f.fileno(), size, row * size) for row in wanted.tolist())
-                    out = np.frombuffer(data, self.dtype).reshape(-1, *self.shape[1:])[back]
+                else:
+                    out = self._rows(f.fileno(), np.asarray(rows), size)
         return out[self.field] if self.field else out
+
+    def _rows(self, fd: int, rows: np.ndarray, size: int) -> np.ndarray:
+        """The rows ``rows``, in their order: rows near each other (less than ``_NEAR`` bytes
+        apart) read in one slab of ``_SLAB`` bytes at most, the rows between them passed over, a
+        lone row read alone (a mapping would fault in 64 KB around every row, and a read a row was
+        most of matching a corpus of near-copies)."""
+        wanted, back = np.unique(rows, return_inverse=True)
+        out = np.empty((len(wanted), *self.shape[1:]), self.dtype)
+        cuts = np.flatnonzero(np.diff(wanted) * size > _NEAR) + 1
+        most = max(1, _SLAB // size)
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(wanted)]):
+            for lo in range(int(wanted[a]), int(wanted[b - 1]) + 1, most):
+                hi = min(lo + most, int(wanted[b - 1]) + 1)
+                slab = np.frombuffer(os.pread(fd, (hi - lo) * size, lo * size), self.dtype)
+                i, j = np.searchsorted(wanted, [lo, hi])
+                out[i:j] = slab.reshape(hi - lo, *self.shape[1:])[wanted[i:j] - lo]
+        return out[back]
 
 
 def _checked(path: Path, entry: Any, opened: bool = True) -> int:

@@ -12,11 +12,10 @@ See docs/prepare.md.
 from __future__ import annotations
 
 import array
-import contextlib
 import hashlib
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,24 +25,13 @@ import numpy as np
 
 from ...format import (BIN_NAME, IDX_NAME, INDEX_DTYPE, MASK_DTYPE, MASK_NAME, SHARD_DTYPE_VERSION, SHARD_HEADER_BYTES,
                        SHARD_VERSIONS, SPLITS, TMP_SUFFIX, FileEntry)
-from ...storage.local import open_new, remove_own, tmp_path
+from ...storage.local import named_errors, open_new, remove_own, tmp_path
 from ..plan.holdout import document_hash, document_key
 
 SPILL_TOKENS = 1 << 23  # a document's tokens beyond this wait on disk until its split is known
 INDEX_FLUSH = 1 << 16  # document starts held before they are appended to the .idx
 WRITEBACK_BYTES = 1 << 20  # a token file's bytes between the starts of its write-backs to disk
 _datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is POSIX; elsewhere, fsync
-
-
-@contextlib.contextmanager
-def named_errors(path: Path) -> Iterator[None]:
-    """A write's OSError (a full disk) with the file it was writing, which Python leaves out."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def _close_quietly(f: BinaryIO) -> None:
