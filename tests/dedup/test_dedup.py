@@ -262,7 +262,7 @@ def test_short_texts_of_any_lengths_are_found_in_one_pass_and_the_shortest_only_
                                                     " ".join(["intro", *split[:3]]), " ".join([*split[3:], "outro"])]
     passes = []
     real = ngrams.run_sums
-    monkeypatch.setattr(ngrams, "run_sums", lambda found, n: passes.append(n) or real(found, n))
+    monkeypatch.setattr(ngrams, "run_sums", lambda found, n, *block: passes.append(n) or real(found, n, *block))
     assert index.hits(train) == [frozenset({0})] * 10 + [frozenset()] * 4
     assert passes == [13, 3]  # the 13-grams, then every short text's first 3 words: one pass each
     # A plain scan, text by text, agrees.
@@ -295,3 +295,19 @@ def test_grams_a_block_at_a_time_are_the_grams_of_the_whole():
         parts = list(gram_blocks(found, 5, block))
         assert np.concatenate([h for h, _ in parts]).tolist() == whole[0].tolist()
         assert np.concatenate([t for _, t in parts]).tolist() == whole[1].tolist()
+
+
+def test_an_evaluation_index_of_blocks_of_runs_is_the_index_of_the_whole(monkeypatch):
+    # The 13-grams of a long evaluation text, and of a train text, are hashed a block of runs at a
+    # time; any block gives the same index and the same hits.
+    from tokpack.dedup import ngrams
+
+    texts = [" ".join(f"w{(i * 7 + j) % 50}" for j in range(40)) for i in range(6)] + ["a b c"]
+    train = [texts[2][40:], "nothing of it here at all, not one run of thirteen words", texts[5]]
+    whole = ngrams.NgramIndex.of([(0, texts)], 13, 3)
+    expected = whole.hits(train)
+    assert expected[0] and expected[2] and not expected[1]
+    for runs in (1, 5, 17):
+        monkeypatch.setattr(ngrams, "_RUNS", runs)
+        index = ngrams.NgramIndex.of([(0, texts)], 13, 3)
+        assert index.digest() == whole.digest() and index.hits(train) == expected

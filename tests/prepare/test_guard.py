@@ -1183,3 +1183,39 @@ def test_a_lost_tasks_spill_file_never_stays_in_the_finished_folder(tmp_path):
     assert not lost.exists() and not list(out.glob(".*"))
     assert main([str(source), "--out-dir", str(tmp_path / "one"), "--quiet", "--unit-mb", "0.05"]) == 0
     assert _files(out) == _files(tmp_path / "one")
+
+
+def test_a_resumed_run_whose_input_was_edited_into_a_copy_is_one_fresh_runs_folder(tmp_path, monkeypatch, capsys):
+    # One process, killed after two units; an early document edited (its size and mtime kept) into
+    # a copy of a late one. The rerun signs the edited unit again, decides anew and finishes by the
+    # new verdicts: meta.json and the reports are a fresh run's, not the first signing's.
+    from tokpack.prepare import tokenize
+
+    docs = [f"document {i:03d} " + "lorem ipsum dolor sit amet " * 30 + f"tail {i:03d}" for i in range(200)]
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    argv = [str(source), "--quiet", "--dedup", "exact", "--shard-tokens", "20000", "--unit-mb", "0.03",
+            "--out-dir", str(tmp_path / "out")]
+    real, calls = tokenize.run_unit, []
+
+    def stopped_after_two(plan, unit, placement):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(unit)
+        return real(plan, unit, placement)
+
+    monkeypatch.setattr(tokenize, "run_unit", stopped_after_two)
+    with pytest.raises(SystemExit):
+        main(argv)
+    monkeypatch.undo()
+    before = source.stat()
+    lines = source.read_text().splitlines()
+    lines[10] = json.dumps({"text": docs[180]})
+    source.write_text("\n".join(lines) + "\n")
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert source.stat().st_size == before.st_size
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "it is signed again" in capsys.readouterr().err
+    assert main([*argv[:-1], str(tmp_path / "fresh")]) == 0
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
+    assert read_meta(tmp_path / "out")["guard"]["dedup"]["removed"] == [1]

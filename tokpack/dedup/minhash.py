@@ -245,7 +245,7 @@ def _pieces(texts: list[str]) -> Iterator[tuple[int, str]]:
         while lo < len(text):
             cut = _CUT.search(text, lo + _CHUNK, lo + 2 * _CHUNK)
             hi = cut.end() if cut else min(lo + 2 * _CHUNK, len(text))
-            yield at + lo, text[lo:hi] + ("\0" if hi == len(text) else "")
+            yield at + lo, text[lo:hi]  # a piece's end ends its last word
             lo = hi
         at += len(text) + 1
     if group:

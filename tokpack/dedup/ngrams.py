@@ -32,6 +32,7 @@ from .clusters import lookup
 from .minhash import U64, WEIGHTS, Words, run_sums, salted, words
 
 _BATCH_CHARS = 1 << 22
+_RUNS = 1 << 20  # runs of words hashed at a time
 _SHOWN = 3  # the shortest texts matched, kept a set, to name in a refusal
 _SHOWN_CHARS = 40
 
@@ -69,8 +70,8 @@ class NgramIndex:
         for number, texts in sets:
             for batch in batches(texts, _BATCH_CHARS, len):
                 found = words(batch)
-                sums, at = run_sums(found, ngram)
-                long.add(salted(sums, ngram), number)
+                for lo in range(0, len(found.hashes), _RUNS):  # a block of runs at a time: a long text's too
+                    long.add(salted(run_sums(found, ngram, lo, lo + _RUNS)[0], ngram), number)
                 skipped[number] = skipped.get(number, 0) + int(np.count_nonzero(found.count < min_words))
                 kept = np.flatnonzero((found.count >= min_words) & (found.count < ngram))
                 if len(kept):
@@ -114,12 +115,15 @@ class NgramIndex:
         """(text, set) keys of the n-grams the texts hold."""
         if not len(self.hashes):
             return np.empty(0, np.int64)
-        sums, at = run_sums(found, self.ngram)
-        hashes, owner = salted(sums, self.ngram), found.text[at]
-        maybe = self._table[hashes >> self._shift]
-        hashes, owner = hashes[maybe], owner[maybe]
-        found_at, match = lookup(self.hashes, hashes)
-        return owner[match] * 65536 + self.sets[found_at[match]]
+        keys = [np.empty(0, np.int64)]
+        for lo in range(0, len(found.hashes), _RUNS):  # a block of runs at a time: a long text's too
+            sums, at = run_sums(found, self.ngram, lo, lo + _RUNS)
+            hashes, owner = salted(sums, self.ngram), found.text[at]
+            maybe = self._table[hashes >> self._shift]
+            hashes, owner = hashes[maybe], owner[maybe]
+            found_at, match = lookup(self.hashes, hashes)
+            keys.append(owner[match] * 65536 + self.sets[found_at[match]])
+        return np.concatenate(keys)
 
     def _short(self, found: Words) -> np.ndarray:
         """(text, set) keys of the short texts the texts hold whole: tried only where a short
