@@ -311,3 +311,26 @@ def test_an_evaluation_index_of_blocks_of_runs_is_the_index_of_the_whole(monkeyp
         monkeypatch.setattr(ngrams, "_RUNS", runs)
         index = ngrams.NgramIndex.of([(0, texts)], 13, 3)
         assert index.digest() == whole.digest() and index.hits(train) == expected
+
+
+def test_a_long_evaluation_text_indexed_a_piece_at_a_time_is_indexed_whole(monkeypatch):
+    # An evaluation text of millions of characters is read a piece at a time, each led by the
+    # last 12 words before it: the same index as the text read whole, runs across the cuts too.
+    from tokpack.dedup import ngrams
+    from tokpack.dedup.minhash import _CHUNK
+
+    rng = random.Random(5)
+    long = " ".join(f"Wörd{rng.randrange(10 ** 6)}" for _ in range(3 * _CHUNK // 10))
+    assert len(long) > 2 * _CHUNK
+    sparse = "alpha " + "." * 3000 + " beta gamma"  # long, and of too few words for a run: matched whole
+    sets = [(0, [long, "too short", "one two three four five six seven eight nine ten eleven twelve thirteen",
+                 sparse]),
+            (1, ["only twelve words here one two three four five six seven eight"])]
+    whole = ngrams.NgramIndex.of(sets, 13, 3)
+    monkeypatch.setattr(ngrams, "_LONG_TEXT", 1000)
+    pieces = ngrams.NgramIndex.of(sets, 13, 3)
+    assert pieces.digest() == whole.digest() and pieces.skipped == whole.skipped == {0: 1, 1: 0}
+    assert pieces.hits(["said: alpha... beta gamma!"]) == [frozenset({0})]
+    cut = long.index(" ", _CHUNK + 10)  # a run of 13 words across the first cut, and one not in the set
+    train = [long[cut - 150:cut + 150], "wörd1 wörd2 wörd3 wörd4 wörd5 wörd6 wörd7 wörd8 wörd9 wörd10 wörd11 wörd12 wörd13"]
+    assert pieces.hits(train) == whole.hits(train) == [frozenset({0}), frozenset()]

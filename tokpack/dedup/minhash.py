@@ -223,6 +223,18 @@ def words(texts: Sequence[str]) -> Words:
     return Words(found, text, count, bare)
 
 
+def long_words(text: str, keep: int) -> Iterator[Words]:
+    """The words of one long ``text`` a piece at a time (cut where no word is, as ``words`` cuts
+    it), each piece's led by the last ``keep`` words before it, so that every run of up to
+    ``keep + 1`` words lies whole in one piece and in only one: memory a piece's, whatever the
+    text's length."""
+    tail = np.empty(0, U64)
+    for _, piece in _pieces([_read(text)]):
+        hashes = np.concatenate([tail, words([piece]).hashes])
+        yield Words(hashes, np.zeros(len(hashes), np.int64), np.array([len(hashes)]), np.zeros(1, U64))
+        tail = hashes[max(len(hashes) - keep, 0):]
+
+
 def _pieces(texts: list[str]) -> Iterator[tuple[int, str]]:
     """The texts as if joined, each ended by a NUL (no word's), in pieces of about ``_CHUNK``
     characters with their places: short texts joined, a long one cut after a character no word

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..batching import batches
 from .clusters import lookup
-from .minhash import U64, WEIGHTS, Words, run_sums, salted, words
+from .minhash import U64, WEIGHTS, Words, long_words, run_sums, salted, words
 
 _BATCH_CHARS = 1 << 22
 _RUNS = 1 << 20  # runs of words hashed at a time
+_LONG_TEXT = 1 << 22  # characters from which an evaluation text is indexed a piece at a time
 _SHOWN = 3  # the shortest texts matched, kept a set, to name in a refusal
 _SHOWN_CHARS = 40
 
@@ -68,7 +69,22 @@ class NgramIndex:
         skipped: dict[int, int] = {}
         shortest: dict[int, list[tuple[int, str]]] = {}
         for number, texts in sets:
-            for batch in batches(texts, _BATCH_CHARS, len):
+
+            def regular(texts: Iterable[str] = texts, number: int = number) -> Iterator[str]:
+                """The texts but a long one, whose runs are indexed a piece at a time here; one of
+                too few words for a run goes on, to be counted or matched whole."""
+                for text in texts:
+                    if len(text) < _LONG_TEXT:
+                        yield text
+                        continue
+                    held = 0
+                    for found in long_words(text, ngram - 1):
+                        long.add(salted(run_sums(found, ngram)[0], ngram), number)
+                        held = max(held, len(found.hashes))
+                    if held < ngram:
+                        yield text
+
+            for batch in batches(regular(), _BATCH_CHARS, len):
                 found = words(batch)
                 for lo in range(0, len(found.hashes), _RUNS):  # a block of runs at a time: a long text's too
                     long.add(salted(run_sums(found, ngram, lo, lo + _RUNS)[0], ngram), number)
