@@ -168,10 +168,10 @@ class _ProcessesRun:
             self.whole = hashing.submit(input_sha256, share_of(plan.files, plan.sizes, 0, 1), self.stop)
         self.shares = [sum((plan.sizes[f] if hi is None else hi) - lo for f, lo, hi in plan.share(unit))
                        for unit in range(plan.units)]
-        where = "on Ray" if config.launch.ray is not None else "processes"
+        on = "on Ray" if config.launch.ray is not None else "processes"
         self.bar = held.enter_context(tqdm(total=sum(self.shares), unit="B", unit_scale=True, file=sys.stderr,
                                            disable=config.quiet or None,
-                                           desc=f"tokpack.prepare ({tasks.started(plan)} {where})"))
+                                           desc=f"tokpack.prepare ({tasks.started(plan)} {on})"))
         return Ready(None if self.where.units.apart else self.here, tasks.started(plan))
 
     def here(self, task: int, workers: int) -> None:
