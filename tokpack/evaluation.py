@@ -434,7 +434,7 @@ def describe_losses(drawn: dict[str, Any]) -> str:
 
 def _guarded(folder: str) -> str:
     """How the folder's val was guarded, beside its losses: what the number can be compared with."""
-    from .inspect import describe_guard
+    from .format import describe_guard
     from .storage.folder import as_folder, published
 
     return f"{folder}: {describe_guard(published(as_folder(folder))[0])}"

@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .cli import parser, run_cli
-from .format import (GUARD_REMOVED, GUARD_ROW_LIMIT, INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, mask_files,
-                     parse_guard_row, parse_shard_header, split_files, split_threshold, token_offset)
+from .format import (GUARD_REMOVED, GUARD_ROW_LIMIT, INDEX_DTYPE, MASK_DTYPE, FileEntry, Meta, SplitInfo, describe_guard,
+                     mask_files, parse_guard_row, parse_shard_header, split_files, split_threshold, token_offset)
 from .format.megatron import parse_starts
 from .storage import Missing, is_url
 from .storage.folder import Folder, as_folder, published
@@ -435,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         parts = ", ".join(f"{split} {n:,} tokens" for split, n in counts.items())
         print(f"tokpack.verify: {args.folder} is whole ({parts})")
+        print(f"tokpack.verify: {describe_guard(published(as_folder(args.folder))[0])}")
         removed = [] if is_url(args.folder) else remove_leftovers(Path(args.folder))
         if removed:
             print(f"tokpack.verify: removed {len(removed)} leftovers of a run killed after it finished "

@@ -26,8 +26,8 @@ from tokpack.prepare.__main__ import main
 from tokpack.prepare import GuardOptions
 from tokpack.prepare.guard.signatures import DOC, HIT
 from tokpack.tokenizer import load_encoding
-from tokpack.inspect import describe_guard
-from tokpack.verify import verify_folder
+from tokpack.format import describe_guard
+from tokpack.verify import main as verify_main, verify_folder
 
 _SENTENCES = None
 
@@ -125,9 +125,13 @@ def test_a_plain_prepare_guards_its_val_by_default_and_says_so(tmp_path, capsys)
     assert (f"guard {record['clusters']:,} clusters of near-copies (Jaccard >= 0.8); {record['moved_to_val']:,} "
             f"documents moved to val, {record['moved_to_train']:,} to train") in shown
     assert straddling(texts(tmp_path / "default", "val"), texts(tmp_path / "default", "train"), 0.85) == 0
+    assert verify_main([str(tmp_path / "default")]) == 0
+    assert "tokpack.verify: val: no near-copy of a train document" in capsys.readouterr().out
     # --no-near-split is today's unguarded folder, and says so.
     assert main([str(source), "--out-dir", str(tmp_path / "off"), "--no-near-split"]) == 0
     assert "guard off" in capsys.readouterr().out and "guard" not in read_meta(tmp_path / "off")
+    assert verify_main([str(tmp_path / "off")]) == 0
+    assert "tokpack.verify: val: not guarded against near-copies" in capsys.readouterr().out
     assert straddling(texts(tmp_path / "off", "val"), texts(tmp_path / "off", "train"), 0.85) > 0
 
 

@@ -433,3 +433,24 @@ def parse_shard_header(head: bytes, where: str) -> tuple[np.dtype, int] | None:
         raise ValueError(f"{where} has an llm.c header whose token count is {int(words[2])}, below 0: the header "
                          "is damaged or forged; re-create the shard")
     return np.dtype(dtype), int(words[2])
+
+
+def describe_guard(meta: Meta) -> str:
+    """One line of how a folder's val was guarded: what a loss on it can be compared with."""
+    record = meta.get("guard", {})
+    near = record.get("near", {})
+    if near.get("split"):
+        how = (f"{near['removed_from_train']:,} train documents removed" if "removed_from_train" in near else
+               f"{near['moved_to_val'] + near['moved_to_train']:,} documents moved")
+        held = (f"no near-copy of a train document (Jaccard of word {near['ngram']}-grams >= {near['threshold']}: "
+                f"pairs estimated at {near.get('split_threshold', near['threshold'])} or more kept on one side, "
+                f"three standard errors below it, MinHash {near['hashes']} in {near['bands']} bands; {how})")
+    else:
+        held = ("not guarded against near-copies of train documents (prepared with --no-near-split, from one "
+                "document, or by a tokpack before the guard was the default: prepare it again to guard it)")
+    decontaminated = record.get("decontaminate")
+    sets = (f"; train decontaminated ({decontaminated['ngram']}-grams) of "
+            f"{', '.join(f['path'] for f in decontaminated['files'])}" if decontaminated and
+            not decontaminated["report_only"] else "; train not decontaminated (prepare --decontaminate)")
+    dedup = f"; duplicates written once ({record['dedup']['mode']})" if "dedup" in record else ""
+    return f"val: {held}{sets}{dedup}"

@@ -30,7 +30,7 @@ from ..format import Meta, UnitRecord, read_meta
 from ..storage import is_url
 from . import guard, tokenize
 from .config import PrepareConfig
-from .guard.placement import Placement
+from .guard.placement import InputChanged, Placement
 from .plan import Plan, input_folders, processes_plan
 from .publish import ledger
 from .publish.folder import LocalSink, OutputFolder, check_out_dir, finish, retire
@@ -144,7 +144,7 @@ def work(plan: Plan, wanted: range, sink: Sink, placement: Placement | None = No
             if record is None:
                 try:
                     record = tokenize.run_unit(plan, unit, placement)
-                except guard.InputChanged as changed:
+                except InputChanged as changed:
                     if not signs:
                         raise
                     # Edited since another task signed it: signed again, matched and decided anew.

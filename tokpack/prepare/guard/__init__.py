@@ -42,7 +42,7 @@ from ..plan import Plan
 from ..plan.holdout import Rule
 from . import placement
 from .match import Stale, firsts, matched
-from .placement import InputChanged, Placement, Verdict
+from .placement import Placement, Verdict
 from .signatures import HIT, Reading, Signed, load_unit, sign_unit
 
 _T = TypeVar("_T")
