@@ -122,6 +122,7 @@ def test_a_plain_prepare_guards_its_val_by_default_and_says_so(tmp_path, capsys)
     shown = capsys.readouterr().out
     record = read_meta(tmp_path / "default")["guard"]["near"]
     assert record["split"] and record["split_threshold"] == 0.725
+    assert record["clusters"] > 1
     assert (f"guard {record['clusters']:,} clusters of near-copies (Jaccard >= 0.8); {record['moved_to_val']:,} "
             f"documents moved to val, {record['moved_to_train']:,} to train") in shown
     assert straddling(texts(tmp_path / "default", "val"), texts(tmp_path / "default", "train"), 0.85) == 0

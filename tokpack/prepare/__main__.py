@@ -32,7 +32,8 @@ def _guarded(record: dict[str, Any] | None) -> str:
     said = []
     near = record.get("near", {})
     if near:
-        said.append(f"{near['clusters']:,} clusters of near-copies (Jaccard >= {near['threshold']:g})")
+        said.append(f"{near['clusters']:,} cluster{'' if near['clusters'] == 1 else 's'} of near-copies "
+                    f"(Jaccard >= {near['threshold']:g})")
     if near.get("split"):
         said.append(f"{near['removed_from_train']:,} train near-copies of val removed" if "removed_from_train" in near
                     else f"{near['moved_to_val']:,} documents moved to val, {near['moved_to_train']:,} to train")
