@@ -19,7 +19,7 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set as AbstractSet
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -144,7 +144,7 @@ class OutputFolder:
 
 
 def check_out_dir(out: Path, force: bool, files: Sequence[InputFile], folders: Sequence[Path],
-                  ours: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+                  ours: AbstractSet[str] = frozenset()) -> None:
     """Refuse an output folder that would read its own output, overwrite an input, or overwrite a
     prepared corpus or another tool's token files without ``force``; ``ours`` are token files an
     unfinished earlier run of tokpack recorded (kept or replaced, never foreign)."""
@@ -409,8 +409,10 @@ def _read(writer: SplitWriter, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray,
     if not writer.tokens:
         empty = np.zeros(0, np.int64)
         return np.zeros(0, dtype), np.zeros(0, MASK_DTYPE), np.stack([empty, empty])
-    tokens = np.memmap(writer.bin.tmp, dtype=dtype, mode="r")  # type: ignore[union-attr]
-    mask = np.memmap(writer.mask.tmp, dtype=MASK_DTYPE, mode="r")  # type: ignore[union-attr]
+    # A staging writer writes one file of tokens and one of masks (``staging_writers``).
+    assert isinstance(writer.bin, HashingWriter) and isinstance(writer.mask, HashingWriter)
+    tokens = np.memmap(writer.bin.tmp, dtype=dtype, mode="r")
+    mask = np.memmap(writer.mask.tmp, dtype=MASK_DTYPE, mode="r")
     starts = np.fromfile(writer.idx.tmp, dtype="<u8").astype(np.int64)
     return tokens, mask, np.stack([starts, np.append(starts[1:], len(tokens))])
 

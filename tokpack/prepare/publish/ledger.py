@@ -26,7 +26,7 @@ import stat
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...format import (MASK_SHARD_NAME, SHARD_HEADER_BYTES, SHARD_NAME, UNIT_INDEX_GLOB, UNIT_INDEX_NAME, UNIT_RECORD,
                        UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json)
@@ -107,7 +107,7 @@ def this_run(plan: Plan, unit: int, raw: bytes | None, where: str, placement: Pl
         warnings.warn(f"the input of unit {unit} changed since it was recorded in {where}; it is redone",
                       stacklevel=3)
         return None
-    return record  # type: ignore[return-value]
+    return cast(UnitRecord, record)  # checked above, field by field
 
 
 def _sources_fit(record: dict[str, Any], inputs: int) -> bool:

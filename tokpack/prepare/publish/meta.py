@@ -10,10 +10,10 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...corpus import is_parquet, parquet_row_groups
-from ...format import FORMAT_VERSION, GUARD_REPORT, SPLITS, FileEntry, Meta, SplitInfo, UnitRecord
+from ...format import FORMAT_VERSION, GUARD_REPORT, SPLITS, EncodingInfo, FileEntry, Meta, SplitInfo, UnitRecord
 from ...version import __version__
 from ..guard import Verdicts
 from ..plan import Plan
@@ -31,7 +31,7 @@ def meta_of(plan: Plan, parts: list[UnitRecord], verdicts: Verdicts | None) -> M
     meta: Meta = {
         "format_version": FORMAT_VERSION,
         "tokpack_version": __version__,
-        "encoding": plan.enc.describe(),  # type: ignore[typeddict-item]
+        "encoding": cast(EncodingInfo, plan.enc.describe()),
         "dtype": plan.dtype.name,
         "eot": plan.eot,
         "single_document": plan.single,
