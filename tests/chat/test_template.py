@@ -966,6 +966,27 @@ def test_long_texts_are_encoded_in_chunks_to_the_same_ids(chatml, monkeypatch):
     assert calls.count("encode_flat") > 20 and calls.count("encode_marked") > 20  # about 1,000 characters a call
 
 
+def test_a_conversation_of_many_turns_is_encoded_a_chunk_at_a_time_to_the_same_ids(chatml, monkeypatch):
+    # A million short turns once took 3.6 GB in one encoding call: a long conversation is cut right
+    # before a special token the template wrote, about a chunk at a time, to the same ids.
+    from tokpack.chat import render
+
+    enc = load_encoding(str(chatml))
+    # Short turns with no space to cut at: only the special tokens between them.
+    many = {"messages": [{"role": ("user", "assistant")[i % 2], "content": f"m{i}"} for i in range(600)]}
+    template = Template(CHATML, "t", enc, 0)
+    batch = [template.pieces(messages(many, "r"), "r"), template.pieces(messages(CHATS[0], "r"), "r")]
+    assert batch[0].marked
+    reference = template.encode(enc, np.dtype(np.uint32), batch)
+    calls = []
+    real = enc.encode_marked
+    monkeypatch.setattr(enc, "encode_marked", lambda *a: calls.append(1) or real(*a), raising=False)
+    monkeypatch.setattr(render, "CHUNK_CHARS", 1000)
+    chunked = template.encode(enc, np.dtype(np.uint32), batch)
+    assert [a.tolist() for a in chunked] == [b.tolist() for b in reference]
+    assert len(calls) > 10  # about 1,000 characters a call
+
+
 def test_a_render_may_grow_with_its_conversation_past_a_mebibyte(chatml):
     # Output is bounded at 1 MiB plus 8 characters a character of the conversation: a 1.2 MB message renders.
     enc = load_encoding(str(chatml))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -128,7 +129,18 @@ def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str]
         return _EMPTY
     texts = [c.texts[0] for c in marked]
     if sum(map(len, texts)) > CHUNK_CHARS:
-        ids, bounds = _in_chunks(enc, texts, lambda chunks: enc.encode_marked(chunks, marks))
+        # Every special token's text in a marked conversation is the template's, and the text
+        # after a special token is encoded apart from what comes before it: a cut right before one
+        # leaves the tokens as they are (a million short turns in one call took 3.6 GB).
+        from ..tokenizer import safe_cut
+
+        written = re.compile("|".join(map(re.escape, sorted(marks, key=len, reverse=True))))
+
+        def before_special(text: str, lo: int, hi: int) -> int:  # else inside a long message, where one can
+            found = written.search(text, lo, hi)
+            return found.start() if found else safe_cut(text, lo, hi) if enc.can_cut else -1
+
+        ids, bounds = _in_chunks(enc, texts, lambda chunks: enc.encode_marked(chunks, marks), before_special)
     else:
         ids, bounds = enc.encode_marked(texts, marks, [len(c.leads[0]) for c in marked])
     written = np.fromiter(itertools.chain.from_iterable(c.leads[0] for c in marked), dtype=np.int64)
@@ -234,19 +246,21 @@ def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
 CHUNK_CHARS = 1 << 20
 
 
-def _in_chunks(enc: Encoder, texts: list[str],
-               encode: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def _in_chunks(enc: Encoder, texts: list[str], encode: Callable[[list[str]], tuple[np.ndarray, np.ndarray]],
+               cutting: Callable[[str, int, int], int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``encode(texts)`` (ids laid end to end, and each text's offsets) about ``CHUNK_CHARS`` at a
-    time: the same ids, in memory bounded by a call's. Where the encoder can cut
-    (``Encoder.can_cut``), a text longer than ``CHUNK_CHARS`` is cut at the points ``safe_cut``
-    finds; else it is one call."""
+    time: the same ids, in memory bounded by a call's. A text longer than ``CHUNK_CHARS`` is cut
+    at the points ``cutting`` finds (a place in [lo, hi) where a cut leaves the tokens as they
+    are, or -1), by default ``safe_cut``'s where the encoder can cut (``Encoder.can_cut``); else
+    it is one call."""
     from ..tokenizer import safe_cut
 
+    cut_at = cutting if cutting is not None else safe_cut if enc.can_cut else None
     chunks, owner = [], []
     for i, text in enumerate(texts):
         at = 0
-        while enc.can_cut and len(text) - at > CHUNK_CHARS:
-            cut = safe_cut(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
+        while cut_at is not None and len(text) - at > CHUNK_CHARS:
+            cut = cut_at(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
             if cut <= at:  # no safe point in reach: the rest whole
                 break
             chunks.append(text[at:cut])
