@@ -335,6 +335,11 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
     (out / SIGN.format(2, "json")).write_text(json.dumps({**record, "slots": [10**9]}))
     (out / SIGN.format(3, "docs")).unlink()
     os.symlink(outside, out / SIGN.format(3, "docs"))
+    # A record that is a link to a copy of itself: never read through, so its unit is signed again.
+    copy = tmp_path / "record-copy.json"
+    copy.write_bytes((out / SIGN.format(6, "json")).read_bytes())
+    (out / SIGN.format(6, "json")).unlink()
+    os.symlink(copy, out / SIGN.format(6, "json"))
     # Files whose record is forged to match them, naming what their unit does not hold.
     from tokpack.dedup.minhash import Shingling
     from tokpack.prepare.guard.signatures import load_unit
@@ -354,7 +359,7 @@ def test_forged_or_broken_signatures_are_signed_again(tmp_path):
     for task in (1, 2):
         assert main([*common, "--out-dir", str(out), "--tasks", "3", "--task", str(task)]) == 0
     assert _files(out) == _files(tmp_path / "one")
-    assert outside.read_bytes() == b"not yours"
+    assert outside.read_bytes() == b"not yours" and not os.path.lexists(out / SIGN.format(6, "json"))
 
 
 def _matched_by(out: Path) -> dict[str, tuple[int, int]]:
@@ -1135,12 +1140,19 @@ def test_a_kept_placement_is_read_only_as_this_run_wrote_it(tmp_path):
         bin_path.write_bytes(body)
         record_path.write_text(json.dumps(forged))
         assert load(tmp_path, "fp", 2, 3) is None, forged
-    # The file a link to a copy of itself: never followed.
-    elsewhere = tmp_path / "elsewhere"
+    # The file, or its record, a link to a copy of itself: never followed.
+    elsewhere, recorded = tmp_path / "elsewhere", tmp_path / "recorded"
     elsewhere.write_bytes(raw)
+    recorded.write_text(json.dumps(record))
+    bin_path.write_bytes(raw)
+    record_path.unlink()
+    record_path.symlink_to(recorded)
+    assert load(tmp_path, "fp", 2, 3) is None
+    record_path.unlink()
+    record_path.write_text(json.dumps(record))
+    assert load(tmp_path, "fp", 2, 3) is not None
     bin_path.unlink()
     bin_path.symlink_to(elsewhere)
-    record_path.write_text(json.dumps(record))
     assert load(tmp_path, "fp", 2, 3) is None
     # Saved again from the same signatures: written anew where it is not intact, else left as it
     # is; from others: written anew.

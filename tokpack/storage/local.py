@@ -37,6 +37,13 @@ def named_errors(path: Path) -> Iterator[None]:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
+def read_own(path: Path) -> bytes:
+    """A file of tokpack's own in a folder, read whole, opened without following a link (a link
+    planted at one of its names is an OSError, as a missing file is)."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        return f.read()
+
+
 def tmp_path(path: Path) -> Path:
     """Where ``path`` is written before the rename that publishes it: unique to this process."""
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")

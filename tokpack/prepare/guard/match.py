@@ -41,7 +41,7 @@ import numpy as np
 
 from ...dedup.clusters import components, lookup, pairs_of, similar
 from ...format import MATCH, PAIRS, load_json
-from ...storage.local import claimed, named_errors, open_new, remove_own, tmp_path, write_json_atomic
+from ...storage.local import claimed, named_errors, open_new, read_own, remove_own, tmp_path, write_json_atomic
 
 ENTRY = np.dtype([("hash", "<u8"), ("doc", "<i8"), ("band", "<u2")])
 PARTS = 16  # parts of each kind: the most tasks that can share a match
@@ -196,7 +196,7 @@ def _entries(files: list[tuple[Path, str]], offsets: np.ndarray, skipped: np.nda
 def _kept(folder: Path, part: Part, signed: str, count: int) -> np.ndarray | None:
     """The pairs of ``part`` a task matched from the same signatures, if they are whole, else None."""
     try:
-        record = load_json((folder / PAIRS.format(part.kind, part.number, "json")).read_bytes(),
+        record = load_json(read_own(folder / PAIRS.format(part.kind, part.number, "json")),
                            f"{folder}'s pairs of {part.name}", "they are matched again")
         if not (isinstance(record, dict) and record.get("signed") == signed and type(record.get("pairs")) is int
                 and isinstance(record.get("sha256"), str)):

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...format import PLACED, SIGN, load_json
-from ...storage.local import remove_own, replacing, write_json_atomic
+from ...storage.local import read_own, remove_own, replacing, write_json_atomic
 
 
 class Verdict(enum.IntEnum):
@@ -126,10 +125,10 @@ def load(out: Path, fingerprint: str, units: int, reads: int) -> Placement | Non
 def _load(out: Path, fingerprint: str, units: int, reads: int) -> tuple[Placement, str] | None:
     """The kept placement and the digest of the signatures it was decided from."""
     try:
-        record = load_json((out / PLACED.format("json")).read_bytes(), f"{out}'s guard placement", "it is decided again")
+        record = load_json(read_own(out / PLACED.format("json")), f"{out}'s guard placement", "it is decided again")
         if not (isinstance(record, dict) and record.get("fingerprint") == fingerprint and _listed(record, units, reads)):
             return None
-        raw = _read(out / PLACED.format("bin"))
+        raw = read_own(out / PLACED.format("bin"))
     except (OSError, ValueError):
         return None
     n = record["moved"]
@@ -157,9 +156,3 @@ def _listed(record: dict[str, Any], units: int, reads: int) -> bool:
             and all(type(s) is int and s >= 0 for s in starts) and starts == sorted(starts)
             and isinstance(inputs, list) and isinstance(placed, list) and len(inputs) == len(placed) == units
             and all(isinstance(s, str) for s in inputs + placed))
-
-
-def _read(path: Path) -> bytes:
-    """A file of tokpack's own, opened without following a link."""
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-        return f.read()

@@ -38,7 +38,7 @@ from ...corpus import ReadOptions, documents, parse_record, records
 from ...dedup.minhash import Shingling, sign, words
 from ...dedup.ngrams import NgramIndex
 from ...format import SIGN, SIGN_GLOB, SIGN_NAME, load_json
-from ...storage.local import named_errors, open_new, remove_own, tmp_path, write_json_atomic
+from ...storage.local import named_errors, open_new, read_own, remove_own, tmp_path, write_json_atomic
 from ...tokenizer import encoded_batches
 from . import match
 from ..plan.shares import Share
@@ -247,7 +247,7 @@ def load_unit(out: Path, unit: int, fingerprint: str, shingling: Shingling | Non
     """The signatures of ``unit`` if its record is this run's, its files are as recorded and what
     they hold names only its own input ``files`` and evaluation sets (``sets`` of them), else None."""
     try:
-        raw = (out / SIGN.format(unit, "json")).read_bytes()
+        raw = read_own(out / SIGN.format(unit, "json"))
         record = load_json(raw, f"{out}'s signatures of unit {unit}", "they are signed again")
         if not (isinstance(record, dict) and record.get("fingerprint") == fingerprint and record.get("unit") == unit
                 and isinstance(record.get("input_sha256"), str) and isinstance(record.get("slots"), list)

@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from ...format import (MASK_SHARD_NAME, SHARD_HEADER_BYTES, SHARD_NAME, UNIT_INDEX_GLOB, UNIT_INDEX_NAME, UNIT_RECORD,
                        UNIT_RECORD_GLOB, UNIT_RECORD_NAME, UnitPart, UnitRecord, load_json)
-from ...storage.local import LocalFolder, remove_own, write_json_atomic
+from ...storage.local import LocalFolder, read_own, remove_own, write_json_atomic
 from ...verify import VerifyError, check_index, check_mask, check_tokens
 from ..guard import signatures
 from ..guard.placement import Placement
@@ -61,7 +61,7 @@ def load(plan: Plan, unit: int, placement: Placement | None, proven: bool = Fals
     of this run wrote or checked the unit just now, under the folder's lock, so its input and
     files are not read again, only named and sized."""
     try:
-        record = this_run(plan, unit, (plan.out / UNIT_RECORD.format(unit)).read_bytes(), str(plan.out), placement,
+        record = this_run(plan, unit, read_own(plan.out / UNIT_RECORD.format(unit)), str(plan.out), placement,
                           proven)
         if record is not None and proven:
             for entry in record_files(record):
@@ -171,7 +171,7 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any] | None, list[str]]]:
         if not named:
             continue
         try:
-            record = load_json(path.read_bytes(), str(path), "it is redone")
+            record = load_json(read_own(path), str(path), "it is redone")
             names = [entry["file"] for entry in record_files(record)]
             if not isinstance(record.get("fingerprint"), str):
                 raise ValueError("no fingerprint")
