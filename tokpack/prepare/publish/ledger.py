@@ -24,7 +24,7 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -191,7 +191,12 @@ def _claimed(out: Path, unit: int) -> list[str]:
 
 def numbered(out: Path) -> set[int]:
     """The units whose records stand in ``out``, from their names alone (none is read)."""
-    return {int(m.group(1)) for m in map(UNIT_RECORD_NAME.fullmatch, os.listdir(out)) if m}
+    return numbered_in(os.listdir(out))
+
+
+def numbered_in(names: Iterable[str]) -> set[int]:
+    """The units whose records are among ``names`` (a folder's listing, local or remote)."""
+    return {int(m.group(1)) for m in map(UNIT_RECORD_NAME.fullmatch, names) if m}
 
 
 def recorded_files(out: Path) -> set[str]:

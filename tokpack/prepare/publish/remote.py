@@ -199,7 +199,7 @@ class Publisher:
         if time.monotonic() - self._listed >= LISTING_S:
             self._listed = time.monotonic()
             self.refresh()
-            self._numbered = {int(m.group(1)) for m in map(UNIT_RECORD_NAME.fullmatch, self.folder.names()) if m}
+            self._numbered = ledger.numbered_in(self.folder.names())
         return self._numbered
 
     def recorded(self, plan: Plan, placement: Placement | None) -> tuple[list[UnitRecord], list[int]]:
