@@ -80,8 +80,8 @@ def shared(plan: Plan) -> Placement | None:
         return None
     kept = Guard(plan).kept()
     if kept is None:
-        raise ValueError(f"the guard's placement, which the run's own process shares with its tasks, is missing or "
-                         f"not this run's in {plan.out}; run the same command again")
+        raise ValueError("the guard's placement, which the run's own process uploads to the --out-dir before its "
+                         "tasks start, is missing there or not this run's; run the same command again")
     return kept
 
 
