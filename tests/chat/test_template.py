@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import cli_run, make_chats, write_jsonl, write_nanochat_spec
+from families import FAMILIES, WEATHER, tool_conversations
 from tokpack.bench.chat import CHATML, chat_documents, chat_tokenizer
 from tokpack.chat import Template, messages, tools
 from tokpack.chat.render import overlapping
@@ -89,6 +90,7 @@ def test_tokens_and_assistant_masks_equal_transformers(chatml, tmp_path, capsys)
     meta = read_meta(tmp_path / "out")
     assert meta["chat"]["template_sha256"] == hashlib.sha256(CHATML.encode()).hexdigest()
     assert meta["chat"]["assistant_mask"] == "generation" and meta["chat"]["conversations"] == len(CHATS)
+    assert "{% generation %}" in meta["chat"]["mask_rule"]
     assert verify_folder(tmp_path / "out")
 
 
@@ -105,7 +107,8 @@ def test_without_generation_blocks_the_mask_is_what_each_assistant_turn_adds(tmp
     spelled = {enc.decode([t for t, m in zip(ids, mask) if m]) for ids, mask in found}
     assert spelled == {"".join(m["content"].strip() + "<|eot_id|>" for m in c["messages"] if m["role"] == "assistant")
                        for c in CHATS}
-    assert read_meta(tmp_path / "out")["chat"]["assistant_mask"] == "prefixes"
+    described = read_meta(tmp_path / "out")["chat"]
+    assert described["assistant_mask"] == "prefixes" and "whatever it holds" in described["mask_rule"]
 
 
 def test_where_prefixes_differ_each_turn_is_its_content_and_end_found_by_a_stand_in(tmp_path, capsys):
@@ -398,9 +401,6 @@ def _joining(name: str) -> list[tuple[str, list[tuple[str, str]]]]:
     ]
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 TOOL_CHATS = [{"tools": [WEATHER], "messages": [
     {"role": "user", "content": f"What is the weather in Paris, day {i}?"},
     {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
@@ -466,8 +466,9 @@ TRAINING_VARIANTS = {
     "deepseekv3": (("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"), "<｜end▁of▁sentence｜>"),
 }
 # Where a training variant trains what the generation prompt writes: the newline after Qwen2.5's
-# header, DeepSeek-V3's header itself.
-HEADER_TOKENS = {"qwen2_5": "\n", "deepseekv3": "<｜Assistant｜>"}
+# header, DeepSeek-V3's header itself; and Phi-3's, the end of text it writes after the last
+# message whatever it holds, which tokpack never trains.
+HEADER_TOKENS = {"qwen2_5": "\n", "deepseekv3": "<｜Assistant｜>", "phi3": "<|endoftext|>"}
 
 
 @pytest.mark.parametrize("name", list(TRAINING_VARIANTS))
@@ -1049,85 +1050,90 @@ def test_reasoning_under_any_of_its_names_renders_as_transformers_renders_it(tmp
         assert re.search(r"Adding \d to itself\.", trained) and re.search(r"It is \d+\.", trained), trained
 
 
-def _tool_conversations() -> list[dict]:
-    """Tool use as users record it: one call, two in a row, content beside a call, calls in
-    parallel, several user turns; with a system message or not, ``tools`` given or not."""
-    def call(name, city, i):
-        return {"type": "function", "id": f"call{i:09d}", "function": {"name": name, "arguments": {"city": city}}}
-
-    def result(text, i):
-        return {"role": "tool", "content": text, "tool_call_id": f"call{i:09d}"}
-
-    found = []
-    for system in (False, True):
-        for tools in (False, True):
-            for kind in ("one", "two", "content", "parallel", "users"):
-                turns = [{"role": "system", "content": "You are helpful."}] if system else []
-                first = {"role": "assistant", "content": "Let me check." if kind == "content" else "",
-                         "tool_calls": [call("get_weather", "Paris", 0)]}
-                if kind == "parallel":
-                    first["tool_calls"].append(call("get_time", "Lyon", 1))
-                turns += [{"role": "user", "content": "Weather in Paris?"}, first,
-                          result('{"temperature": 20}', 0)]
-                if kind == "parallel":
-                    turns.append(result('{"time": "noon"}', 1))
-                if kind == "two":
-                    turns += [{"role": "assistant", "content": "", "tool_calls": [call("get_time", "Nice", 1)]},
-                              result('{"time": "noon"}', 1)]
-                turns.append({"role": "assistant", "content": "It is 20 degrees in Paris."})
-                if kind == "users":
-                    turns += [{"role": "user", "content": "And Rome?"},
-                              {"role": "assistant", "content": "", "tool_calls": [call("get_weather", "Rome", 2)]},
-                              result('{"temperature": 25}', 2), {"role": "assistant", "content": "25 in Rome."}]
-                found.append({"messages": turns, **({"tools": [WEATHER]} if tools else {})})
-    return found
-
-
-# TRL's copies of the real templates, without {% generation %}: each writes a turn otherwise as
-# the last (Qwen3's empty think block; DeepSeek-R1's prompt opens "<think>" a call never writes;
-# gpt-oss drops a call's text once an answer follows).
-TOOL_FAMILIES = {
-    "qwen3": ("<|im_start|>", "<|im_end|>"),
-    "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>",
-                            "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
-                            "<｜tool▁output▁end｜>"),
-    "gptoss": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"),
+# Every family that writes a turn otherwise than its prefixes, TRL's copies of the real templates
+# (no {% generation %}) and this suite's miniatures (families.py): its special tokens (the last its
+# eos_token), its bos_token, and whether a call's arguments are a JSON string; then what every
+# trained run of tokens follows, how it ends, and what the template writes after the last message
+# whatever it holds (never trained).
+TRL_FAMILIES = {
+    "qwen3": (("<|im_start|>", "<|im_end|>"), None, False),
+    "deepseek_r1_distill": (("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>",
+                             "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+                             "<｜end▁of▁sentence｜>"), None, False),
+    "deepseekv3": (("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
+                    "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
+                    "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+                    "<｜tool▁output▁end｜>", "<｜end▁of▁sentence｜>"), None, True),
+    "gptoss": (("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|constrain|>", "<|return|>"),
+               None, False),
+}
+TURN_RULES = {
+    "qwen3": (("<|im_start|>assistant\n",), ("<|im_end|>\n",), ""),
+    "deepseek_r1_distill": (("<｜Assistant｜>", "<｜tool▁outputs▁end｜>"), ("<｜end▁of▁sentence｜>",
+                                                                          "<｜end▁of▁sentence｜>\n"), ""),
+    # a later call turn has no header, right after the user's text: the template never resets is_first
+    "deepseekv3": (("<｜Assistant｜>", "<｜tool▁output▁end｜>", "<｜tool▁outputs▁end｜>", "And Rome?"),
+                   ("<｜end▁of▁sentence｜>",), ""),
+    "gptoss": (("<|start|>assistant",), ("<|call|>", "<|end|>", "<|return|>"), ""),
+    "command_r7b": (("<|CHATBOT_TOKEN|>",), ("<|END_OF_TURN_TOKEN|>",), "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    "phi4_mini": (("<|assistant|>",), ("<|end|>",), "<|endoftext|>"),
+    "mistral_nemo": (("[/INST]", "[/TOOL_RESULTS]"), ("</s>",), ""),
+    "mistral_small_32": (("[/INST]", "[/TOOL_RESULTS]"), ("</s>",), ""),
+    "qwq": (("<|im_start|>assistant\n",), ("<|im_end|>\n",), ""),
+    "deepseek_v31": (("</think>", "<｜tool▁output▁end｜>"), ("<｜end▁of▁sentence｜>",), ""),
 }
 
 
-@pytest.mark.parametrize("family", list(TOOL_FAMILIES))
-def test_tool_use_on_templates_that_write_the_last_turn_otherwise(tmp_path, capsys, family):
-    template = _trl_template(f"{family}.jinja").replace('strftime_now("%Y-%m-%d")', '"2024-07-26"')
-    tok = chat_tokenizer(tmp_path / "tok", template, TOOL_FAMILIES[family])
-    records = _tool_conversations()
+def _runs(ids, mask):
+    """The trained runs of tokens: (start, end) each."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], np.asarray(mask, dtype=np.int8), [0]))))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+@pytest.mark.parametrize("family", [*TRL_FAMILIES, *FAMILIES])
+def test_tool_use_on_every_family_trains_each_assistant_turn_by_one_rule(tmp_path, capsys, family):
+    if family in TRL_FAMILIES:
+        names, bos, text_arguments = TRL_FAMILIES[family]
+        template = _trl_template(f"{family}.jinja")
+    else:
+        template, names, bos, text_arguments = FAMILIES[family]
+    # gpt-oss and Mistral Small write today's date, which tokpack fixes (a folder is the same
+    # whatever day it is made): transformers is given that day
+    fixed = re.sub(r"""strftime_now\((['"])%Y-%m-%d\1\)""", "'2024-07-26'", template)
+    tok = chat_tokenizer(tmp_path / "tok", template, names)
+    if bos is not None:
+        config = json.loads((tok / "tokenizer_config.json").read_text())
+        (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": bos}))
+    records = tool_conversations(text_arguments)
     code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
     assert code == 0, err
     assert read_meta(tmp_path / "out")["chat"]["skipped"] == 0
     library = _library(tok)
+    openers, endings, trailer = TURN_RULES[family]
     found: dict[tuple, list] = {}
     for ids, mask in _every(tmp_path / "out"):  # templates that write no tools give some records alike
         found.setdefault(tuple(ids), []).append(mask)
     for record in records:
-        ids = tuple(library.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=True,
-                                                return_dict=True)["input_ids"])
+        ids = tuple(library.apply_chat_template(record["messages"], tools=record.get("tools"), chat_template=fixed,
+                                                tokenize=True, return_dict=True)["input_ids"])
         mask = found[ids].pop()
         if not found[ids]:
             del found[ids]
-        trained = library.decode([t for t, m in zip(ids, mask) if m])
-        written = library.decode(list(ids))
-        for message in record["messages"]:
-            if message["role"] == "assistant":
-                if message["content"] and message["content"] in written:
-                    assert message["content"] in trained, (family, trained)
-                for call in message.get("tool_calls", []):
-                    city = call["function"]["arguments"]["city"]
-                    assert (city in written) <= (city in trained), (family, city, trained)
-            if message["role"] in ("tool", "user", "system"):
-                assert message["content"] not in trained, (family, message["content"], trained)
-        # every assistant turn by one rule: its end token, and gpt-oss's channel of an answer
-        turns = sum(m["role"] == "assistant" for m in record["messages"])
-        if family == "qwen3":
-            assert trained.count("<|im_end|>") == turns, trained
-        if family == "gptoss":
-            assert trained.count("<|channel|>final<|message|>") == written.count("<|channel|>final<|message|>"), trained
+        turns = [m for m in record["messages"] if m["role"] == "assistant"]
+        runs = _runs(ids, mask)
+        assert len(runs) == len(turns), (family, [library.decode(ids[a:b]) for a, b in runs])
+        for (a, b), turn in zip(runs, turns):  # each turn by the same rule, the last as the others
+            trained, written = library.decode(list(ids[a:b])), library.decode(list(ids))
+            assert library.decode(list(ids[:a])).endswith(openers), (family, trained)
+            assert trained.endswith(endings), (family, trained)
+            if turn["content"] and turn["content"] in written:
+                assert turn["content"] in trained, (family, trained)
+            for call in turn.get("tool_calls", []):
+                arguments = call["function"]["arguments"]
+                city = '"city": "%s"' % (json.loads(arguments) if text_arguments else arguments)["city"]
+                assert (city in written) <= (city in trained), (family, city, trained)
+            for message in record["messages"]:
+                if message["role"] in ("tool", "user", "system"):
+                    assert message["content"] not in trained, (family, message["content"], trained)
+        assert library.decode(list(ids[runs[-1][1]:])) == trailer, family
     assert not found

@@ -70,6 +70,11 @@ MARKERS = tuple((chr(a), chr(a + 1)) for a in range(0xFDD0, 0xFDF0, 2))
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # an object's repr: "<built-in method items of dict object at 0x7f...>"
 _SPACES = re.compile(r"\s*")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# What meta.json says a mask trains, a rule each way of finding assistant turns.
+GENERATION_RULE = "each token overlapping a {% generation %} block of the template"
+PREFIX_RULE = ("each assistant turn, every one alike: from where the generation prompt ends through its end (the "
+               "first eos_token after it and the whitespace after that, or where the next message begins); never "
+               "what the template writes after the last message whatever it holds")
 
 
 class _Generation(jinja2.ext.Extension):
@@ -633,7 +638,8 @@ class Template:
 
     def describe(self) -> dict[str, Any]:
         return {"renderer": Renderer.TEMPLATE.value, "max_tokens": self.max_tokens, "template_sha256": self.sha256,
-                "assistant_mask": "generation" if self.generation else "prefixes"}
+                "assistant_mask": "generation" if self.generation else "prefixes",
+                "mask_rule": GENERATION_RULE if self.generation else PREFIX_RULE}
 
     def render(self, found: list[dict[str, Any]], where: str, size: int, prompt: bool = False,
                tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
@@ -667,14 +673,15 @@ class Template:
 
     def _prefix_spans(self, found: list[dict[str, Any]], text: str, where: str, size: int,
                       tools: list[Any] | None) -> list[tuple[int, int]]:
-        # Two renders a turn, each about the whole one's work: a record of thousands of turns is
-        # refused before its square is paid.
+        # Two renders a turn (four where it is placed otherwise), each about the whole one's work:
+        # a record of thousands of turns is refused before its square is paid.
         steps, turns = self.env.budget - self.env.steps, sum(m["role"] == "assistant" for m in found)
         if 2 * turns * (len(text) + steps) > PREFIX_WORK:
             raise bad_record(where, f"has {turns:,} assistant turns in {len(text):,} rendered characters, too many "
                              f"to find by rendering each turn's prefixes (the chat template {self.origin} has no "
                              "{% generation %} blocks); split the conversation, or mark the assistant's text in "
                              "the template with {% generation %}")
+        trailer = self._trailer(found, text, where, size, tools)
         spans = []
         for i, message in enumerate(found):
             if message["role"] != "assistant":
@@ -682,53 +689,133 @@ class Template:
             before, _ = self.render(found[:i], where, size, prompt=True, tools=tools)
             upto, _ = self.render(found[:i + 1], where, size, tools=tools)
             if upto.startswith(before) and text.startswith(upto):
-                spans.append((len(before), len(upto)))
+                start, end = len(before), len(upto)
             else:
-                spans.append(self._aligned_span(found, i, text, before, upto, where, size, tools)
-                             or self._content_span(found, i, text, where, size, tools))
+                start, end = self._aligned_span(found, i, text, before, upto, where, size, tools) \
+                    or self._content_span(found, i, text, where, size, tools)
+            spans.append((start, self._stopped(text, start, min(end, trailer))))
         return spans
+
+    def _trailer(self, found: list[dict[str, Any]], text: str, where: str, size: int,
+                 tools: list[Any] | None) -> int:
+        """Where the text a template writes after the last message whatever it holds begins
+        (Phi's end of text, Command-R7B's opening of a chatbot turn): never trained. It is where
+        the conversation's render and its render with one more user message part, where that is
+        a special token's start and the longer one ends in what the shorter has from there; else
+        (an answer written otherwise as the last: gpt-oss's ``<|return|>``, Qwen3's empty think
+        block), or where the last message is no assistant's, ``len(text)``."""
+        if found[-1]["role"] != "assistant":
+            return len(text)
+        probe = {"role": "user", "content": "".join(_free_markers(_strings(found), where))}
+        try:
+            more, _ = self.render([*found, probe], where, size, tools=tools)
+        except ValueError:  # a template that refuses the probe: nothing found to leave out
+            return len(text)
+        parted = self._snapped(text, _common(text, more))
+        at_special = self.specials and _specials_pattern(self._names, None).match(text, parted)
+        return parted if at_special and more.endswith(text[parted:]) else len(text)
+
+    def _snapped(self, text: str, at: int) -> int:
+        """``at``, or the start of the special token the template wrote across it."""
+        if not self.specials:
+            return at
+        reach = self._parts.longest
+        for m in _specials_pattern(self._names, None).finditer(text, max(0, at - reach), at + reach):
+            if m.start(2) < at < m.end(2):
+                return m.start(2)
+        return at
+
+    def _stopped(self, text: str, start: int, end: int) -> int:
+        """A turn's ``end`` no further than the end of text the template wrote first in it (the
+        tokenizer's ``eos_token``) and the whitespace after it: the model learns to stop there,
+        and not to open what comes next (Command-R7B writes ``<|END_OF_TURN_TOKEN|>`` and then
+        the next turn's ``<|START_OF_TURN_TOKEN|>``)."""
+        if self._eos is None:
+            return end
+        found = self._eos.search(text, start, end)
+        return end if found is None else min(end, _past_spaces(text, found.end()))
+
+    @cached_property
+    def _eos(self) -> re.Pattern[str] | None:
+        """The config's ``eos_token`` where it is a special token, as the template writes it (not
+        inside the markers that keep a message's text text)."""
+        eos = self.variables.get("eos_token")
+        if not isinstance(eos, str) or eos not in self.specials:
+            return None
+        low, high = MARKERS[0][0], MARKERS[-1][1]
+        return re.compile(f"(?<![{low}-{high}]){re.escape(eos)}(?![{low}-{high}])")
 
     def _aligned_span(self, found: list[dict[str, Any]], i: int, text: str, before: str, upto: str, where: str,
                       size: int, tools: list[Any] | None) -> tuple[int, int] | None:
         """Assistant turn ``i`` of a conversation whose template writes a turn otherwise when it
         is the last (an empty think block, a generation prompt that opens one a call never
-        closes, a call's text dropped once an answer follows). Where the whole begins with the
-        conversation before the turn: from where it leaves the generation prompt, through the
-        longest end of the turn's own render (as the last) that the whole holds where the two
-        part. Where it does not (an earlier turn written otherwise once more follows): from the
-        generation prompt's last place before the turn's own text, through as much of what the
-        turn's own render writes after its texts as the whole holds there. None where the span
-        does not hold every text of the message, as rendering it with each of them marked shows."""
+        closes, a call's text dropped once an answer follows, an end of text after it). Where the
+        whole begins with the conversation before the turn (up to what its generation prompt
+        writes instead of an end of text): from where it leaves the generation prompt, through
+        the longest end of the turn's own render (as the last) that the whole holds where the two
+        part. Where it does not (an earlier turn written otherwise once more follows, a system
+        message or tools moved to the last user turn): from the generation prompt's last place
+        before the turn's own text (or, with no prompt, the longest end of the conversation
+        before it that the whole holds there), through as much of what the turn's own render
+        writes after its texts as the whole holds there. None where the span does not hold every
+        text of the message, as rendering it with each of them marked shows."""
         bare, _ = self.render(found[:i], where, size, tools=tools)
-        if not before.startswith(bare):
-            return None
-        prompt, changed = before[len(bare):], self._marked(found[i], found, where)
+        base = self._snapped(before, _common(before, bare))  # the prompt may replace an end of text
+        if _specials_pattern(self._names, None).sub("", bare[base:]).strip():
+            return None  # the prompt changes more than the special tokens a render ends with
+        prompt, changed = before[base:], self._marked(found[i], found, where)
 
         def marked_diff() -> tuple[str, int, int]:
             """The whole rendered with the turn's texts marked, and where it first and last differs."""
             marked, _ = self.render([*found[:i], changed, *found[i + 1:]], where, size, tools=tools)
             return marked, _common(text, marked), len(text) - _common(text[::-1], marked[::-1])
 
-        if text.startswith(bare):
-            start = len(bare) + self._prompt_held(text[len(bare):], prompt)
-            parted = _common(text, upto)
+        if text.startswith(before[:base]):
+            start = base + self._prompt_held(text[base:], prompt)
+            parted = self._snapped(text, _common(text, upto))
             if parted < start:
                 return None
             end = parted + _overlap(upto[parted:], text[parted:])
             marked, first, last = marked_diff()
         else:
             marked, first, last = marked_diff()
+            if marked == text:
+                return None
             head = prompt if prompt in text[:first] else next(
                 (m.group(2) for m in _specials_pattern(self._names, None).finditer(prompt)), prompt)
-            at = text.rfind(head, 0, first)
-            if marked == text or at < 0 or not head:
+            if head:
+                at = text.rfind(head, 0, first)
+                start = at + self._prompt_held(text[at:], prompt) if at >= 0 else -1
+            else:
+                start = self._held_end(text, before, first)
+            if start < 0:
                 return None
             own, _ = self.render([*found[:i], changed], where, size, tools=tools)
             tail = upto[len(upto) - _common(upto[::-1], own[::-1]):]
-            start, end = at + self._prompt_held(text[at:], prompt), last + _common(text[last:], tail)
+            end = last + _common(text[last:], tail)
         if end <= start or (marked != text and not start <= first <= last <= end):
             return None
-        return start, self._ended(text, end)
+        return start, self._ended(text, self._snapped(text, end))
+
+    def _held_end(self, text: str, before: str, first: int) -> int:
+        """Where the longest end of ``before`` that starts at a special token stands last in
+        ``text`` before ``first`` ends, or -1; less the special tokens ``before`` ends with where
+        the whole writes none of it (DeepSeek-V3 closes a run of tool results only where no call
+        follows)."""
+        starts = [m.start(2) for m in _specials_pattern(self._names, None).finditer(before)] if self.specials else []
+        while starts:
+            lo, hi, found = 0, len(starts), -1  # ends held get shorter as they start later: the first held
+            while lo < hi:
+                mid = (lo + hi) // 2
+                at = text.rfind(before[starts[mid]:], 0, first)
+                if at >= 0:
+                    found, hi = at + len(before) - starts[mid], mid
+                else:
+                    lo = mid + 1
+            if found >= 0 or before[starts[-1]:].rstrip() not in self.specials:
+                return found
+            before = before[:starts.pop()]
+        return -1
 
     @staticmethod
     def _marked(message: dict[str, Any], found: list[dict[str, Any]], where: str) -> dict[str, Any]:
@@ -762,13 +849,13 @@ class Template:
     def _prompt_held(self, text: str, prompt: str) -> int:
         """How much of the generation ``prompt`` the turn written at the start of ``text`` holds:
         all of it (but for whitespace at its end, which an indented template's turn need not
-        hold), or up to the end of one of its special tokens (the rest may agree with the turn's
-        own text by chance: "<think>" and a content that starts with "<")."""
+        hold), or up to the end of one of its special tokens or of its whitespace (the rest may
+        agree with the turn's own text by chance: QwQ's "<think>" and a call's "<tool_call>")."""
         held = _common(text, prompt)
         if not prompt[held:].strip() or not self.specials:  # all of it, but for its last blank lines
             return held
-        return max((m.end(2) for m in _specials_pattern(self._names, None).finditer(prompt) if m.end(2) <= held),
-                   default=0)
+        ends = [m.end(2) for m in _specials_pattern(self._names, None).finditer(prompt) if m.end(2) <= held]
+        return max([*ends, *(k + 1 for k in range(held) if prompt[k].isspace())], default=0)
 
     def _content_span(self, found: list[dict[str, Any]], i: int, text: str, where: str, size: int,
                       tools: list[Any] | None) -> tuple[int, int]:
