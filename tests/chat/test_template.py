@@ -988,6 +988,47 @@ def test_a_conversation_of_many_turns_is_encoded_a_chunk_at_a_time_to_the_same_i
     assert len(calls) > 10  # about 1,000 characters a call
 
 
+def test_one_long_message_is_rendered_and_encoded_in_memory_a_few_bytes_a_token(chatml, monkeypatch):
+    # A message of hundreds of MB: no copy of it encoded whole to count its bytes, no array of
+    # its tokens' length as int64 (numpy copies an index array to int64 before a lookup, and
+    # searchsorted both sides to one type), its chunks never all held at once.
+    import sys
+    import tracemalloc
+
+    from tokpack.chat import render
+
+    # as a message of hundreds of MB is to its chunks and lookups
+    monkeypatch.setattr(render, "CHUNK_CHARS", 1 << 16)
+    monkeypatch.setattr(render, "LOOKUP", 1 << 14)
+    words = ["the", "naïve", "café", "42", "don't", "brown", "—", "fox"]
+    text = " ".join(words[(i * 7) % len(words)] for i in range(600_000))  # 2.7 M characters, 2 bytes each
+    template = Template(CHATML, "t", load_encoding(str(chatml)), 0)
+    found = messages({"messages": [{"role": "user", "content": "say it"}, {"role": "assistant", "content": text}]},
+                     "r")
+    tracemalloc.start()
+    try:
+        pieces = template.pieces(found, "r")
+        held, rendered = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        encoded = template.encode(template.vocab, np.dtype(np.uint16), [pieces])
+        peak = tracemalloc.get_traced_memory()[1] - held
+    finally:
+        tracemalloc.stop()
+    tokens = len(encoded.ids)
+    assert tokens > 500_000 and encoded.mask.sum() > tokens - 20
+    assert rendered - held < 1.5 * sys.getsizeof(text)  # the render's one copy beside the rendered text
+    assert peak < 16 * tokens, peak / tokens  # ids, their lengths in bytes and masks: 14 bytes a token
+    # the masks alone, found past the encoding's own peak: the tokens' ends as int32 and the masks
+    ids = encoded.ids.astype(np.uint32)
+    tracemalloc.start()
+    try:
+        render.overlapping(ids, [(0, tokens)], pieces.texts, [pieces.masks[0].spans], template._sizes)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 7 * tokens, peak / tokens
+
+
 def test_a_render_may_grow_with_its_conversation_past_a_mebibyte(chatml):
     # Output is bounded at 1 MiB plus 8 characters a character of the conversation: a 1.2 MB message renders.
     enc = load_encoding(str(chatml))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -144,7 +144,7 @@ def _encode_marked(enc: Encoder, marked: list[ChatPieces], marks: frozenset[str]
     else:
         ids, bounds = enc.encode_marked(texts, marks, [len(c.leads[0]) for c in marked])
     written = np.fromiter(itertools.chain.from_iterable(c.leads[0] for c in marked), dtype=np.int64)
-    at = np.flatnonzero(_table(frozenset(enc.specials[m] for m in marks)).take(ids, mode="clip"))
+    at = np.flatnonzero(looked_up(_table(frozenset(enc.specials[m] for m in marks)), ids, clip=True))
     if not np.array_equal(ids[at], written):
         raise ValueError(f"{enc.name} read the special tokens of a batch of conversations otherwise than they were "
                          "written; this is a bug: report it, with the tokenizer")
@@ -206,15 +206,41 @@ def token_sizes(vocab: Vocabulary) -> np.ndarray:
     return sizes
 
 
+LOOKUP = 1 << 20  # tokens looked up at a time, and characters encoded at a time to count their bytes
+
+
+def utf8_size(text: str, lo: int = 0, hi: int | None = None) -> int:
+    """The UTF-8 bytes of ``text[lo:hi]`` (lone surrogates as 3 bytes), counted a slice at a time:
+    a message of hundreds of MB is not copied and encoded whole."""
+    hi = len(text) if hi is None else hi
+    if text.isascii():
+        return max(0, hi - lo)
+    return sum(len(text[a:min(a + LOOKUP, hi)].encode("utf-8", "surrogatepass")) for a in range(lo, hi, LOOKUP))
+
+
+def looked_up(table: np.ndarray, ids: np.ndarray, clip: bool = False) -> np.ndarray:
+    """``table[ids]`` (past its end the last place, where ``clip``), a slice of ids at a time:
+    numpy copies an index array to int64 first, and a text of hundreds of MB is millions of
+    tokens."""
+    out = np.empty(len(ids), dtype=table.dtype)
+    for a in range(0, len(ids), LOOKUP):
+        np.take(table, ids[a:a + LOOKUP], out=out[a:a + LOOKUP], mode="clip" if clip else "raise")
+    return out
+
+
 def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
                 spans: list[tuple[tuple[int, int], ...] | None], sizes: np.ndarray) -> np.ndarray:
     """Whether each of ``ids`` (texts' tokens laid end to end, text i's at ``ranges[i]``)
     overlaps one of its text's ``spans`` (byte ranges of it, in order, apart): every text's spans
     moved to where its bytes start, and each span's first and last token found by bisection in
-    the tokens' ends. One int64 array of the ids' length (a text of hundreds of MB is millions of
-    tokens); O(tokens + spans x log tokens). The tokens of a text with spans must spell it byte for
+    the tokens' ends. One int32 array of the ids' length (int64 past 2 GB of bytes); O(tokens +
+    spans x log tokens). The tokens of a text with spans must spell it byte for
     byte."""
-    ends = sizes[np.asarray(ids, dtype=np.int64)]
+    # int32 where the bytes allow, looked up a slice at a time (an index array is copied to
+    # int64 first): a text of hundreds of MB is millions of tokens
+    ids = np.asarray(ids)
+    ends = looked_up(sizes.astype(np.int32 if int(sizes.max(initial=0)) * len(ids) < 2 ** 31 else np.int64,
+                                  copy=False), ids)
     np.cumsum(ends, out=ends)  # token j's bytes are [ends[j - 1], ends[j])
     found = []
     for (a, b), text, inside in zip(ranges, texts, spans):
@@ -222,14 +248,14 @@ def overlapping(ids: Any, ranges: list[tuple[int, int]], texts: list[str],
             continue
         first = int(ends[a - 1]) if a else 0
         spelled = int(ends[b - 1]) - first if a < b else 0
-        if spelled != len(text.encode("utf-8", "surrogatepass")):
+        if spelled != utf8_size(text):
             raise ValueError("--chat template needs a tokenizer whose tokens spell their text byte for byte (a "
                              f"byte-level BPE) to find the assistant's tokens; this one spells {text[:40]!r} "
                              "otherwise")
         found += [(lo + first, hi + first) for lo, hi in inside]
     mask = np.zeros(len(ends) + 1, dtype=np.int8)
     if found:
-        lo, hi = np.array(found, dtype=np.int64).reshape(-1, 2).T
+        lo, hi = np.array(found, dtype=ends.dtype).reshape(-1, 2).T  # of one type: searchsorted copies to one
         # A token overlaps [lo, hi) when it ends past lo and starts before hi: both bounds rise
         # with the spans, so touching runs of tokens join into runs apart, marked +1 and -1.
         first, stop = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="left") + 1
@@ -256,20 +282,22 @@ def _in_chunks(enc: Encoder, texts: list[str], encode: Callable[[list[str]], tup
     from ..tokenizer import safe_cut
 
     cut_at = cutting if cutting is not None else safe_cut if enc.can_cut else None
-    chunks, owner = [], []
-    for i, text in enumerate(texts):
-        at = 0
-        while cut_at is not None and len(text) - at > CHUNK_CHARS:
-            cut = cut_at(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
-            if cut <= at:  # no safe point in reach: the rest whole
-                break
-            chunks.append(text[at:cut])
-            owner.append(i)
-            at = cut
-        chunks.append(text[at:])
-        owner.append(i)
-    parts, sizes, group, size = [], [], [], 0
-    for chunk in chunks + [None]:  # groups of about CHUNK_CHARS, each one call
+
+    def pieces() -> Iterator[tuple[int, str]]:
+        """(text, chunk) in order, each chunk cut as it is reached: a text's chunks are never all
+        held at once beside it."""
+        for i, text in enumerate(texts):
+            at = 0
+            while cut_at is not None and len(text) - at > CHUNK_CHARS:
+                cut = cut_at(text, at + CHUNK_CHARS // 2, at + CHUNK_CHARS)
+                if cut <= at:  # no safe point in reach: the rest whole
+                    break
+                yield i, text[at:cut]
+                at = cut
+            yield i, text[at:] if at else text
+
+    parts, owner, sizes, group, size = [], [], [], [], 0
+    for i, chunk in itertools.chain(pieces(), [(-1, None)]):  # groups of about CHUNK_CHARS, each one call
         if chunk is None or (group and size + len(chunk) > CHUNK_CHARS):
             ids, bounds = encode(group)
             parts.append(ids)
@@ -277,6 +305,7 @@ def _in_chunks(enc: Encoder, texts: list[str], encode: Callable[[list[str]], tup
             group, size = [], 0
         if chunk is not None:
             group.append(chunk)
+            owner.append(i)
             size += len(chunk)
     lengths = np.bincount(np.array(owner), weights=np.concatenate(sizes), minlength=len(texts)).astype(np.int64)
     return np.concatenate(parts), np.concatenate(([0], np.cumsum(lengths)))

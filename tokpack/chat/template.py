@@ -15,10 +15,12 @@ before rendering, so special-token text inside a message stays text, unless ``sp
 is "special": transformers' way), each stretch between them encoded whole. The mask is 1 on
 each token overlapping a ``{% generation %}`` block; a template without one has its assistant
 turns found by rendering prefixes: turn i is the text the conversation's first i+1 messages add
-to its first i rendered with ``add_generation_prompt=True``; where a template renders a
-conversation otherwise than its prefixes, turn i is its content where a stand-in for it stands in
-a render of the whole, with the special token that ends it. O(conversation) a render;
-O(turns x conversation) without generation blocks, bounded per record (``PREFIX_WORK``).
+to its first i rendered with ``add_generation_prompt=True``, aligned with the whole where a
+template renders a conversation otherwise than its prefixes, or its content where a stand-in for
+it stands in a render of the whole. Every turn by one rule (``PREFIX_RULE``): through its end
+(its eos_token), never what the template writes after the last message whatever it holds.
+O(conversation) a render; O(turns x conversation) without generation blocks, bounded per record
+(``PREFIX_WORK``).
 
 See docs/chat.md.
 """
@@ -47,7 +49,8 @@ import numpy as np
 
 from ..tokenizer.specials import specials_apart
 from .records import bad_record
-from .render import ChatPieces, Encoded, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping, token_sizes
+from .render import (ChatPieces, Encoded, PieceMask, Renderer, Vocabulary, encode_conversations, overlapping,
+                     token_sizes, utf8_size)
 
 if TYPE_CHECKING:
     from ..tokenizer import Encoder
@@ -601,7 +604,8 @@ def _byte_spans(raw: str, lo: int, spans: list[tuple[int, int]], markers: tuple[
     if not one_byte:
         done, size = 0, 0
         for k, i in enumerate(places):
-            size += len(clean(raw[done:i]).encode("utf-8", "surrogatepass"))
+            size += utf8_size(raw, done, i) - (0 if markers is None else
+                                                3 * (raw.count(markers[0], done, i) + raw.count(markers[1], done, i)))
             places[k], done = size, i
     return clean(raw), tuple((s, e) for s, e in zip(places[::2], places[1::2]) if e > s)
 
