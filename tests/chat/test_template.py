@@ -498,6 +498,39 @@ def test_templates_without_generation_blocks_train_what_their_training_variants_
     assert compared >= 5  # Qwen3: its single-turn conversations
 
 
+def test_a_turn_stops_at_the_end_of_text_the_template_writes_not_at_one_typed(tmp_path, capsys):
+    # Llama 3's eos_token <|eot_id|> typed inside an answer stays text, and the turn is trained
+    # whole, through the <|eot_id|> the template writes after it.
+    tok = chat_tokenizer(tmp_path / "tok", LLAMA, LLAMA_TOKENS)
+    chats = [{"messages": [{"role": "user", "content": f"how do turns end? {i}"},
+                           {"role": "assistant", "content": f"With <|eot_id|> typed, then more {i}."},
+                           {"role": "user", "content": "and then?"},
+                           {"role": "assistant", "content": f"The end {i}."}]} for i in range(4)]
+    code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
+    assert code == 0, err
+    enc = load_encoding(str(tok))
+    spelled = {enc.decode([t for t, m in zip(ids, mask) if m]) for ids, mask in _every(tmp_path / "out")}
+    assert spelled == {"".join(m["content"] + "<|eot_id|>" for m in c["messages"] if m["role"] == "assistant")
+                       for c in chats}
+
+
+# A generation prompt that changes the user turn before it ("/think " before its text): the turn is
+# not found where the prompt parts from the render without it, which is inside the user's text.
+PROMPTED = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+            "{% if loop.last and add_generation_prompt %}{{ '/think ' }}{% endif %}"
+            "{{ message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_prompt_that_changes_the_turn_before_it_trains_no_user_text(tmp_path, capsys):
+    tok = chat_tokenizer(tmp_path / "tok", PROMPTED)
+    chats = [c for c in CHATS if sum(m["role"] == "assistant" for m in c["messages"]) > 1][:6]
+    code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
+    assert code == 0, err
+    for chat, trained in zip(chats, _trained_by_chat(tmp_path / "out", _library(tok), chats)):
+        assert trained == "".join(m["content"] + "<|im_end|>\n" for m in chat["messages"] if m["role"] == "assistant")
+
+
 # Mistral Nemo's template in miniature: the system message goes into the last user turn only.
 NEMO = ('{%- if messages[0]["role"] == "system" %}{%- set system_message = messages[0]["content"] %}'
         '{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}'

@@ -708,7 +708,7 @@ class Template:
         a special token's start and the longer one ends in what the shorter has from there; else
         (an answer written otherwise as the last: gpt-oss's ``<|return|>``, Qwen3's empty think
         block), or where the last message is no assistant's, ``len(text)``."""
-        if found[-1]["role"] != "assistant":
+        if found[-1]["role"] != "assistant":  # no turn reaches it: no render needed
             return len(text)
         probe = {"role": "user", "content": "".join(_free_markers(_strings(found), where))}
         try:
@@ -776,7 +776,7 @@ class Template:
 
         if text.startswith(before[:base]):
             start = base + self._prompt_held(text[base:], prompt)
-            parted = self._snapped(text, _common(text, upto))
+            parted = _common(text, upto)
             if parted < start:
                 return None
             end = parted + _overlap(upto[parted:], text[parted:])
