@@ -436,9 +436,7 @@ def test_tools_and_tool_messages_render_as_transformers_renders_them(tmp_path, c
     template = _trl_template("llama3_1.jinja")
     names = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>",
              "<|eot_id|>")
-    tok = chat_tokenizer(tmp_path / "llama" / "tok", template, names)
-    config = json.loads((tok / "tokenizer_config.json").read_text())
-    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|begin_of_text|>"}))
+    tok = chat_tokenizer(tmp_path / "llama" / "tok", template, names, bos_token="<|begin_of_text|>")
     code, err = _prepare(capsys, _inputs(tmp_path / "llama", TOOL_CHATS), tok, tmp_path / "llama-out")
     assert code == 0, err
     library = _library(tok)
@@ -475,9 +473,7 @@ HEADER_TOKENS = {"qwen2_5": "\n", "deepseekv3": "<｜Assistant｜>", "phi3": "<|
 def test_templates_without_generation_blocks_train_what_their_training_variants_mark(tmp_path, name):
     names, eos = TRAINING_VARIANTS[name]
     original, training = _trl_template(f"{name}.jinja"), _trl_template(f"{name}_training.jinja")
-    tok = chat_tokenizer(tmp_path / "tok", None, names)
-    config = json.loads((tok / "tokenizer_config.json").read_text())
-    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": eos}))
+    tok = chat_tokenizer(tmp_path / "tok", None, names, eos_token=eos)
     enc, library = load_encoding(str(tok)), _library(tok)
     template = Template(original, name, enc, 0, enc.template_variables())
     compared = 0
@@ -541,9 +537,7 @@ NEMO = ('{%- if messages[0]["role"] == "system" %}{%- set system_message = messa
 
 
 def test_a_template_that_moves_the_system_message_finds_each_turn_by_a_stand_in(tmp_path, capsys):
-    tok = chat_tokenizer(tmp_path / "tok", NEMO, ("<s>", "[INST]", "[/INST]", "</s>"))
-    config = json.loads((tok / "tokenizer_config.json").read_text())
-    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<s>", "eos_token": "</s>"}))
+    tok = chat_tokenizer(tmp_path / "tok", NEMO, ("<s>", "[INST]", "[/INST]", "</s>"), bos_token="<s>")
     chats = [c for c in CHATS if c["messages"][0]["role"] == "system"][:6]
     assert chats
     code, err = _prepare(capsys, _inputs(tmp_path, chats), tok, tmp_path / "out")
@@ -1174,10 +1168,7 @@ def test_tool_use_on_every_family_trains_each_assistant_turn_by_one_rule(tmp_pat
     # gpt-oss and Mistral Small write today's date, which tokpack fixes (a folder is the same
     # whatever day it is made): transformers is given that day
     fixed = re.sub(r"""strftime_now\((['"])%Y-%m-%d\1\)""", "'2024-07-26'", template)
-    tok = chat_tokenizer(tmp_path / "tok", template, names)
-    if bos is not None:
-        config = json.loads((tok / "tokenizer_config.json").read_text())
-        (tok / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": bos}))
+    tok = chat_tokenizer(tmp_path / "tok", template, names, **({} if bos is None else {"bos_token": bos}))
     records = tool_conversations(text_arguments)
     code, err = _prepare(capsys, _inputs(tmp_path, records), tok, tmp_path / "out")
     assert code == 0, err

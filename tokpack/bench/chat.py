@@ -211,13 +211,15 @@ def gpt2_tokenizer(specials: Sequence[str]) -> Any:
 
 
 def chat_tokenizer(folder: Path, template: str | None = CHATML,
-                   specials: Sequence[str] = ("<|im_start|>", "<|im_end|>")) -> Path:
+                   specials: Sequence[str] = ("<|im_start|>", "<|im_end|>"), **tokens: str) -> Path:
     """GPT-2's BPE with ``<|endoftext|>`` and ``specials``, and a tokenizer_config.json that holds
-    ``template`` (as a model on the hub has them): a folder transformers' AutoTokenizer and
-    ``--chat template`` both load."""
+    ``template`` (as a model on the hub has them) and the special tokens it names (``bos_token``
+    ``<|endoftext|>`` and ``eos_token`` the last of ``specials``, unless ``tokens`` names others):
+    a folder transformers' AutoTokenizer and ``--chat template`` both load."""
     folder.mkdir(parents=True, exist_ok=True)
     gpt2_tokenizer(["<|endoftext|>", *specials]).save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": specials[-1]}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": specials[-1],
+              **tokens}
     if template is not None:
         config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -263,7 +265,7 @@ def bench_template(tmp: Path, megabytes: float, rounds: int) -> dict[str, Any]:
              "tokenizers encode_batch alone", "tokpack.prepare --chat template")
     times = interleaved(dict(zip(names, (ours, transformers_loop, tokenizer_alone, functools.partial(ours, True)))),
                         rounds)
-    ours()
+    ours()  # the folder compared below is the unguarded run's (the guarded one ran last)
     identical = sorted(chat_documents(out, "train") + chat_documents(out, "val")) == sorted(transformers_loop())
     speed, ceiling, guarded = ratio(times, *names[:2]), ratio(times, names[2], names[1]), ratio(times, names[3], names[1])
     print(table([{"run": name, "seconds": min(t)} for name, t in times.items()], ["run", "seconds"]))
